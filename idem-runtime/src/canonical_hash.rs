@@ -1,0 +1,196 @@
+//! The request hash of spec §4.3/§5: `lowercase_hex(SHA-256(JCS(params \ {message.messageId})))`.
+//!
+//! The input is the raw `params` text as received, never a re-serialized struct, so unknown
+//! fields, nested metadata and number spelling all count as the spec says. Before hashing, one pass
+//! over the text ([`crate::json_check`]) refuses what JCS cannot bind honestly: duplicate member
+//! names (serde_json would silently keep the last), lone surrogates, and numbers whose decimal
+//! value the IEEE-754 double would change (spec §7.3: two payloads must never share a hash).
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+pub use crate::json_check::HashError;
+
+/// A request hash: 64 lowercase hex digits.
+///
+/// ```
+/// use idem_runtime::request_hash;
+/// let a = request_hash(br#"{"message":{"messageId":"a","parts":[]},"x":1}"#).unwrap();
+/// let b = request_hash(br#"{ "x" : 1, "message":{"parts":[],"messageId":"b"}}"#).unwrap();
+/// assert_eq!(a, b); // key order, whitespace and the messageId itself do not count
+/// assert_eq!(a.as_str().len(), 64);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RequestHash(String);
+
+impl RequestHash {
+    /// The lowercase hex digest.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Wraps a digest read back from storage; `None` unless it is 64 lowercase hex digits.
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        let ok = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        ok.then(|| RequestHash(hex.to_owned()))
+    }
+}
+
+impl fmt::Display for RequestHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Hashes raw JSON-RPC `params` bytes per spec §4.3.
+pub fn request_hash(raw_params: &[u8]) -> Result<RequestHash, HashError> {
+    let canonical = canonical_params(raw_params)?;
+    Ok(RequestHash(hex(&Sha256::digest(&canonical))))
+}
+
+/// The bytes that are hashed: the RFC 8785 form of `params` without `params.message.messageId`.
+pub fn canonical_params(raw_params: &[u8]) -> Result<Vec<u8>, HashError> {
+    let text = crate::json_check::check(raw_params)?;
+    let mut params: Value = serde_json::from_str(text).map_err(|e| HashError::Syntax {
+        offset: 0,
+        detail: e.to_string(),
+    })?;
+    if let Some(Value::Object(message)) = params.get_mut("message") {
+        message.remove("messageId");
+    }
+    canonical_json(&params)
+}
+
+/// RFC 8785 canonical bytes of a JSON value. The one place that chooses the canonicalizer.
+pub fn canonical_json(value: &Value) -> Result<Vec<u8>, HashError> {
+    serde_jcs::to_vec(value).map_err(|e| HashError::Syntax {
+        offset: 0,
+        detail: e.to_string(),
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 0xf) as usize] as char);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn testdata(rel: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/testdata/jcs")
+            .join(rel)
+    }
+
+    #[test]
+    fn official_vectors_byte_for_byte() {
+        for name in [
+            "arrays",
+            "french",
+            "structures",
+            "unicode",
+            "values",
+            "weird",
+        ] {
+            let input = std::fs::read(testdata(&format!("input/{name}.json"))).unwrap();
+            let expected = std::fs::read(testdata(&format!("output/{name}.json"))).unwrap();
+            // The vectors test the canonicalizer alone: values.json holds numbers such as
+            // 333333333.33333329 that JCS rounds, which request_hash refuses on purpose.
+            let value: Value = serde_json::from_slice(&input).unwrap();
+            let got = canonical_json(&value).unwrap();
+            assert_eq!(
+                String::from_utf8(got).unwrap(),
+                String::from_utf8(expected).unwrap(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn es6_number_file_every_line() {
+        let text = std::fs::read_to_string(testdata("es6testfile10k.txt")).unwrap();
+        let mut lines = 0;
+        for line in text.lines() {
+            let (bits, expected) = line.split_once(',').unwrap();
+            let f = f64::from_bits(u64::from_str_radix(bits, 16).unwrap());
+            let got = canonical_json(&Value::from(f)).unwrap();
+            assert_eq!(std::str::from_utf8(&got).unwrap(), expected, "bits {bits}");
+            // The canonical text is exact by construction, so the refusal check must accept it,
+            // and canonicalizing it again must be a fixed point.
+            let raw = format!("[{expected}]");
+            assert_eq!(
+                canonical_params(raw.as_bytes()).unwrap(),
+                raw.as_bytes(),
+                "bits {bits}"
+            );
+            lines += 1;
+        }
+        assert_eq!(lines, 10_000);
+    }
+
+    #[test]
+    fn removes_message_id_only_at_params_message() {
+        let base = request_hash(
+            br#"{"message":{"messageId":"X","metadata":{"messageId":"keep"}},"metadata":{"messageId":"1"}}"#,
+        )
+        .unwrap();
+        let other_top_id = request_hash(
+            br#"{"message":{"messageId":"Y","metadata":{"messageId":"keep"}},"metadata":{"messageId":"1"}}"#,
+        )
+        .unwrap();
+        assert_eq!(base, other_top_id, "params.message.messageId is excluded");
+        let nested_changed = request_hash(
+            br#"{"message":{"messageId":"X","metadata":{"messageId":"changed"}},"metadata":{"messageId":"1"}}"#,
+        )
+        .unwrap();
+        assert_ne!(
+            base, nested_changed,
+            "a messageId inside message.metadata counts"
+        );
+        let top_changed = request_hash(
+            br#"{"message":{"messageId":"X","metadata":{"messageId":"keep"}},"metadata":{"messageId":"2"}}"#,
+        )
+        .unwrap();
+        assert_ne!(
+            base, top_changed,
+            "a messageId inside params.metadata counts"
+        );
+        let canonical =
+            canonical_params(br#"{"messageId":"top","message":{"messageId":"X"}}"#).unwrap();
+        assert_eq!(canonical, br#"{"message":{},"messageId":"top"}"#);
+    }
+
+    #[test]
+    fn known_digest() {
+        // sha256 of `{"message":{"parts":[]}}`, computed independently with `sha256sum`.
+        let h = request_hash(br#"{"message":{"messageId":"m","parts":[]}}"#).unwrap();
+        assert_eq!(
+            h.as_str(),
+            "8fc33f40f8a2438f6d1b27bbecb300a5dfd1ef3a22689a505c91da819fcaf0da"
+        );
+    }
+
+    #[test]
+    fn equal_numbers_spelled_differently_hash_equal() {
+        let a = request_hash(br#"{"n":4.50,"m":1e2,"z":-0}"#).unwrap();
+        let b = request_hash(br#"{"n":4.5,"m":100,"z":0}"#).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn from_hex_accepts_only_digests() {
+        let h = request_hash(b"{}").unwrap();
+        assert_eq!(RequestHash::from_hex(h.as_str()), Some(h.clone()));
+        assert_eq!(RequestHash::from_hex(&h.as_str().to_uppercase()), None);
+        assert_eq!(RequestHash::from_hex("abc"), None);
+    }
+}

@@ -1,0 +1,151 @@
+//! The effective configuration, and the AgentCard extension entry built from it (spec §3.1).
+
+use crate::error::EXTENSION_URI;
+use crate::message_id::MessageIdPolicy;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// Environment variable for the cache TTL in seconds (spec §9).
+pub const TTL_ENV: &str = "AIWG_IDEMPOTENCY_TTL";
+/// Environment variable for the LRU bound (spec §9).
+pub const MAX_ENTRIES_ENV: &str = "AIWG_IDEMPOTENCY_MAX_ENTRIES";
+
+/// How the extension behaves on a server.
+///
+/// ```
+/// use idem_runtime::IdempotencyConfig;
+/// let config = IdempotencyConfig::default();
+/// assert_eq!(config.ttl_seconds, 86_400);
+/// assert_eq!(config.agent_card_extension()["params"]["max_cache_entries"], 100_000);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdempotencyConfig {
+    /// Entries older than this are a miss and are swept (spec default 86400).
+    pub ttl_seconds: u64,
+    /// LRU bound on cached entries (spec default 100000).
+    pub max_cache_entries: u64,
+    /// `true` (spec-conformant): governed calls that do not activate the extension are refused
+    /// with -32008. `false`: they run undeduplicated and carry no extension headers.
+    pub required: bool,
+    /// How long a duplicate waits for the in-flight original before it gets 409.
+    pub in_flight_wait: Duration,
+    /// How strictly message ids are checked.
+    pub message_id_policy: MessageIdPolicy,
+    /// How often the background sweep deletes expired entries.
+    pub sweep_interval: Duration,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        Self {
+            ttl_seconds: 86_400,
+            max_cache_entries: 100_000,
+            required: true,
+            in_flight_wait: Duration::from_secs(30),
+            message_id_policy: MessageIdPolicy::Shape,
+            sweep_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A configuration value that could not be used; names the variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}={value:?} is invalid: {reason}")]
+pub struct ConfigError {
+    /// The environment variable.
+    pub variable: &'static str,
+    /// What it held.
+    pub value: String,
+    /// What was expected.
+    pub reason: &'static str,
+}
+
+impl IdempotencyConfig {
+    /// Defaults overridden by `AIWG_IDEMPOTENCY_TTL` and `AIWG_IDEMPOTENCY_MAX_ENTRIES`.
+    /// A malformed value is an error, never a silent default.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`from_env`](Self::from_env) with a custom variable lookup (for tests and embedding).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut config = Self::default();
+        if let Some(value) = lookup(TTL_ENV) {
+            config.ttl_seconds = positive_integer(TTL_ENV, &value)?;
+        }
+        if let Some(value) = lookup(MAX_ENTRIES_ENV) {
+            config.max_cache_entries = positive_integer(MAX_ENTRIES_ENV, &value)?;
+        }
+        Ok(config)
+    }
+
+    /// The `capabilities.extensions[]` entry of the AgentCard, from the effective values.
+    pub fn agent_card_extension(&self) -> Value {
+        json!({
+            "uri": EXTENSION_URI,
+            "description": "Server-side request deduplication keyed on Message.message_id with 24h TTL and payload-hash binding.",
+            "required": self.required,
+            "params": {
+                "ttl_seconds": self.ttl_seconds,
+                "canonicalization": "jcs-rfc8785",
+                "hash_algorithm": "sha-256",
+                "max_cache_entries": self.max_cache_entries,
+            }
+        })
+    }
+}
+
+fn positive_integer(variable: &'static str, value: &str) -> Result<u64, ConfigError> {
+    match value.trim().parse::<u64>() {
+        Ok(n) if n > 0 && n <= i64::MAX as u64 => Ok(n),
+        _ => Err(ConfigError {
+            variable,
+            value: value.to_owned(),
+            reason: "expected a positive whole number",
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(vars: &[(&str, &str)]) -> Result<IdempotencyConfig, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        IdempotencyConfig::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_without_variables() {
+        assert_eq!(from(&[]).unwrap(), IdempotencyConfig::default());
+    }
+
+    #[test]
+    fn reads_both_variables() {
+        let config = from(&[(TTL_ENV, "2"), (MAX_ENTRIES_ENV, " 500 ")]).unwrap();
+        assert_eq!((config.ttl_seconds, config.max_cache_entries), (2, 500));
+        let card = config.agent_card_extension();
+        assert_eq!(card["params"]["ttl_seconds"], 2);
+        assert_eq!(card["params"]["max_cache_entries"], 500);
+        assert_eq!(card["required"], true);
+        assert_eq!(card["uri"], EXTENSION_URI);
+    }
+
+    #[test]
+    fn malformed_values_name_the_variable() {
+        for bad in ["", "abc", "-1", "0", "1.5", "99999999999999999999"] {
+            let err = from(&[(TTL_ENV, bad)]).unwrap_err();
+            assert_eq!(err.variable, TTL_ENV);
+            assert!(
+                err.to_string().starts_with("AIWG_IDEMPOTENCY_TTL="),
+                "{err}"
+            );
+        }
+        let err = from(&[(MAX_ENTRIES_ENV, "lots")]).unwrap_err();
+        assert_eq!(err.variable, MAX_ENTRIES_ENV);
+    }
+}

@@ -1,0 +1,26 @@
+//! Runtime of the A2A extension `idempotency/v1`.
+//!
+//! Everything that runs: the canonical request hash, the message-id check, the durable SQLite
+//! store, the jsonrpsee HTTP and RPC layers, and the guard that `#[idempotent]` expands to.
+
+mod canonical_hash;
+mod config;
+mod error;
+mod guard;
+mod json_check;
+mod message_id;
+mod number_exactness;
+mod replayable;
+
+pub use canonical_hash::{canonical_json, canonical_params, request_hash, HashError, RequestHash};
+pub use config::{ConfigError, IdempotencyConfig, MAX_ENTRIES_ENV, TTL_ENV};
+pub use error::{ErrorCode, IdempotencyError, EXTENSION_URI};
+pub use guard::Guarded;
+pub use message_id::{MessageId, MessageIdError, MessageIdPolicy};
+pub use replayable::Replayable;
+
+/// What `#[idempotent]` expands to reaches the runtime only through here. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::guard::guard;
+}

@@ -1,0 +1,243 @@
+//! `Message.messageId`: the idempotency key (spec §4.2, §7.1, §7.2).
+//!
+//! The spec allows UUIDv7, UUIDv4, or any 128-bit random value rendered UUID-shaped. Such a value can
+//! carry any version and variant digits, so the default check is on shape and entropy only; ids whose
+//! version marks a non-random scheme are logged as anomalies (§7.2), and refused only in strict mode.
+
+use serde_json::Value;
+use std::fmt;
+
+/// How strictly message ids are checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MessageIdPolicy {
+    /// Any UUID-shaped 128-bit value but nil and max; non-random versions are logged (default).
+    #[default]
+    Shape,
+    /// Only RFC 9562 version 4 or 7 ids with the RFC variant.
+    StrictV4V7,
+}
+
+/// A validated message id, in its one normalized (lowercase) form: the cache key.
+///
+/// ```
+/// use idem_runtime::MessageId;
+/// let id = MessageId::parse_str("0190B5A4-7C3E-7D2A-9F11-2B3C4D5E6F70").unwrap();
+/// assert_eq!(id.as_str(), "0190b5a4-7c3e-7d2a-9f11-2b3c4d5e6f70");
+/// assert!(MessageId::parse_str("not-a-uuid").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(String);
+
+/// Why a message id was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageIdError {
+    #[error("params.message.messageId is missing")]
+    Missing,
+    #[error("params.message.messageId must be a string")]
+    NotAString,
+    #[error("params.message.messageId is empty")]
+    Empty,
+    #[error("params.message.messageId has leading or trailing whitespace")]
+    Whitespace,
+    #[error("params.message.messageId must be the canonical UUID form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (braces and urn: forms are not accepted)")]
+    NotCanonicalForm,
+    #[error("params.message.messageId must hold exactly 32 hex digits (128 bits)")]
+    WrongLength,
+    #[error("params.message.messageId has a non-hex character")]
+    NotHex,
+    #[error("params.message.messageId is the nil or max UUID, which carries no entropy")]
+    Degenerate,
+    #[error("params.message.messageId is not a UUIDv4 or UUIDv7 (strict mode)")]
+    NotV4OrV7,
+}
+
+impl MessageId {
+    /// Parses the JSON value found at `params.message.messageId` (`None` when absent).
+    pub fn parse_value(
+        value: Option<&Value>,
+        policy: MessageIdPolicy,
+    ) -> Result<Self, MessageIdError> {
+        match value {
+            None => Err(MessageIdError::Missing),
+            Some(Value::String(s)) => Self::parse_with(s, policy),
+            Some(_) => Err(MessageIdError::NotAString),
+        }
+    }
+
+    /// Parses a string with the default policy.
+    pub fn parse_str(s: &str) -> Result<Self, MessageIdError> {
+        Self::parse_with(s, MessageIdPolicy::Shape)
+    }
+
+    /// Parses a string with the given policy.
+    pub fn parse_with(s: &str, policy: MessageIdPolicy) -> Result<Self, MessageIdError> {
+        check_shape(s)?;
+        let id = MessageId(s.to_ascii_lowercase());
+        if id.0.bytes().all(|b| b == b'0' || b == b'-')
+            || id.0.bytes().all(|b| b == b'f' || b == b'-')
+        {
+            return Err(MessageIdError::Degenerate);
+        }
+        match (policy, id.version(), id.has_rfc_variant()) {
+            (MessageIdPolicy::StrictV4V7, 4 | 7, true) => {}
+            (MessageIdPolicy::StrictV4V7, _, _) => return Err(MessageIdError::NotV4OrV7),
+            (MessageIdPolicy::Shape, 1 | 2 | 3 | 5 | 6, true) => tracing::warn!(
+                target: "idem::key_anomaly",
+                message_id = %id,
+                version = id.version(),
+                "messageId uses a non-random UUID version; clients should send UUIDv4 or UUIDv7 (spec 7.2)"
+            ),
+            (MessageIdPolicy::Shape, _, _) => {}
+        }
+        Ok(id)
+    }
+
+    /// The normalized lowercase form.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The RFC 9562 version digit (meaningful only with the RFC variant).
+    pub fn version(&self) -> u8 {
+        hex_value(self.0.as_bytes()[14])
+    }
+
+    fn has_rfc_variant(&self) -> bool {
+        hex_value(self.0.as_bytes()[19]) & 0b1100 == 0b1000
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+const HYPHENS: [usize; 4] = [8, 13, 18, 23];
+
+fn check_shape(s: &str) -> Result<(), MessageIdError> {
+    if s.is_empty() {
+        return Err(MessageIdError::Empty);
+    }
+    if s.trim() != s {
+        return Err(MessageIdError::Whitespace);
+    }
+    if s.starts_with('{') || s.to_ascii_lowercase().starts_with("urn:") {
+        return Err(MessageIdError::NotCanonicalForm);
+    }
+    let digits = s.chars().filter(|c| *c != '-').count();
+    if s.chars().any(|c| c != '-' && !c.is_ascii_hexdigit()) {
+        return Err(MessageIdError::NotHex);
+    }
+    if digits != 32 {
+        return Err(MessageIdError::WrongLength);
+    }
+    let hyphens_in_place = s.len() == 36
+        && s.bytes()
+            .enumerate()
+            .all(|(i, b)| (b == b'-') == HYPHENS.contains(&i));
+    if !hyphens_in_place {
+        return Err(MessageIdError::NotCanonicalForm);
+    }
+    Ok(())
+}
+
+fn hex_value(b: u8) -> u8 {
+    (b as char).to_digit(16).unwrap_or(0) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn err(s: &str) -> MessageIdError {
+        MessageId::parse_str(s).unwrap_err()
+    }
+
+    #[test]
+    fn accepts_v4_v7_and_any_random_looking_value() {
+        for ok in [
+            "0190b5a4-7c3e-7d2a-9f11-2b3c4d5e6f70", // v7
+            "9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c", // v4
+            "9b2e7c1a-3f4d-fe5a-cb6c-7d8e9f0a1b2c", // random 128 bits, any version/variant
+            "00000000-0000-0000-0000-000000000001",
+        ] {
+            assert_eq!(MessageId::parse_str(ok).unwrap().as_str(), ok);
+        }
+    }
+
+    #[test]
+    fn normalizes_case() {
+        let upper = MessageId::parse_str("9B2E7C1A-3F4D-4E5A-8B6C-7D8E9F0A1B2C").unwrap();
+        let lower = MessageId::parse_str("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c").unwrap();
+        assert_eq!(upper, lower);
+    }
+
+    #[test]
+    fn refuses_each_malformation_with_its_reason() {
+        use MessageIdError::*;
+        assert_eq!(err(""), Empty);
+        assert_eq!(err(" 9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c"), Whitespace);
+        assert_eq!(err("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c\n"), Whitespace);
+        assert_eq!(
+            err("{9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c}"),
+            NotCanonicalForm
+        );
+        assert_eq!(
+            err("urn:uuid:9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c"),
+            NotCanonicalForm
+        );
+        assert_eq!(err("9b2e7c1a3f4d4e5a8b6c7d8e9f0a1b2c"), NotCanonicalForm);
+        assert_eq!(
+            err("9b2e7c1a-3f4d4-e5a-8b6c-7d8e9f0a1b2c"),
+            NotCanonicalForm
+        );
+        assert_eq!(err("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2"), WrongLength);
+        assert_eq!(err("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c0"), WrongLength);
+        assert_eq!(err("12345"), WrongLength);
+        assert_eq!(err("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2g"), NotHex);
+        assert_eq!(err("msg-1"), NotHex);
+        assert_eq!(err("00000000-0000-0000-0000-000000000000"), Degenerate);
+        assert_eq!(err("FFFFFFFF-FFFF-FFFF-FFFF-FFFFFFFFFFFF"), Degenerate);
+    }
+
+    #[test]
+    fn refuses_non_strings_and_absence() {
+        let p = MessageIdPolicy::Shape;
+        assert_eq!(
+            MessageId::parse_value(None, p),
+            Err(MessageIdError::Missing)
+        );
+        for v in [
+            json!(42),
+            json!(null),
+            json!(["a"]),
+            json!({"id": 1}),
+            json!(true),
+        ] {
+            assert_eq!(
+                MessageId::parse_value(Some(&v), p),
+                Err(MessageIdError::NotAString)
+            );
+        }
+    }
+
+    #[test]
+    fn non_random_versions_are_accepted_by_default_and_refused_when_strict() {
+        let v1 = "c232ab00-9414-11ec-b3c8-9f6bdeced846";
+        assert_eq!(MessageId::parse_str(v1).unwrap().version(), 1);
+        let strict = MessageIdPolicy::StrictV4V7;
+        assert_eq!(
+            MessageId::parse_with(v1, strict),
+            Err(MessageIdError::NotV4OrV7)
+        );
+        assert!(MessageId::parse_with("0190b5a4-7c3e-7d2a-9f11-2b3c4d5e6f70", strict).is_ok());
+        assert!(MessageId::parse_with("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c", strict).is_ok());
+        // Right version digit, wrong variant: not an RFC 9562 v4.
+        assert_eq!(
+            MessageId::parse_with("9b2e7c1a-3f4d-4e5a-cb6c-7d8e9f0a1b2c", strict),
+            Err(MessageIdError::NotV4OrV7)
+        );
+    }
+}

@@ -1,0 +1,2 @@
+pub use idem_macros::idempotent;
+pub use idem_runtime::*;
