@@ -3,7 +3,9 @@
 //! Everything that runs: the canonical request hash, the message-id check, the durable SQLite
 //! store, the jsonrpsee HTTP and RPC layers, and the guard that `#[idempotent]` expands to.
 
+mod cache;
 mod canonical_hash;
+mod clock;
 mod config;
 mod error;
 mod guard;
@@ -11,13 +13,19 @@ mod json_check;
 mod message_id;
 mod number_exactness;
 mod replayable;
+mod sqlite_store;
+mod store;
 
+pub use cache::{Claim, IdempotencyCache, InFlight, Ticket};
 pub use canonical_hash::{canonical_json, canonical_params, request_hash, HashError, RequestHash};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ConfigError, IdempotencyConfig, MAX_ENTRIES_ENV, TTL_ENV};
 pub use error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 pub use guard::Guarded;
 pub use message_id::{MessageId, MessageIdError, MessageIdPolicy};
 pub use replayable::Replayable;
+pub use sqlite_store::SqliteStore;
+pub use store::{Entry, Store, StoreError, StoredResponse};
 
 /// What `#[idempotent]` expands to reaches the runtime only through here. Not a public API.
 #[doc(hidden)]

@@ -1,0 +1,390 @@
+//! The SQLite store and the atomic claim, on real database files.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::{
+    request_hash, Claim, IdempotencyCache, IdempotencyConfig, ManualClock, MessageId, SqliteStore,
+    Store, StoredResponse,
+};
+
+const T0_MS: u64 = 1_800_000_000_000;
+
+fn key(n: u32) -> MessageId {
+    MessageId::parse_str(&format!("9b2e7c1a-3f4d-4e5a-8b6c-{n:012x}")).unwrap()
+}
+
+fn response(body: &str) -> StoredResponse {
+    StoredResponse {
+        status: 200,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+fn config(ttl_seconds: u64, max_cache_entries: u64) -> IdempotencyConfig {
+    IdempotencyConfig {
+        ttl_seconds,
+        max_cache_entries,
+        ..IdempotencyConfig::default()
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    clock: Arc<ManualClock>,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self {
+            path: dir.path().join("cache.db"),
+            _dir: dir,
+            clock: Arc::new(ManualClock::new(T0_MS)),
+        }
+    }
+
+    fn cache(&self, config: &IdempotencyConfig) -> IdempotencyCache {
+        IdempotencyCache::new(
+            SqliteStore::open_with_clock(&self.path, config, self.clock.clone()).unwrap(),
+        )
+    }
+}
+
+/// Claims `key` and completes it with `body`; panics unless the claim wins.
+async fn execute(cache: &IdempotencyCache, key: &MessageId, params: &str, body: &str) {
+    let hash = request_hash(params.as_bytes()).unwrap();
+    match cache.claim(key, "message/send", &hash).await.unwrap() {
+        Claim::Execute(ticket) => {
+            ticket.complete(response(body)).await.unwrap();
+        }
+        _ => panic!("expected to win the claim for {key}"),
+    }
+}
+
+async fn cached_body(cache: &IdempotencyCache, key: &MessageId) -> Option<Vec<u8>> {
+    cache
+        .store()
+        .get(key)
+        .await
+        .unwrap()
+        .map(|e| e.response.body)
+}
+
+#[tokio::test]
+async fn round_trip_keeps_every_field() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(86_400, 100));
+    execute(
+        &cache,
+        &key(1),
+        r#"{"a":1}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":"ok"}"#,
+    )
+    .await;
+    let entry = cache.store().get(&key(1)).await.unwrap().unwrap();
+    assert_eq!(entry.message_id, key(1));
+    assert_eq!(entry.method, "message/send");
+    assert_eq!(entry.request_hash, request_hash(br#"{"a":1}"#).unwrap());
+    assert_eq!(
+        entry.response,
+        response(r#"{"jsonrpc":"2.0","id":1,"result":"ok"}"#)
+    );
+    assert_eq!(entry.inserted_at, T0_MS / 1000);
+    assert!(cache.store().get(&key(2)).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn entries_survive_close_and_reopen() {
+    let fx = Fixture::new();
+    {
+        let cache = fx.cache(&config(86_400, 100));
+        execute(&cache, &key(1), "{}", "first").await;
+    } // the store closes here: writer joined, connections dropped
+    let reopened = fx.cache(&config(86_400, 100));
+    assert_eq!(cached_body(&reopened, &key(1)).await.unwrap(), b"first");
+    let hash = request_hash(b"{}").unwrap();
+    assert!(matches!(
+        reopened
+            .claim(&key(1), "message/send", &hash)
+            .await
+            .unwrap(),
+        Claim::Cached(_)
+    ));
+}
+
+#[tokio::test]
+async fn schema_is_the_spec_table_plus_documented_columns() {
+    let fx = Fixture::new();
+    let _cache = fx.cache(&config(86_400, 100));
+    let conn = rusqlite::Connection::open(&fx.path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT name, type, \"notnull\", pk FROM pragma_table_info('idempotency_cache')")
+        .unwrap();
+    let columns: Vec<(String, String, bool, bool)> = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)? == 1))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let expected = [
+        ("message_id", "TEXT", true, true),
+        ("request_hash", "TEXT", true, false),
+        ("response_status", "INTEGER", true, false),
+        ("response_headers", "BLOB", true, false),
+        ("response_body", "BLOB", true, false),
+        ("inserted_at", "INTEGER", true, false),
+        ("method", "TEXT", true, false),
+        ("last_used_at", "INTEGER", true, false),
+    ];
+    let got: Vec<_> = columns
+        .iter()
+        .map(|(n, t, nn, pk)| (n.as_str(), t.as_str(), *nn, *pk))
+        .collect();
+    assert_eq!(got, expected);
+    let index: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE name = 'idx_idempotency_inserted_at'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(index.contains("idempotency_cache(inserted_at)"), "{index}");
+    let journal: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(journal, "wal");
+}
+
+#[tokio::test]
+async fn shares_the_file_with_application_tables() {
+    let fx = Fixture::new();
+    {
+        let conn = rusqlite::Connection::open(&fx.path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE tasks (id TEXT PRIMARY KEY); INSERT INTO tasks VALUES ('t1');",
+        )
+        .unwrap();
+    }
+    let cache = fx.cache(&config(86_400, 100));
+    execute(&cache, &key(1), "{}", "x").await;
+    let conn = rusqlite::Connection::open(&fx.path).unwrap();
+    let n: i64 = conn
+        .query_row("SELECT COUNT(*) FROM tasks", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn new_database_files_are_private() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(86_400, 100));
+    execute(&cache, &key(1), "{}", "x").await;
+    for suffix in ["", "-wal", "-shm"] {
+        let path = format!("{}{suffix}", fx.path.display());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn ttl_expiry_is_a_miss_and_reinsert_replaces_the_stale_row() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(60, 100));
+    execute(&cache, &key(1), r#"{"v":1}"#, "old").await;
+
+    fx.clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        cached_body(&cache, &key(1)).await.unwrap(),
+        b"old",
+        "at exactly T0+ttl it is live"
+    );
+
+    fx.clock.advance(Duration::from_secs(1));
+    assert!(
+        cached_body(&cache, &key(1)).await.is_none(),
+        "past the TTL it is a miss"
+    );
+    assert_eq!(
+        cache.store().row_count().await.unwrap(),
+        1,
+        "lazy: the row is still there"
+    );
+
+    // AC-3: the same key, any body, is a new request and replaces the stale row.
+    execute(&cache, &key(1), r#"{"v":2}"#, "new").await;
+    let entry = cache.store().get(&key(1)).await.unwrap().unwrap();
+    assert_eq!(entry.response.body, b"new");
+    assert_eq!(entry.inserted_at, T0_MS / 1000 + 61);
+    assert_eq!(entry.request_hash, request_hash(br#"{"v":2}"#).unwrap());
+    assert_eq!(cache.store().row_count().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn sweep_deletes_only_expired_rows() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(60, 10_000));
+    for n in 0..2500 {
+        execute(&cache, &key(n), "{}", "old").await;
+    }
+    fx.clock.advance(Duration::from_secs(61));
+    execute(&cache, &key(9999), "{}", "fresh").await;
+    assert_eq!(
+        cache.store().sweep().await.unwrap(),
+        2500,
+        "in chunks, all of them"
+    );
+    assert_eq!(cache.store().row_count().await.unwrap(), 1);
+    assert_eq!(cached_body(&cache, &key(9999)).await.unwrap(), b"fresh");
+}
+
+#[tokio::test]
+async fn lru_bound_evicts_least_recently_used_on_insert() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(86_400, 3));
+    for n in 1..=3 {
+        execute(&cache, &key(n), "{}", "x").await;
+        fx.clock.advance(Duration::from_millis(10));
+    }
+    // Use key 1, so key 2 becomes the least recently used.
+    assert!(cached_body(&cache, &key(1)).await.is_some());
+    fx.clock.advance(Duration::from_millis(10));
+    execute(&cache, &key(4), "{}", "x").await;
+    assert_eq!(
+        cache.store().row_count().await.unwrap(),
+        3,
+        "bound enforced as entries are inserted"
+    );
+    assert!(
+        cached_body(&cache, &key(2)).await.is_none(),
+        "evicted key is a miss"
+    );
+    for n in [1, 3, 4] {
+        assert!(cached_body(&cache, &key(n)).await.is_some(), "key {n} kept");
+    }
+}
+
+#[tokio::test]
+async fn bound_holds_across_reopen() {
+    let fx = Fixture::new();
+    {
+        let cache = fx.cache(&config(86_400, 10));
+        for n in 0..10 {
+            execute(&cache, &key(n), "{}", "x").await;
+        }
+    }
+    let cache = fx.cache(&config(86_400, 10));
+    execute(&cache, &key(100), "{}", "x").await;
+    assert_eq!(cache.store().row_count().await.unwrap(), 10);
+}
+
+#[test]
+fn sixty_four_concurrent_claims_one_winner() {
+    let fx = Fixture::new();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(8)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cache = runtime.block_on(async { fx.cache(&config(86_400, 100)) });
+    let hash = request_hash(b"{}").unwrap();
+    let winners = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(std::sync::Barrier::new(64));
+    let threads: Vec<_> = (0..64)
+        .map(|_| {
+            let (cache, hash, winners, barrier) = (
+                cache.clone(),
+                hash.clone(),
+                winners.clone(),
+                barrier.clone(),
+            );
+            let handle = runtime.handle().clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                handle.block_on(async {
+                    match cache.claim(&key(7), "message/send", &hash).await.unwrap() {
+                        Claim::Execute(ticket) => {
+                            winners.fetch_add(1, Ordering::SeqCst);
+                            // Hold the key a moment so the others see it in flight.
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            ticket.complete(response("won")).await.unwrap();
+                            "execute"
+                        }
+                        Claim::InFlight(f) => match f.wait(Duration::from_secs(10)).await {
+                            Ok(Some(entry)) => {
+                                assert_eq!(entry.response.body, b"won");
+                                "waited"
+                            }
+                            other => panic!("waiter got {:?}", other.map(|e| e.is_some())),
+                        },
+                        Claim::Cached(entry) => {
+                            assert_eq!(entry.response.body, b"won");
+                            "cached"
+                        }
+                    }
+                })
+            })
+        })
+        .collect();
+    let outcomes: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(winners.load(Ordering::SeqCst), 1, "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|o| **o == "execute").count(), 1);
+}
+
+#[tokio::test]
+async fn dropped_ticket_releases_the_key_to_waiters() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(86_400, 100));
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::Execute(ticket) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    let Claim::InFlight(waiter) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    assert!(waiter.matches("message/send", &hash));
+    assert!(!waiter.matches("SendMessage", &hash));
+    let wait = tokio::spawn(waiter.wait(Duration::from_secs(5)));
+    drop(ticket);
+    assert_eq!(wait.await.unwrap(), Ok(None), "released without an outcome");
+    assert!(matches!(
+        cache.claim(&key(1), "message/send", &hash).await.unwrap(),
+        Claim::Execute(_)
+    ));
+}
+
+#[tokio::test]
+async fn wait_past_the_bound_reports_still_running() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(86_400, 100));
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::Execute(_ticket) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    let Claim::InFlight(waiter) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(waiter.wait(Duration::from_millis(20)).await, Err(()));
+}
+
+#[tokio::test]
+async fn closed_store_fails_loudly() {
+    let fx = Fixture::new();
+    let store = SqliteStore::open_with_clock(&fx.path, &config(60, 10), fx.clock.clone()).unwrap();
+    store.close();
+    let err = store.sweep().await.unwrap_err();
+    assert!(matches!(err, idem_runtime::StoreError::Closed), "{err}");
+}
+
+#[test]
+fn unusable_path_is_an_error_not_a_panic() {
+    let err = SqliteStore::open("/nonexistent-dir/x/cache.db", &IdempotencyConfig::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("No such file"), "{err}");
+}
