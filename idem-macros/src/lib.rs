@@ -1,5 +1,37 @@
+//! The `#[idempotent]` attribute of the `idempotency/v1` A2A extension.
+//!
+//! Use it through the `idem` facade crate, which re-exports it next to the runtime the
+//! expansion calls into.
+
+mod args;
+mod expand;
+mod method;
+
 use proc_macro::TokenStream;
+
+/// Makes a jsonrpsee server method idempotent by wrapping its body in the idempotency guard.
+///
+/// Put it on a method of an `impl ...Server for ...` block whose `#[method(...)]` has
+/// `with_extensions`; the method takes an `ext: &Extensions` parameter and returns
+/// `RpcResult<Replayable<T>>`. It works on a plain `async fn` and on a method already
+/// desugared by `#[async_trait]`.
+///
+/// The only argument is `crate = "path"`, for when `idem` is not reachable as `::idem`.
 #[proc_macro_attribute]
-pub fn idempotent(_a: TokenStream, i: TokenStream) -> TokenStream {
-    i
+pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item = proc_macro2::TokenStream::from(item);
+    let expanded = args::parse(attr.into()).and_then(|args| {
+        let method = method::parse(item.clone())?;
+        Ok(expand::expand(&args, method))
+    });
+    match expanded {
+        Ok(tokens) => tokens.into(),
+        // The item is kept as written so that the one mistake reported here is the only
+        // error: a vanished method would add "missing item" errors on the impl.
+        Err(err) => {
+            let mut tokens = item;
+            tokens.extend(err.to_compile_error());
+            tokens.into()
+        }
+    }
 }

@@ -45,17 +45,30 @@ impl fmt::Display for RequestHash {
 
 /// Hashes raw JSON-RPC `params` bytes per spec §4.3.
 pub fn request_hash(raw_params: &[u8]) -> Result<RequestHash, HashError> {
-    let canonical = canonical_params(raw_params)?;
+    hash_params(parse_params(raw_params)?)
+}
+
+/// Parses raw `params`, refusing what the hash cannot bind honestly (see [`HashError`]).
+pub fn parse_params(raw_params: &[u8]) -> Result<Value, HashError> {
+    let text = crate::json_check::check(raw_params)?;
+    serde_json::from_str(text).map_err(|e| HashError::Syntax {
+        offset: 0,
+        detail: e.to_string(),
+    })
+}
+
+/// Hashes params already parsed by [`parse_params`].
+pub fn hash_params(params: Value) -> Result<RequestHash, HashError> {
+    let canonical = canonical_without_message_id(params)?;
     Ok(RequestHash(hex(&Sha256::digest(&canonical))))
 }
 
 /// The bytes that are hashed: the RFC 8785 form of `params` without `params.message.messageId`.
 pub fn canonical_params(raw_params: &[u8]) -> Result<Vec<u8>, HashError> {
-    let text = crate::json_check::check(raw_params)?;
-    let mut params: Value = serde_json::from_str(text).map_err(|e| HashError::Syntax {
-        offset: 0,
-        detail: e.to_string(),
-    })?;
+    canonical_without_message_id(parse_params(raw_params)?)
+}
+
+fn canonical_without_message_id(mut params: Value) -> Result<Vec<u8>, HashError> {
     if let Some(Value::Object(message)) = params.get_mut("message") {
         message.remove("messageId");
     }

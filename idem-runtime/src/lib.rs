@@ -3,27 +3,39 @@
 //! Everything that runs: the canonical request hash, the message-id check, the durable SQLite
 //! store, the jsonrpsee HTTP and RPC layers, and the guard that `#[idempotent]` expands to.
 
+mod activation;
 mod cache;
 mod canonical_hash;
 mod clock;
 mod config;
 mod error;
 mod guard;
+mod http_layer;
+mod idempotency;
 mod json_check;
 mod message_id;
 mod number_exactness;
 mod replayable;
+mod rpc_layer;
+mod scope;
 mod sqlite_store;
 mod store;
 
+pub use activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
 pub use cache::{Claim, IdempotencyCache, InFlight, Ticket};
-pub use canonical_hash::{canonical_json, canonical_params, request_hash, HashError, RequestHash};
+pub use canonical_hash::{
+    canonical_json, canonical_params, hash_params, parse_params, request_hash, HashError,
+    RequestHash,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ConfigError, IdempotencyConfig, MAX_ENTRIES_ENV, TTL_ENV};
 pub use error::{ErrorCode, IdempotencyError, EXTENSION_URI};
-pub use guard::Guarded;
+pub use guard::{Guarded, Payload};
+pub use http_layer::{HttpLayer, HttpService, IDEMPOTENT_REPLAYED};
+pub use idempotency::{Idempotency, DEFAULT_GOVERNED_METHODS};
 pub use message_id::{MessageId, MessageIdError, MessageIdPolicy};
 pub use replayable::Replayable;
+pub use rpc_layer::{RpcLayer, RpcService};
 pub use sqlite_store::SqliteStore;
 pub use store::{Entry, Store, StoreError, StoredResponse};
 

@@ -1,0 +1,78 @@
+//! The arguments of `#[idempotent(...)]`.
+
+use proc_macro2::TokenStream;
+use syn::parse::Parser;
+use syn::punctuated::Punctuated;
+use syn::{Error, Expr, ExprLit, ExprPath, Lit, LitStr, Meta, MetaNameValue, Path, Result, Token};
+
+/// What the attribute was given.
+pub(crate) struct Args {
+    /// Where the generated code finds the runtime (`KRATE::__private::guard`).
+    pub(crate) krate: Path,
+}
+
+/// Parses the attribute's arguments: empty, or `crate = "path"` / `crate = path`.
+pub(crate) fn parse(attr: TokenStream) -> Result<Args> {
+    let metas = Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr)?;
+    let mut krate = None;
+    for meta in metas {
+        if !meta.path().is_ident("crate") {
+            return Err(unknown(&meta));
+        }
+        let Meta::NameValue(name_value) = &meta else {
+            return Err(Error::new_spanned(
+                &meta,
+                "write `crate = \"path::to::idem\"`",
+            ));
+        };
+        if krate.is_some() {
+            return Err(Error::new_spanned(
+                &name_value.path,
+                "`crate` is given twice: keep one",
+            ));
+        }
+        krate = Some(crate_path(name_value)?);
+    }
+    Ok(Args {
+        krate: krate.unwrap_or_else(|| syn::parse_quote!(::idem)),
+    })
+}
+
+fn unknown(meta: &Meta) -> Error {
+    let name = meta.path();
+    let shown = quote::quote!(#name).to_string().replace(' ', "");
+    Error::new_spanned(
+        name,
+        format!(
+            "unknown argument `{shown}`: the only argument of #[idempotent] is `crate = \"...\"`"
+        ),
+    )
+}
+
+/// Accepts the quoted form like tokio-macros, and the bare path because people write it.
+fn crate_path(name_value: &MetaNameValue) -> Result<Path> {
+    match &name_value.value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => parse_quoted_path(lit),
+        Expr::Path(ExprPath {
+            qself: None, path, ..
+        }) => Ok(path.clone()),
+        other => Err(Error::new_spanned(
+            other,
+            "`crate` takes the path of the idem crate, e.g. `crate = \"::idem\"`",
+        )),
+    }
+}
+
+fn parse_quoted_path(lit: &LitStr) -> Result<Path> {
+    lit.parse_with(Path::parse_mod_style).map_err(|_| {
+        Error::new_spanned(
+            lit,
+            format!(
+                "`{}` is not a path: `crate` takes the path of the idem crate, e.g. `crate = \"::idem\"`",
+                lit.value()
+            ),
+        )
+    })
+}

@@ -1,0 +1,149 @@
+//! Checks that the attribute sits on something it can wrap: a method with `self`, async or
+//! returning a future, that receives the request's `Extensions`.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+use syn::{
+    Error, FnArg, Ident, Item, ItemFn, Pat, Result, ReturnType, Signature, Type, TypeParamBound,
+};
+
+/// A method that `#[idempotent]` can wrap.
+pub(crate) struct Method {
+    pub(crate) func: ItemFn,
+    /// The `&Extensions` parameter, handed to the guard.
+    pub(crate) ext: Ident,
+    pub(crate) shape: Shape,
+}
+
+/// How the method produces its future, which decides how the guard is spliced in.
+pub(crate) enum Shape {
+    /// `async fn`; carries the declared return type (`()` if none).
+    Async(Box<Type>),
+    /// What `#[async_trait]` leaves: `fn ... -> Pin<Box<dyn Future<...> + Send + '_>>`.
+    BoxedFuture,
+    /// `fn ... -> impl Future<...>`.
+    ImplFuture,
+}
+
+const NOT_A_METHOD: &str = "#[idempotent] goes on a method of an `impl ...Server for ...` block";
+
+/// Parses and validates the item the attribute is on.
+pub(crate) fn parse(item: TokenStream) -> Result<Method> {
+    let func = match syn::parse2::<Item>(item.clone()) {
+        Ok(Item::Fn(func)) => func,
+        Ok(other) => return Err(Error::new_spanned(head(&other), NOT_A_METHOD)),
+        Err(_) => return Err(Error::new_spanned(item, NOT_A_METHOD)),
+    };
+    require_receiver(&func.sig)?;
+    let shape = shape(&func.sig)?;
+    let ext = extensions_param(&func.sig)?;
+    Ok(Method { func, ext, shape })
+}
+
+/// Points at `struct Foo` rather than the whole item, so the message stays on one line.
+fn head(item: &Item) -> TokenStream {
+    match item {
+        Item::Struct(s) => {
+            let (token, ident) = (&s.struct_token, &s.ident);
+            quote!(#token #ident)
+        }
+        Item::Enum(e) => {
+            let (token, ident) = (&e.enum_token, &e.ident);
+            quote!(#token #ident)
+        }
+        Item::Trait(t) => {
+            let (token, ident) = (&t.trait_token, &t.ident);
+            quote!(#token #ident)
+        }
+        Item::Impl(i) => {
+            let (token, ty) = (&i.impl_token, &i.self_ty);
+            quote!(#token #ty)
+        }
+        other => quote!(#other),
+    }
+}
+
+fn require_receiver(sig: &Signature) -> Result<()> {
+    if sig.receiver().is_some() {
+        return Ok(());
+    }
+    Err(Error::new_spanned(
+        sig,
+        format!("{NOT_A_METHOD}; this function takes no `self`"),
+    ))
+}
+
+fn shape(sig: &Signature) -> Result<Shape> {
+    let ret = match &sig.output {
+        ReturnType::Default => None,
+        ReturnType::Type(_, ty) => Some(ty),
+    };
+    if sig.asyncness.is_some() {
+        return Ok(Shape::Async(
+            ret.cloned()
+                .unwrap_or_else(|| Box::new(syn::parse_quote!(()))),
+        ));
+    }
+    match ret.map(|ty| peel(ty)) {
+        Some(Type::Path(path)) if last_ident_is(&path.path, "Pin") => Ok(Shape::BoxedFuture),
+        Some(Type::ImplTrait(imp)) if imp.bounds.iter().any(is_future_bound) => {
+            Ok(Shape::ImplFuture)
+        }
+        _ => {
+            let (fn_token, ident) = (&sig.fn_token, &sig.ident);
+            Err(Error::new_spanned(
+                quote!(#fn_token #ident),
+                "#[idempotent] wraps the method body in a future: make this an `async fn` \
+                 (or return `Pin<Box<dyn Future<...>>>` / `impl Future<...>`)",
+            ))
+        }
+    }
+}
+
+fn is_future_bound(bound: &TypeParamBound) -> bool {
+    matches!(bound, TypeParamBound::Trait(t) if last_ident_is(&t.path, "Future"))
+}
+
+fn extensions_param(sig: &Signature) -> Result<Ident> {
+    let param = sig.inputs.iter().find_map(|arg| match arg {
+        FnArg::Typed(typed) if is_extensions_ref(&typed.ty) => Some(typed),
+        _ => None,
+    });
+    let Some(param) = param else {
+        return Err(Error::new_spanned(
+            &sig.ident,
+            "#[idempotent] needs the request's `Extensions`: add `with_extensions` to this \
+             method's `#[method(...)]` and take an `ext: &Extensions` parameter",
+        ));
+    };
+    match &*param.pat {
+        Pat::Ident(pat) => Ok(pat.ident.clone()),
+        other => Err(Error::new_spanned(
+            other,
+            "name the `Extensions` parameter, e.g. `ext: &Extensions`: #[idempotent] hands it \
+             to the idempotency guard",
+        )),
+    }
+}
+
+fn is_extensions_ref(ty: &Type) -> bool {
+    match peel(ty) {
+        Type::Reference(reference) => {
+            matches!(peel(&reference.elem), Type::Path(p) if last_ident_is(&p.path, "Extensions"))
+        }
+        _ => false,
+    }
+}
+
+/// Types that went through a `macro_rules!` arrive wrapped in invisible groups.
+fn peel(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(group) => peel(&group.elem),
+        Type::Paren(paren) => peel(&paren.elem),
+        other => other,
+    }
+}
+
+fn last_ident_is(path: &syn::Path, name: &str) -> bool {
+    path.segments.last().is_some_and(|seg| seg.ident == name)
+}

@@ -1,0 +1,70 @@
+//! Which extensions a request activated: `A2A-Extensions` and the legacy `X-A2A-Extensions`.
+
+use http::HeaderMap;
+
+/// The activation header of A2A (spec §3.2).
+pub const A2A_EXTENSIONS: &str = "a2a-extensions";
+/// The header A2A 0.3 clients used; official SDKs still send it.
+pub const X_A2A_EXTENSIONS: &str = "x-a2a-extensions";
+
+/// Whether `uri` is among the extensions the request activated: every line of either header,
+/// comma-separated, surrounding whitespace ignored.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue};
+/// let mut headers = HeaderMap::new();
+/// headers.append("A2A-Extensions", HeaderValue::from_static("urn:a ,  urn:b"));
+/// assert!(idem_runtime::is_activated(&headers, "urn:b"));
+/// assert!(!idem_runtime::is_activated(&headers, "urn:c"));
+/// ```
+pub fn is_activated(headers: &HeaderMap, uri: &str) -> bool {
+    [A2A_EXTENSIONS, X_A2A_EXTENSIONS]
+        .iter()
+        .flat_map(|name| headers.get_all(*name))
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|list| list.split(','))
+        .any(|item| item.trim() == uri)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    const URI: &str = crate::EXTENSION_URI;
+
+    fn headers(lines: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in lines {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn finds_the_uri_in_any_header_line_and_spelling() {
+        let uri = "https://agentic-sandbox.aiwg.io/extensions/idempotency/v1";
+        assert!(is_activated(&headers(&[("A2A-Extensions", uri)]), URI));
+        assert!(is_activated(&headers(&[("X-A2A-Extensions", uri)]), URI));
+        let several =
+            "urn:other,\thttps://agentic-sandbox.aiwg.io/extensions/idempotency/v1 , urn:x";
+        assert!(is_activated(&headers(&[("A2A-Extensions", several)]), URI));
+        let lines = [("A2A-Extensions", "urn:other"), ("A2A-Extensions", uri)];
+        assert!(is_activated(&headers(&lines), URI));
+    }
+
+    #[test]
+    fn near_misses_do_not_activate() {
+        assert!(!is_activated(&headers(&[]), URI));
+        assert!(!is_activated(&headers(&[("A2A-Extensions", "")]), URI));
+        let v2 = "https://agentic-sandbox.aiwg.io/extensions/idempotency/v2";
+        assert!(!is_activated(&headers(&[("A2A-Extensions", v2)]), URI));
+        let prefix = "https://agentic-sandbox.aiwg.io/extensions/idempotency/v1/extra";
+        assert!(!is_activated(&headers(&[("A2A-Extensions", prefix)]), URI));
+        let other_header = [(
+            "Extensions",
+            "https://agentic-sandbox.aiwg.io/extensions/idempotency/v1",
+        )];
+        assert!(!is_activated(&headers(&other_header), URI));
+    }
+}

@@ -1,0 +1,165 @@
+//! The RPC layer: sees each governed call with its raw params before jsonrpsee decodes them.
+//!
+//! It refuses what the extension must refuse (not activated, malformed messageId, params the
+//! hash cannot bind) without running the method, and hands the guard the key and the hash of
+//! the raw params. Batches do not go through `call()`, so `batch()` checks each entry too.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use jsonrpsee::core::middleware::{Batch, BatchEntry, BatchEntryErr, Notification, RpcServiceT};
+use jsonrpsee::types::{ErrorObjectOwned, Request};
+use jsonrpsee::MethodResponse;
+
+use crate::canonical_hash::{hash_params, parse_params};
+use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
+use crate::idempotency::State;
+use crate::message_id::MessageId;
+use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated};
+
+/// The tower layer that wraps jsonrpsee's RPC service (see [`crate::Idempotency::rpc_layer`]).
+#[derive(Clone)]
+pub struct RpcLayer {
+    state: Arc<State>,
+}
+
+impl RpcLayer {
+    pub(crate) fn new(state: Arc<State>) -> Self {
+        Self { state }
+    }
+}
+
+impl<S> tower::Layer<S> for RpcLayer {
+    type Service = RpcService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RpcService {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The RPC service of [`RpcLayer`].
+#[derive(Clone)]
+pub struct RpcService<S> {
+    inner: S,
+    state: Arc<State>,
+}
+
+impl<S> RpcServiceT for RpcService<S>
+where
+    S: RpcServiceT<
+            MethodResponse = MethodResponse,
+            BatchResponse = MethodResponse,
+            NotificationResponse = MethodResponse,
+        > + Send
+        + Sync
+        + Clone
+        + 'static,
+{
+    type MethodResponse = MethodResponse;
+    type NotificationResponse = MethodResponse;
+    type BatchResponse = MethodResponse;
+
+    fn call<'a>(
+        &self,
+        mut request: Request<'a>,
+    ) -> impl Future<Output = MethodResponse> + Send + 'a {
+        let checked = self.admit(&mut request);
+        let inner = self.inner.clone();
+        async move {
+            match checked {
+                Ok(()) => inner.call(request).await,
+                Err(error) => MethodResponse::error(request.id, error),
+            }
+        }
+    }
+
+    fn batch<'a>(&self, mut batch: Batch<'a>) -> impl Future<Output = MethodResponse> + Send + 'a {
+        for entry in batch.iter_mut() {
+            let Ok(BatchEntry::Call(request)) = entry else {
+                continue;
+            };
+            if let Some(scope) = request.extensions().get::<HttpScope>() {
+                scope.mark_batch();
+            }
+            if let Err(error) = self.admit(request) {
+                *entry = Err(BatchEntryErr::new(request.id.clone().into_owned(), error));
+            }
+        }
+        self.inner.batch(batch)
+    }
+
+    fn notification<'a>(
+        &self,
+        n: Notification<'a>,
+    ) -> impl Future<Output = MethodResponse> + Send + 'a {
+        // jsonrpsee does not run HTTP notifications, governed or not.
+        self.inner.notification(n)
+    }
+}
+
+impl<S> RpcService<S> {
+    /// Checks a call; for a governed one, puts what the guard needs into its extensions.
+    fn admit(&self, request: &mut Request<'_>) -> Result<(), ErrorObjectOwned> {
+        if !self.state.governed.contains(request.method_name()) {
+            return Ok(());
+        }
+        let Some(scope) = request.extensions().get::<HttpScope>().cloned() else {
+            tracing::error!(
+                method = request.method_name(),
+                "idempotency RPC layer installed without its HTTP layer: refusing the governed call"
+            );
+            return Err(IdempotencyError::new(ErrorCode::LayerMissing).to_error_object());
+        };
+        if !scope.activated() {
+            if self.state.config.required {
+                scope.record(Outcome::Rejected(ErrorCode::ExtensionSupportRequired));
+                let error = IdempotencyError::new(ErrorCode::ExtensionSupportRequired)
+                    .with_detail("extension", EXTENSION_URI);
+                return Err(error.to_error_object());
+            }
+            request.extensions_mut().insert(Undeduplicated);
+            return Ok(());
+        }
+        match self.governed_call(request, &scope) {
+            Ok(call) => {
+                request.extensions_mut().insert(call);
+                Ok(())
+            }
+            Err(error) => {
+                scope.record(Outcome::Rejected(error.code));
+                Err(error.to_error_object())
+            }
+        }
+    }
+
+    fn governed_call(
+        &self,
+        request: &Request<'_>,
+        scope: &HttpScope,
+    ) -> Result<GovernedCall, IdempotencyError> {
+        let raw = request.params.as_ref().map_or("null", |p| p.get());
+        let params = parse_params(raw.as_bytes()).map_err(|e| {
+            IdempotencyError::new(ErrorCode::PayloadNotCanonicalizable)
+                .with_detail("reason", e.to_string())
+        })?;
+        let id = params.pointer("/message/messageId");
+        let key = MessageId::parse_value(id, self.state.config.message_id_policy).map_err(|e| {
+            IdempotencyError::new(ErrorCode::KeyMalformed).with_detail("reason", e.to_string())
+        })?;
+        let hash = hash_params(params).map_err(|e| {
+            IdempotencyError::new(ErrorCode::PayloadNotCanonicalizable)
+                .with_detail("reason", e.to_string())
+        })?;
+        Ok(GovernedCall {
+            state: self.state.clone(),
+            scope: scope.clone(),
+            id: request.id.clone().into_owned(),
+            method: request.method_name().to_owned(),
+            key,
+            hash,
+        })
+    }
+}

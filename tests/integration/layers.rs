@@ -1,0 +1,587 @@
+//! idempotency/v1 through a real jsonrpsee server and a real SQLite file: AC-1..AC-4, headers,
+//! concurrency, bad input, batches, failure caching.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use idem::IdempotencyConfig;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::support::*;
+
+fn config() -> IdempotencyConfig {
+    IdempotencyConfig::default()
+}
+
+/// The request hash computed independently of the library: serde_jcs + sha2 over params
+/// with `message.messageId` removed.
+fn independent_hash(body: &str) -> String {
+    let mut request: Value = serde_json::from_str(body).unwrap();
+    let params = request["params"].as_object_mut().unwrap();
+    params["message"]
+        .as_object_mut()
+        .unwrap()
+        .remove("messageId");
+    let canonical = serde_jcs::to_vec(&params).unwrap();
+    Sha256::digest(&canonical)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[tokio::test]
+async fn ac1_identical_retry_is_replayed_byte_for_byte_without_reexecution() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let first = post_activated(&server.url, send(1, &mid, "hello")).await;
+    assert_eq!(first.status, 200);
+    assert!(
+        !first.replayed(),
+        "a fresh response has no Idempotent-Replayed header"
+    );
+    assert!(first.echoes_extension());
+    assert_eq!(first.json()["result"]["echo"], "hello");
+
+    let replay = post_activated(&server.url, send(1, &mid, "hello")).await;
+    assert_eq!(replay.status, first.status);
+    assert_eq!(replay.body, first.body, "byte-for-byte identical");
+    assert!(replay.replayed());
+    assert!(replay.echoes_extension());
+    assert_eq!(server.executions(), 1);
+
+    // Modulo whitespace and key order (JCS), and under another JSON-RPC id: the same result.
+    let reordered = format!(
+        r#"{{ "params": {{ "metadata": {{}}, "message": {{ "parts": [{{"text":"hello","kind":"text"}}], "role":"user", "messageId":"{mid}", "kind":"message" }} }}, "method":"message/send", "id": 7, "jsonrpc":"2.0" }}"#
+    );
+    let other = post_activated(&server.url, reordered).await;
+    assert!(other.replayed());
+    assert_eq!(other.json()["id"], 7);
+    assert_eq!(other.json()["result"], first.json()["result"]);
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn ac2_other_payload_is_422_and_the_original_entry_is_untouched() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let original = send(1, &mid, "B");
+    let first = post_activated(&server.url, original.clone()).await;
+    let row_before = db.row(&mid).unwrap();
+
+    let changed = send(2, &mid, "B-prime");
+    let collision = post_activated(&server.url, changed.clone()).await;
+    assert_eq!(collision.status, 422);
+    assert_eq!(collision.error_code(), -32422);
+    assert_eq!(
+        collision.data_code(),
+        "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_PAYLOAD"
+    );
+    let data = &collision.json()["error"]["data"];
+    assert_eq!(data["message_id"], mid.as_str());
+    assert_eq!(data["original_request_hash"], independent_hash(&original));
+    assert_eq!(data["submitted_request_hash"], independent_hash(&changed));
+    assert_ne!(
+        data["original_request_hash"],
+        data["submitted_request_hash"]
+    );
+    assert!(collision.echoes_extension());
+    assert!(!collision.replayed());
+
+    assert_eq!(
+        db.row(&mid).unwrap(),
+        row_before,
+        "the collision did not overwrite the entry"
+    );
+    let retry = post_activated(&server.url, original).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn ac2_metadata_change_is_a_collision_too() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    post_activated(
+        &server.url,
+        send_with(1, "message/send", &mid, "x", json!({"a": 1})),
+    )
+    .await;
+    let other = post_activated(
+        &server.url,
+        send_with(1, "message/send", &mid, "x", json!({"a": 2})),
+    )
+    .await;
+    assert_eq!(other.status, 422);
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn same_key_under_another_method_is_a_collision() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    post_activated(&server.url, send(1, &mid, "x")).await;
+    let other = post_activated(
+        &server.url,
+        send_with(1, "SendMessage", &mid, "x", json!({})),
+    )
+    .await;
+    assert_eq!(other.status, 422);
+    assert_eq!(
+        other.json()["error"]["data"]["original_method"],
+        "message/send"
+    );
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn ac3_past_ttl_the_request_is_new() {
+    let db = Db::new();
+    let server = db
+        .server(IdempotencyConfig {
+            ttl_seconds: 60,
+            ..config()
+        })
+        .await;
+    let mid = new_id();
+    let first = post_activated(&server.url, send(1, &mid, "x")).await;
+    let (_, _, inserted_t0) = db.row(&mid).unwrap();
+
+    db.clock.advance(Duration::from_secs(61));
+    let later = post_activated(&server.url, send(1, &mid, "x")).await;
+    assert_eq!(later.status, 200);
+    assert!(
+        !later.replayed(),
+        "past the TTL the response is not a replay"
+    );
+    assert_ne!(later.body, first.body, "executed again");
+    assert_eq!(server.executions(), 2);
+    let (_, body, inserted_t1) = db.row(&mid).unwrap();
+    assert_eq!(
+        inserted_t1,
+        inserted_t0 + 61,
+        "a new entry replaced the stale row"
+    );
+    assert_eq!(body, later.body);
+    assert_eq!(db.row_count(), 1);
+
+    let again = post_activated(&server.url, send(1, &mid, "x")).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, later.body);
+}
+
+#[tokio::test]
+async fn ac4_cache_survives_a_restart_on_the_same_file() {
+    let db = Db::new();
+    let mid = new_id();
+    let server = db.server(config()).await;
+    let first = post_activated(&server.url, send(1, &mid, "x")).await;
+    server.stop().await; // the server, its store and writer thread are dropped here
+
+    let restarted = db.server(config()).await;
+    let replay = post_activated(&restarted.url, send(1, &mid, "x")).await;
+    assert_eq!(replay.body, first.body);
+    assert!(replay.replayed());
+    assert_eq!(
+        restarted.executions(),
+        0,
+        "the restarted server did not execute"
+    );
+}
+
+#[tokio::test]
+async fn legacy_and_multi_value_activation_headers() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let legacy = [("X-A2A-Extensions", URI)];
+    let first = post(&server.url, send(1, &mid, "x"), &legacy).await;
+    assert_eq!(first.status, 200);
+    assert!(first.echoes_extension());
+    let several = format!("urn:example:other ,  {URI},urn:x");
+    let replay = post(
+        &server.url,
+        send(1, &mid, "x"),
+        &[("A2A-Extensions", &several)],
+    )
+    .await;
+    assert!(replay.replayed());
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn not_activated_with_required_extension_is_refused() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let reply = post(&server.url, send(1, &new_id(), "x"), &[]).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.error_code(), -32008);
+    assert_eq!(reply.json()["error"]["data"]["extension"], URI);
+    assert!(!reply.echoes_extension(), "the request did not activate it");
+    assert_eq!(server.executions(), 0);
+    assert_eq!(db.row_count(), 0);
+    // Ungoverned methods are not affected.
+    let get = post(
+        &server.url,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get"}"#,
+        &[],
+    )
+    .await;
+    assert_eq!((get.status, get.json()["result"].clone()), (200, json!(0)));
+}
+
+#[tokio::test]
+async fn not_activated_with_optional_extension_runs_undeduplicated() {
+    let db = Db::new();
+    let server = db
+        .server(IdempotencyConfig {
+            required: false,
+            ..config()
+        })
+        .await;
+    assert_eq!(server.idem.agent_card_extension()["required"], false);
+    let mid = new_id();
+    for _ in 0..2 {
+        let reply = post(&server.url, send(1, &mid, "x"), &[]).await;
+        assert_eq!(reply.status, 200);
+        assert!(!reply.replayed());
+        assert!(!reply.echoes_extension());
+    }
+    assert_eq!(server.executions(), 2);
+    assert_eq!(db.row_count(), 0);
+    // Activated calls on the same server are deduplicated.
+    post_activated(&server.url, send(1, &mid, "x")).await;
+    assert!(post_activated(&server.url, send(1, &mid, "x"))
+        .await
+        .replayed());
+    assert_eq!(server.executions(), 3);
+}
+
+#[tokio::test]
+async fn ungoverned_method_with_activation_gets_the_echo_only() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let get = post_activated(
+        &server.url,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get"}"#,
+    )
+    .await;
+    assert_eq!(get.status, 200);
+    assert!(get.echoes_extension());
+    assert!(!get.replayed());
+}
+
+#[tokio::test]
+async fn hundred_concurrent_identical_calls_execute_once() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let body = send_with(1, "message/send", &mid, "x", json!({"delayMs": 300}));
+    let replies = join_all((0..100).map(|_| post_activated(&server.url, body.clone()))).await;
+    assert_eq!(server.executions(), 1);
+    assert!(replies.iter().all(|r| r.status == 200));
+    assert_eq!(replies.iter().filter(|r| r.replayed()).count(), 99);
+    assert!(
+        replies.iter().all(|r| r.body == replies[0].body),
+        "one body for all"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_different_payloads_under_one_key_get_422_at_once() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let (url, body) = (
+        server.url.clone(),
+        send_with(1, "message/send", &mid, "x", json!({"delayMs": 1500})),
+    );
+    let slow = tokio::spawn(async move { post_activated(&url, body).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let others = join_all(
+        (0..20).map(|i| post_activated(&server.url, send(1, &mid, &format!("other-{i}")))),
+    )
+    .await;
+    assert!(others
+        .iter()
+        .all(|r| r.status == 422 && r.error_code() == -32422));
+    assert!(
+        started.elapsed() < Duration::from_millis(1200),
+        "collisions do not wait for the first call"
+    );
+    assert_eq!(slow.await.unwrap().status, 200);
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn waiting_past_the_bound_is_409_then_the_replay_arrives() {
+    let db = Db::new();
+    let server = db
+        .server(IdempotencyConfig {
+            in_flight_wait: Duration::from_millis(200),
+            ..config()
+        })
+        .await;
+    let mid = new_id();
+    let body = send_with(1, "message/send", &mid, "x", json!({"delayMs": 1000}));
+    let (url, first_body) = (server.url.clone(), body.clone());
+    let first = tokio::spawn(async move { post_activated(&url, first_body).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let busy = post_activated(&server.url, body.clone()).await;
+    assert_eq!(busy.status, 409);
+    assert_eq!(busy.data_code(), "IDEMPOTENCY_REQUEST_IN_PROGRESS");
+    assert!(busy.echoes_extension());
+    let first = first.await.unwrap();
+    let replay = post_activated(&server.url, body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_a_clear_error_and_never_executed() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let envelope = |params: &str| {
+        format!(r#"{{"jsonrpc":"2.0","id":1,"method":"message/send","params":{params}}}"#)
+    };
+    let parts = r#""parts":[{"kind":"text","text":"x"}]"#;
+    let mid = new_id();
+    let cases: Vec<(&str, String, u16, i64)> = vec![
+        (
+            "numeric messageId",
+            envelope(&format!(r#"{{"message":{{"messageId":42,{parts}}}}}"#)),
+            400,
+            -32400,
+        ),
+        (
+            "null messageId",
+            envelope(&format!(r#"{{"message":{{"messageId":null,{parts}}}}}"#)),
+            400,
+            -32400,
+        ),
+        (
+            "missing messageId",
+            envelope(&format!(r#"{{"message":{{{parts}}}}}"#)),
+            400,
+            -32400,
+        ),
+        (
+            "malformed messageId",
+            envelope(&format!(r#"{{"message":{{"messageId":"msg-1",{parts}}}}}"#)),
+            400,
+            -32400,
+        ),
+        (
+            "nil messageId",
+            envelope(&format!(
+                r#"{{"message":{{"messageId":"00000000-0000-0000-0000-000000000000",{parts}}}}}"#
+            )),
+            400,
+            -32400,
+        ),
+        (
+            "params an array",
+            envelope(&format!(
+                r#"[{{"message":{{"messageId":"{mid}",{parts}}}}}]"#
+            )),
+            400,
+            -32400,
+        ),
+        ("params a string", envelope(r#""hello""#), 400, -32400),
+        (
+            "no params",
+            r#"{"jsonrpc":"2.0","id":1,"method":"message/send"}"#.to_owned(),
+            400,
+            -32400,
+        ),
+        (
+            "duplicate keys",
+            envelope(&format!(
+                r#"{{"message":{{"messageId":"{mid}",{parts},"parts":[]}}}}"#
+            )),
+            400,
+            -32602,
+        ),
+        (
+            "inexact number",
+            envelope(&format!(
+                r#"{{"message":{{"messageId":"{mid}",{parts}}},"metadata":{{"n":9007199254740993}}}}"#
+            )),
+            400,
+            -32602,
+        ),
+        (
+            "lone surrogate",
+            envelope(&format!(
+                r#"{{"message":{{"messageId":"{mid}",{parts}}},"metadata":{{"s":"\ud800"}}}}"#
+            )),
+            400,
+            -32602,
+        ),
+        (
+            "truncated JSON",
+            envelope(&format!(r#"{{"message":{{"messageId":"{mid}""#)),
+            200,
+            -32700,
+        ),
+    ];
+    for (name, body, status, code) in cases {
+        let reply = post_activated(&server.url, body).await;
+        assert_eq!(
+            (reply.status, reply.error_code()),
+            (status, code),
+            "{name}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert!(
+            reply.json()["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{name}"
+        );
+        if status == 400 {
+            assert!(reply.echoes_extension(), "{name}");
+            let reason = &reply.json()["error"]["data"]["reason"];
+            assert!(
+                reason.as_str().is_some_and(|r| !r.is_empty()),
+                "{name}: reason {reason}"
+            );
+        }
+    }
+    // Invalid UTF-8 inside a string of the params.
+    let mut bytes = envelope(&format!(
+        r#"{{"message":{{"messageId":"{mid}",{parts}}},"metadata":{{"s":"XX"}}}}"#
+    ))
+    .into_bytes();
+    let at = bytes.windows(2).position(|w| w == b"XX").unwrap();
+    bytes[at] = 0xff;
+    let reply = post_activated(&server.url, bytes).await;
+    // jsonrpsee refuses the envelope itself before any layer sees a call: Invalid request.
+    assert_eq!(
+        (reply.status, reply.error_code()),
+        (200, -32600),
+        "invalid UTF-8"
+    );
+
+    assert_eq!(server.executions(), 0, "nothing executed");
+    assert_eq!(db.row_count(), 0, "nothing cached");
+    let healthy = post_activated(&server.url, send(1, &new_id(), "x")).await;
+    assert_eq!(healthy.status, 200, "the server is still healthy");
+}
+
+#[tokio::test]
+async fn params_jsonrpsee_cannot_decode_are_refused_and_not_cached() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let with_config = |config: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"message/send","params":{{"message":{{"messageId":"{mid}","parts":[]}},"configuration":{config}}}}}"#
+        )
+    };
+    let wrong = post_activated(&server.url, with_config(r#"{"historyLength":"ten"}"#)).await;
+    assert_eq!(
+        (wrong.status, wrong.error_code()),
+        (200, -32602),
+        "jsonrpsee's invalid params"
+    );
+    assert_eq!(server.executions(), 0);
+    assert_eq!(
+        db.row_count(),
+        0,
+        "a refusal before execution is not cached"
+    );
+    // The key is still free: the corrected request executes.
+    let right = post_activated(&server.url, with_config(r#"{"historyLength":10}"#)).await;
+    assert_eq!(right.status, 200);
+    assert!(!right.replayed());
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn batch_entries_each_get_their_own_answer() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let (a, b) = (new_id(), new_id());
+    post_activated(&server.url, send(1, &a, "a")).await;
+    let batch = format!(
+        "[{}, {}, {}, {}, {}]",
+        send(10, &a, "a"),
+        send(11, &b, "b"),
+        send(12, "not-a-uuid", "c"),
+        send(13, &a, "a-changed"),
+        r#"{"jsonrpc":"2.0","id":14,"method":"tasks/get"}"#
+    );
+    let reply = post_activated(&server.url, batch).await;
+    assert_eq!(reply.status, 200, "a batch keeps HTTP 200");
+    assert!(!reply.replayed(), "no Idempotent-Replayed on a batch");
+    assert!(reply.echoes_extension());
+    let entries = reply.json();
+    let by_id = |id: u64| {
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(by_id(10)["result"]["echo"], "a", "replayed entry");
+    assert_eq!(by_id(10)["result"]["execution"], 1);
+    assert_eq!(by_id(11)["result"]["echo"], "b", "executed entry");
+    assert_eq!(by_id(12)["error"]["code"], -32400);
+    assert_eq!(by_id(13)["error"]["code"], -32422);
+    assert_eq!(by_id(14)["result"], 2);
+    assert_eq!(server.executions(), 2);
+}
+
+#[tokio::test]
+async fn failures_are_cached_and_replayed_like_successes() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let first = post_activated(&server.url, send(1, &mid, "fail")).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.error_code(), -32000);
+    let replay = post_activated(&server.url, send(1, &mid, "fail")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn a_panicking_body_is_cached_as_a_failure_and_the_server_lives() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let first = post_activated(&server.url, send(1, &mid, "panic")).await;
+    assert_eq!(first.error_code(), -32603);
+    assert_eq!(first.data_code(), "IDEMPOTENCY_EXECUTION_PANICKED");
+    let replay = post_activated(&server.url, send(1, &mid, "panic")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(server.executions(), 1);
+    assert_eq!(
+        post_activated(&server.url, send(1, &new_id(), "ok"))
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn without_the_layers_the_method_fails_loudly() {
+    let db = Db::new();
+    let server = TestServer::start_without_layers(&db.path).await;
+    let reply = post_activated(&server.url, send(1, &new_id(), "x")).await;
+    assert_eq!(reply.error_code(), -32603);
+    assert_eq!(reply.data_code(), "IDEMPOTENCY_LAYER_MISSING");
+    assert_eq!(server.executions(), 0);
+}

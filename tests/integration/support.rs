@@ -1,0 +1,285 @@
+//! A real jsonrpsee server on 127.0.0.1 with a real SQLite file, and a small HTTP client.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{
+    idempotent, Idempotency, IdempotencyCache, IdempotencyConfig, ManualClock, Replayable,
+    SqliteStore,
+};
+use jsonrpsee::core::{async_trait, RpcResult};
+use jsonrpsee::proc_macros::rpc;
+use jsonrpsee::server::middleware::rpc::RpcServiceBuilder;
+use jsonrpsee::server::{Server, ServerHandle};
+use jsonrpsee::types::ErrorObjectOwned;
+use jsonrpsee::Extensions;
+use serde_json::{json, Value};
+
+pub const URI: &str = "https://agentic-sandbox.aiwg.io/extensions/idempotency/v1";
+pub const T0_MS: u64 = 1_800_000_000_000;
+
+#[rpc(server)]
+pub trait TestAgent {
+    #[method(name = "message/send", aliases = ["SendMessage"], with_extensions)]
+    async fn send(
+        &self,
+        message: Value,
+        configuration: Option<Configuration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<Replayable<Value>>;
+
+    #[method(name = "tasks/get")]
+    async fn get(&self) -> RpcResult<usize>;
+}
+
+/// A typed part of the params, so that jsonrpsee's own decoding can fail.
+#[derive(Debug, serde::Deserialize)]
+pub struct Configuration {
+    #[serde(rename = "historyLength")]
+    pub history_length: Option<u32>,
+}
+
+/// Counts executions of the guarded body: the side effect the spec says must not repeat.
+pub struct Agent {
+    pub executions: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl TestAgentServer for Agent {
+    #[idempotent]
+    async fn send(
+        &self,
+        ext: &Extensions,
+        message: Value,
+        configuration: Option<Configuration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<Replayable<Value>> {
+        let n = self.executions.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(ms) = metadata.as_ref().and_then(|m| m["delayMs"].as_u64()) {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let text = message["parts"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        match text.as_str() {
+            "fail" => Err(ErrorObjectOwned::owned(
+                -32000,
+                "application failure",
+                Some(json!({"execution": n})),
+            )),
+            "panic" => panic!("the body panicked on purpose"),
+            _ => {
+                let history = configuration.and_then(|c| c.history_length);
+                let task = json!({"kind": "task", "id": format!("task-{n}"), "echo": text,
+                                  "execution": n, "historyLength": history});
+                Ok(task.into())
+            }
+        }
+    }
+
+    async fn get(&self) -> RpcResult<usize> {
+        Ok(self.executions.load(Ordering::SeqCst))
+    }
+}
+
+pub struct TestServer {
+    pub url: String,
+    pub executions: Arc<AtomicUsize>,
+    pub idem: Idempotency,
+    handle: ServerHandle,
+}
+
+impl TestServer {
+    /// Starts a server with the extension on `db`.
+    pub async fn start(db: &Path, config: IdempotencyConfig, clock: Arc<ManualClock>) -> Self {
+        let store = SqliteStore::open_with_clock(db, &config, clock).expect("open store");
+        let idem = Idempotency::new(IdempotencyCache::new(store), config);
+        let server = Server::builder()
+            .set_http_middleware(tower::ServiceBuilder::new().layer(idem.http_layer()))
+            .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))
+            .build("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1");
+        let url = format!("http://{}", server.local_addr().unwrap());
+        let executions = Arc::new(AtomicUsize::new(0));
+        let handle = server.start(
+            Agent {
+                executions: executions.clone(),
+            }
+            .into_rpc(),
+        );
+        Self {
+            url,
+            executions,
+            idem,
+            handle,
+        }
+    }
+
+    /// A server whose `#[idempotent]` method runs without the idempotency layers.
+    pub async fn start_without_layers(db: &Path) -> Self {
+        let idem = Idempotency::open(db, IdempotencyConfig::default()).expect("open store");
+        let server = Server::builder()
+            .build("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1");
+        let url = format!("http://{}", server.local_addr().unwrap());
+        let executions = Arc::new(AtomicUsize::new(0));
+        let handle = server.start(
+            Agent {
+                executions: executions.clone(),
+            }
+            .into_rpc(),
+        );
+        Self {
+            url,
+            executions,
+            idem,
+            handle,
+        }
+    }
+
+    pub fn executions(&self) -> usize {
+        self.executions.load(Ordering::SeqCst)
+    }
+
+    /// Stops the server and waits until it has, so the store can be dropped and reopened.
+    pub async fn stop(self) {
+        self.handle.stop().expect("running");
+        self.handle.stopped().await;
+    }
+}
+
+/// A test's own database file in a temporary directory.
+pub struct Db {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+    pub clock: Arc<ManualClock>,
+}
+
+impl Db {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self {
+            path: dir.path().join("a2a.db"),
+            _dir: dir,
+            clock: Arc::new(ManualClock::new(T0_MS)),
+        }
+    }
+
+    pub async fn server(&self, config: IdempotencyConfig) -> TestServer {
+        TestServer::start(&self.path, config, self.clock.clone()).await
+    }
+
+    /// Rows of `idempotency_cache` for `message_id`: (request_hash, response_body, inserted_at).
+    pub fn row(&self, message_id: &str) -> Option<(String, Vec<u8>, i64)> {
+        let conn = rusqlite::Connection::open(&self.path).unwrap();
+        conn.query_row(
+            "SELECT request_hash, response_body, inserted_at FROM idempotency_cache WHERE message_id = ?1",
+            [message_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .ok()
+    }
+
+    pub fn row_count(&self) -> i64 {
+        let conn = rusqlite::Connection::open(&self.path).unwrap();
+        conn.query_row("SELECT COUNT(*) FROM idempotency_cache", [], |r| r.get(0))
+            .unwrap()
+    }
+}
+
+/// A captured HTTP response.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    pub fn replayed(&self) -> bool {
+        match self.header("idempotent-replayed") {
+            Some("true") => true,
+            None => false,
+            Some(other) => panic!("Idempotent-Replayed must be absent or true, got {other:?}"),
+        }
+    }
+
+    pub fn echoes_extension(&self) -> bool {
+        self.headers
+            .get_all("a2a-extensions")
+            .iter()
+            .any(|v| v.to_str().unwrap().contains(URI))
+    }
+
+    pub fn error_code(&self) -> i64 {
+        self.json()["error"]["code"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no error in {}", self.json()))
+    }
+
+    pub fn data_code(&self) -> String {
+        self.json()["error"]["data"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+/// POSTs `body` with the activation header (unless `headers` says otherwise).
+pub async fn post(url: &str, body: impl Into<reqwest::Body>, headers: &[(&str, &str)]) -> Reply {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.body(body).send().await.expect("server answers");
+    Reply {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.bytes().await.unwrap().to_vec(),
+    }
+}
+
+pub const ACTIVATED: &[(&str, &str)] = &[("A2A-Extensions", URI)];
+
+pub async fn post_activated(url: &str, body: impl Into<reqwest::Body>) -> Reply {
+    post(url, body, ACTIVATED).await
+}
+
+/// A fresh random message id.
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// A `message/send` request body.
+pub fn send(id: u64, message_id: &str, text: &str) -> String {
+    send_with(id, "message/send", message_id, text, json!({}))
+}
+
+pub fn send_with(id: u64, method: &str, message_id: &str, text: &str, metadata: Value) -> String {
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": method,
+        "params": {
+            "message": {"kind": "message", "messageId": message_id, "role": "user", "parts": [{"kind": "text", "text": text}]},
+            "metadata": metadata,
+        }
+    })
+    .to_string()
+}

@@ -1,0 +1,19 @@
+use idem::{idempotent, Replayable};
+use jsonrpsee::core::RpcResult;
+use jsonrpsee::Extensions;
+
+struct S;
+
+impl S {
+    #[idempotent]
+    async fn send(&self, ext: &Extensions) -> RpcResult<Replayable<u64>> {
+        if ext.len() > 1 {
+            return None;
+        }
+        Ok(1.into())
+    }
+}
+
+fn main() {
+    let _ = S.send(&Extensions::new());
+}

@@ -1,0 +1,27 @@
+use idem::{idempotent, Replayable};
+use jsonrpsee::core::RpcResult;
+use jsonrpsee::Extensions;
+
+struct S;
+
+impl S {
+    #[idempotent(crate = 5)]
+    async fn send(&self, _ext: &Extensions) -> RpcResult<Replayable<u64>> {
+        Ok(1.into())
+    }
+
+    #[idempotent(crate = "not a path!")]
+    async fn cancel(&self, _ext: &Extensions) -> RpcResult<Replayable<u64>> {
+        Ok(1.into())
+    }
+
+    #[idempotent(crate)]
+    async fn get(&self, _ext: &Extensions) -> RpcResult<Replayable<u64>> {
+        Ok(1.into())
+    }
+}
+
+fn main() {
+    let ext = Extensions::new();
+    let _ = (S.send(&ext), S.cancel(&ext), S.get(&ext));
+}

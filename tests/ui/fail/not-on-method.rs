@@ -1,0 +1,8 @@
+use idem::idempotent;
+
+#[idempotent]
+struct Handler {
+    calls: u32,
+}
+
+fn main() {}
