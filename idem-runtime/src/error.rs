@@ -33,11 +33,13 @@ pub enum ErrorCode {
     LayerMissing,
     /// The wrapped method body panicked; the failure is cached like any outcome (spec §7.5).
     ExecutionPanicked,
+    /// A stream outgrew the recording limit and was ended with this error event.
+    StreamTooLarge,
 }
 
 impl ErrorCode {
     /// Every code, in the order of `error-codes.json`.
-    pub const ALL: [ErrorCode; 8] = [
+    pub const ALL: [ErrorCode; 9] = [
         ErrorCode::KeyReusedWithDifferentPayload,
         ErrorCode::KeyMalformed,
         ErrorCode::RequestInProgress,
@@ -46,6 +48,7 @@ impl ErrorCode {
         ErrorCode::StoreUnavailable,
         ErrorCode::LayerMissing,
         ErrorCode::ExecutionPanicked,
+        ErrorCode::StreamTooLarge,
     ];
 
     /// The numeric JSON-RPC `error.code`.
@@ -59,6 +62,7 @@ impl ErrorCode {
             Self::StoreUnavailable => -32603,
             Self::LayerMissing => -32603,
             Self::ExecutionPanicked => -32603,
+            Self::StreamTooLarge => -32603,
         }
     }
 
@@ -73,6 +77,7 @@ impl ErrorCode {
             Self::StoreUnavailable => "IDEMPOTENCY_STORE_UNAVAILABLE",
             Self::LayerMissing => "IDEMPOTENCY_LAYER_MISSING",
             Self::ExecutionPanicked => "IDEMPOTENCY_EXECUTION_PANICKED",
+            Self::StreamTooLarge => "IDEMPOTENCY_STREAM_TOO_LARGE",
         }
     }
 
@@ -85,7 +90,10 @@ impl ErrorCode {
             | Self::ExtensionSupportRequired => 400,
             Self::RequestInProgress => 409,
             // An executed call's outcome, or a server fault, keeps jsonrpsee's usual 200.
-            Self::StoreUnavailable | Self::LayerMissing | Self::ExecutionPanicked => 200,
+            Self::StoreUnavailable
+            | Self::LayerMissing
+            | Self::ExecutionPanicked
+            | Self::StreamTooLarge => 200,
         }
     }
 
@@ -100,6 +108,7 @@ impl ErrorCode {
             Self::StoreUnavailable => "Idempotency cache unavailable",
             Self::LayerMissing => "Idempotency layers are not installed on this server",
             Self::ExecutionPanicked => "Internal error: the method panicked",
+            Self::StreamTooLarge => "The event stream exceeded the recording limit",
         }
     }
 

@@ -2,173 +2,185 @@
 //! the wait or 409, and execute-then-store are decided.
 //!
 //! The body is a lazy future: on a replay or a refusal it is dropped unpolled and never runs.
-//! An executed outcome (success, error, or panic) is stored durably before it is answered, and
-//! the answer is made of the stored bytes, so the first answer and every replay are the same.
+//! What "executing" and "replaying" mean depends on what the method returns: one JSON-RPC
+//! response ([`crate::Replayable`], in `unary.rs`) or an event stream ([`crate::EventStream`],
+//! in `stream.rs`); both go through [`decide`] and share the helpers below.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
-use jsonrpsee::types::{ErrorObjectOwned, Response, ResponsePayload};
+use jsonrpsee::types::{ErrorObjectOwned, Id, Response, ResponsePayload};
 use jsonrpsee::Extensions;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use crate::cache::{Claim, Ticket};
+use crate::cache::{Claim, InFlight, Ticket};
 use crate::error::{ErrorCode, IdempotencyError};
-use crate::replayable::Replayable;
-use crate::scope::{GovernedCall, Outcome, Undeduplicated};
+use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, StoreError, StoredResponse};
 
 /// A JSON-RPC outcome in its wire form: the raw `result`, or the `error` object.
 pub type Payload = Result<Box<RawValue>, ErrorObjectOwned>;
 
-/// What an `#[idempotent]` method may return: how its outcome becomes stored bytes and back.
+/// What an `#[idempotent]` method may return: [`crate::Replayable`] or [`crate::EventStream`]
+/// in an `RpcResult`. The trait decides what executing and replaying mean for it.
 pub trait Guarded: Sized + Send + 'static {
-    /// The outcome in wire form, serialized once.
-    fn into_payload(self) -> Payload;
-    /// The outcome rebuilt from wire form (a replay, or the stored first answer).
-    fn from_payload(payload: Payload) -> Self;
+    /// Runs `body` under the guard described by `ctx`. Not called directly.
+    #[doc(hidden)]
+    fn run<F>(ctx: CallContext, body: F) -> impl Future<Output = Self> + Send
+    where
+        F: Future<Output = Self> + Send;
 }
 
-impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjectOwned> {
-    fn into_payload(self) -> Payload {
-        let value = self?;
-        serde_json::value::to_raw_value(&value).map_err(|e| {
-            tracing::error!(error = %e, "the method's result does not serialize");
-            ErrorObjectOwned::owned(
-                -32603,
-                format!("result does not serialize: {e}"),
-                None::<()>,
-            )
-        })
-    }
-
-    fn from_payload(payload: Payload) -> Self {
-        payload.map(Replayable::stored)
-    }
+/// What the layers told the guard about one call. Not a public API.
+#[doc(hidden)]
+pub struct CallContext {
+    pub(crate) governed: Option<GovernedCall>,
+    /// Set (to the call's id) when the call runs undeduplicated by design.
+    pub(crate) undeduplicated_id: Option<Id<'static>>,
+    pub(crate) scope: Option<HttpScope>,
 }
 
 /// Wraps `body` (the user's method body) in the idempotency guard.
 ///
-/// Reads the governed call that the RPC layer put in `ext` synchronously, so the returned
-/// future borrows nothing from the caller.
+/// Reads what the layers put in `ext` synchronously, so the returned future borrows nothing
+/// from the caller.
 pub fn guard<F>(ext: &Extensions, body: F) -> impl Future<Output = F::Output> + Send
 where
     F: Future + Send,
     F::Output: Guarded,
 {
-    let call = ext.get::<GovernedCall>().cloned();
-    let undeduplicated = ext.get::<Undeduplicated>().is_some();
-    async move {
-        match call {
-            Some(call) => F::Output::from_payload(run(&call, body).await),
-            None if undeduplicated => body.await,
-            None => {
-                tracing::error!(
-                    "#[idempotent] method called without the idempotency layers; \
-                     install Idempotency::http_layer and Idempotency::rpc_layer"
-                );
-                F::Output::from_payload(Err(IdempotencyError::new(ErrorCode::LayerMissing).into()))
-            }
-        }
-    }
-}
-
-async fn run<F>(call: &GovernedCall, body: F) -> Payload
-where
-    F: Future,
-    F::Output: Guarded,
-{
-    let mut body = Some(body);
-    loop {
-        let claim = call
-            .state
-            .cache
-            .claim(&call.key, &call.method, &call.hash)
-            .await;
-        match claim {
-            Err(e) => return store_failure(call, e),
-            Ok(Claim::Cached(entry)) => return answer_from(call, &entry),
-            Ok(Claim::InFlight(flight)) => {
-                if !flight.matches(&call.method, &call.hash) {
-                    return collision(call, flight.method(), flight.request_hash().as_str());
-                }
-                match flight.wait(call.state.config.in_flight_wait).await {
-                    Ok(Some(entry)) => return answer_from(call, &entry),
-                    // The first call gave up without an outcome: claim again.
-                    Ok(None) => continue,
-                    Err(()) => {
-                        return reject(call, IdempotencyError::new(ErrorCode::RequestInProgress))
-                    }
-                }
-            }
-            Ok(Claim::Execute(ticket)) => {
-                let body = body.take().expect("a call executes at most once");
-                return execute(call, ticket, body).await;
-            }
-        }
-    }
-}
-
-/// Runs the body, stores its outcome durably, and answers with the stored bytes.
-async fn execute<F>(call: &GovernedCall, ticket: Ticket, body: F) -> Payload
-where
-    F: Future,
-    F::Output: Guarded,
-{
-    let payload = match AssertUnwindSafe(body).catch_unwind().await {
-        Ok(output) => output.into_payload(),
-        Err(_panic) => {
-            tracing::error!(method = %call.method, message_id = %call.key, "#[idempotent] method panicked");
-            Err(IdempotencyError::new(ErrorCode::ExecutionPanicked).into())
-        }
+    let ctx = CallContext {
+        governed: ext.get::<GovernedCall>().cloned(),
+        undeduplicated_id: ext.get::<Undeduplicated>().map(|u| u.0.clone()),
+        scope: ext.get::<HttpScope>().cloned(),
     };
+    F::Output::run(ctx, body)
+}
+
+/// The error of a guarded method called on a server without the layers: loud, never silent.
+pub(crate) fn layer_missing() -> ErrorObjectOwned {
+    tracing::error!(
+        "#[idempotent] method called without the idempotency layers; \
+         install Idempotency::http_layer and Idempotency::rpc_layer"
+    );
+    IdempotencyError::new(ErrorCode::LayerMissing).into()
+}
+
+/// What to do with a governed call, once the key is claimed or found taken.
+pub(crate) enum Decision {
+    /// The key is ours: run the body and complete the ticket.
+    Execute(Ticket),
+    /// A stored outcome answers this call.
+    Replay(Entry),
+    /// The same call is running and shares live progress (streams only).
+    Attach(InFlight),
+    /// Refused (collision, 409, store failure); already recorded in the scope.
+    Refuse(ErrorObjectOwned),
+}
+
+/// Claims the call's key and decides. A same-hash duplicate of a running call waits for it
+/// without polling, or attaches to its live progress when `attach` and there is some.
+pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
+    loop {
+        let claim = call.cache.claim(&call.key, &call.method, &call.hash).await;
+        let flight = match claim {
+            Err(e) => return Decision::Refuse(store_failure(call, e)),
+            Ok(Claim::Execute(ticket)) => return Decision::Execute(ticket),
+            Ok(Claim::Cached(entry)) => return replay_or_collide(call, entry),
+            Ok(Claim::InFlight(flight)) => flight,
+        };
+        if !flight.matches(&call.method, &call.hash) {
+            let original_hash = flight.request_hash().as_str().to_owned();
+            return Decision::Refuse(collision(call, flight.method(), &original_hash));
+        }
+        if attach && flight.progress().is_some() {
+            return Decision::Attach(flight);
+        }
+        match flight.wait(call.in_flight_wait).await {
+            Ok(Some(entry)) => return replay_or_collide(call, (*entry).clone()),
+            // The first call gave up without an outcome: claim again.
+            Ok(None) => continue,
+            Err(()) => {
+                let busy = IdempotencyError::new(ErrorCode::RequestInProgress);
+                return Decision::Refuse(reject(call, busy));
+            }
+        }
+    }
+}
+
+fn replay_or_collide(call: &GovernedCall, entry: Entry) -> Decision {
+    if entry.matches(&call.method, &call.hash) {
+        Decision::Replay(entry)
+    } else {
+        Decision::Refuse(collision(call, &entry.method, entry.request_hash.as_str()))
+    }
+}
+
+/// Runs a body, turning a panic into the cached failure of spec §7.5 instead of a dead server.
+pub(crate) async fn run_catching<F: Future>(
+    call_name: &str,
+    body: F,
+) -> Result<F::Output, ErrorObjectOwned> {
+    AssertUnwindSafe(body)
+        .catch_unwind()
+        .await
+        .map_err(|_panic| {
+            tracing::error!(method = call_name, "#[idempotent] method panicked");
+            IdempotencyError::new(ErrorCode::ExecutionPanicked).into()
+        })
+}
+
+/// Stores a JSON-RPC response durably; answers with the stored outcome, or with the store's
+/// failure (never with an outcome that is not stored).
+pub(crate) async fn store_json(call: &GovernedCall, ticket: Ticket, payload: Payload) -> Payload {
     let response = StoredResponse {
         status: 200,
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: response_bytes(call, &payload),
+        headers: vec![("content-type".into(), JSON.into())],
+        body: response_bytes(&call.id, &payload),
     };
     match ticket.complete(response).await {
         Ok(entry) => {
             call.scope.record(Outcome::Executed);
             decode(&entry.response.body).unwrap_or(payload)
         }
-        Err(e) => store_failure(call, e),
+        Err(e) => Err(store_failure(call, e)),
     }
 }
 
-/// The JSON-RPC response as jsonrpsee writes it, under the first caller's id.
-fn response_bytes(call: &GovernedCall, payload: &Payload) -> Vec<u8> {
+pub(crate) const JSON: &str = "application/json";
+
+/// A JSON-RPC response as jsonrpsee writes it.
+pub(crate) fn response_bytes(id: &Id<'_>, payload: &Payload) -> Vec<u8> {
     let payload = match payload {
         Ok(raw) => ResponsePayload::<&RawValue>::success(raw.as_ref()),
         Err(error) => ResponsePayload::<&RawValue>::error(error.clone()),
     };
-    serde_json::to_vec(&Response::new(payload, call.id.clone()))
-        .expect("JSON-RPC response serializes")
+    serde_json::to_vec(&Response::new(payload, id.clone())).expect("JSON-RPC response serializes")
 }
 
-fn answer_from(call: &GovernedCall, entry: &Entry) -> Payload {
-    if !entry.matches(&call.method, &call.hash) {
-        return collision(call, &entry.method, entry.request_hash.as_str());
-    }
+/// Replays a stored single JSON-RPC response.
+pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
     match decode(&entry.response.body) {
         Some(payload) => {
             call.scope.record(Outcome::Replayed);
             payload
         }
-        None => store_failure(
-            call,
-            StoreError::Corrupt {
-                message_id: call.key.to_string(),
-                detail: "response_body is not a JSON-RPC response".into(),
-            },
-        ),
+        None => Err(corrupt(call)),
     }
 }
 
+pub(crate) fn corrupt(call: &GovernedCall) -> ErrorObjectOwned {
+    let error = StoreError::Corrupt {
+        message_id: call.key.to_string(),
+        detail: "response_body is not what this method stores".into(),
+    };
+    store_failure(call, error)
+}
+
 /// Spec §4.3: another payload (or method) under a key in use. The original entry is untouched.
-fn collision(call: &GovernedCall, original_method: &str, original_hash: &str) -> Payload {
+fn collision(call: &GovernedCall, original_method: &str, original_hash: &str) -> ErrorObjectOwned {
     let mut error = IdempotencyError::new(ErrorCode::KeyReusedWithDifferentPayload)
         .with_detail("original_request_hash", original_hash)
         .with_detail("submitted_request_hash", call.hash.as_str());
@@ -178,21 +190,21 @@ fn collision(call: &GovernedCall, original_method: &str, original_hash: &str) ->
     reject(call, error)
 }
 
-fn reject(call: &GovernedCall, error: IdempotencyError) -> Payload {
+fn reject(call: &GovernedCall, error: IdempotencyError) -> ErrorObjectOwned {
     let error = error.with_detail("message_id", call.key.as_str());
     call.scope.record(Outcome::Rejected(error.code));
-    Err(error.to_error_object())
+    error.to_error_object()
 }
 
-fn store_failure(call: &GovernedCall, error: StoreError) -> Payload {
+pub(crate) fn store_failure(call: &GovernedCall, error: StoreError) -> ErrorObjectOwned {
     tracing::error!(message_id = %call.key, error = %error, "idempotency cache failed");
-    Err(IdempotencyError::new(ErrorCode::StoreUnavailable)
+    IdempotencyError::new(ErrorCode::StoreUnavailable)
         .with_detail("message_id", call.key.as_str())
-        .into())
+        .into()
 }
 
-/// The `result` or `error` of a stored JSON-RPC response, as raw as it was stored.
-fn decode(body: &[u8]) -> Option<Payload> {
+/// The `result` or `error` of a JSON-RPC response, as raw as it was written.
+pub(crate) fn decode(body: &[u8]) -> Option<Payload> {
     #[derive(Deserialize)]
     struct Stored {
         #[serde(default, deserialize_with = "present")]

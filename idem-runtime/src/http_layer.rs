@@ -1,16 +1,19 @@
-//! The HTTP layer: reads activation before jsonrpsee runs, and turns the outcomes of the
-//! governed calls into the status and headers the spec requires.
+//! The HTTP layer: reads activation before jsonrpsee runs, and turns what happened to the
+//! governed calls into the response: status, headers, and for a stream the SSE body.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use futures::StreamExt;
 use http::{HeaderValue, StatusCode};
+use jsonrpsee::server::{HttpBody, HttpResponse};
 
 use crate::activation::is_activated;
 use crate::error::EXTENSION_URI;
 use crate::idempotency::State;
-use crate::scope::{HttpScope, Outcome};
+use crate::scope::{HttpScope, Outcome, StreamSource};
+use crate::sse;
 
 /// The response header that marks a replay (spec §4.3). Sent only as `true`, never as `false`.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
@@ -42,39 +45,57 @@ impl<S> tower::Layer<S> for HttpLayer {
 #[derive(Clone)]
 pub struct HttpService<S> {
     inner: S,
-    #[allow(dead_code)] // the streaming front service reads the config from here
     state: Arc<State>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
 
-impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for HttpService<S>
+impl<S, ReqBody> tower::Service<http::Request<ReqBody>> for HttpService<S>
 where
-    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S: tower::Service<http::Request<ReqBody>, Response = HttpResponse<HttpBody>>,
     S::Future: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = HttpResponse<HttpBody>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<S::Response, S::Error>>;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
-        let scope = HttpScope::new(is_activated(request.headers(), EXTENSION_URI));
+        // A server with the extension off neither reads nor echoes the activation header.
+        let activated =
+            self.state.cache.is_some() && is_activated(request.headers(), EXTENSION_URI);
+        let scope = HttpScope::new(activated);
         request.extensions_mut().insert(scope.clone());
         let response = self.inner.call(request);
         Box::pin(async move {
             let mut response = response.await?;
+            if let Some(stream) = scope.take_stream() {
+                response = sse_response(stream);
+            }
             apply_outcome(&scope, &mut response);
             Ok(response)
         })
     }
 }
 
+/// Replaces jsonrpsee's placeholder answer with the call's events.
+fn sse_response(source: StreamSource) -> HttpResponse<HttpBody> {
+    let StreamSource {
+        recording,
+        reframe_for,
+    } = source;
+    let events = recording.reader();
+    match reframe_for {
+        None => sse::response(events),
+        Some(id) => sse::response(events.map(move |event| sse::reframe(&event, &id))),
+    }
+}
+
 /// Sets status and headers from what happened to the request's governed calls.
-pub(crate) fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
+fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
     if scope.activated() {
         response
             .headers_mut()

@@ -43,8 +43,10 @@ pub struct Idempotency {
 }
 
 /// Shared by both layers and every guarded call.
+#[derive(Clone)]
 pub(crate) struct State {
-    pub(crate) cache: IdempotencyCache,
+    /// `None` when the extension is off.
+    pub(crate) cache: Option<IdempotencyCache>,
     pub(crate) config: IdempotencyConfig,
     pub(crate) governed: HashSet<String>,
 }
@@ -59,38 +61,37 @@ impl Idempotency {
 
     /// The extension over an existing cache (no sweeper is started).
     pub fn new(cache: IdempotencyCache, config: IdempotencyConfig) -> Self {
+        Self::with_cache(Some(cache), config)
+    }
+
+    /// The same layers with the extension off: governed methods run undeduplicated (streams
+    /// are still served as SSE), no extension header is read or sent, and the AgentCard
+    /// lists no extension. For serving the same agent without the extension.
+    pub fn off() -> Self {
+        Self::with_cache(None, IdempotencyConfig::default())
+    }
+
+    fn with_cache(cache: Option<IdempotencyCache>, config: IdempotencyConfig) -> Self {
         let governed = DEFAULT_GOVERNED_METHODS
             .iter()
             .map(|m| m.to_string())
             .collect();
+        let state = State {
+            cache,
+            config,
+            governed,
+        };
         Self {
-            state: Arc::new(State {
-                cache,
-                config,
-                governed,
-            }),
+            state: Arc::new(state),
         }
     }
 
     /// Puts one more method in scope (spec §4.1 lets other extensions extend it).
-    pub fn govern(self, method: &str) -> Self {
-        let State {
-            cache,
-            config,
-            mut governed,
-        } = Arc::try_unwrap(self.state).unwrap_or_else(|shared| State {
-            cache: shared.cache.clone(),
-            config: shared.config.clone(),
-            governed: shared.governed.clone(),
-        });
-        governed.insert(method.to_owned());
-        Self {
-            state: Arc::new(State {
-                cache,
-                config,
-                governed,
-            }),
-        }
+    pub fn govern(mut self, method: &str) -> Self {
+        Arc::make_mut(&mut self.state)
+            .governed
+            .insert(method.to_owned());
+        self
     }
 
     /// The tower layer for `ServerBuilder::set_http_middleware`.
@@ -103,9 +104,11 @@ impl Idempotency {
         RpcLayer::new(self.state.clone())
     }
 
-    /// The AgentCard `capabilities.extensions[]` entry, from the effective config.
-    pub fn agent_card_extension(&self) -> Value {
-        self.state.config.agent_card_extension()
+    /// The AgentCard `capabilities.extensions[]` entry, from the effective config; `None`
+    /// when the extension is off.
+    pub fn agent_card_extension(&self) -> Option<Value> {
+        self.state.cache.as_ref()?;
+        Some(self.state.config.agent_card_extension())
     }
 
     /// The effective configuration.
@@ -113,9 +116,9 @@ impl Idempotency {
         &self.state.config
     }
 
-    /// The cache.
-    pub fn cache(&self) -> &IdempotencyCache {
-        &self.state.cache
+    /// The cache; `None` when the extension is off.
+    pub fn cache(&self) -> Option<&IdempotencyCache> {
+        self.state.cache.as_ref()
     }
 
     /// Whether `method` is governed.

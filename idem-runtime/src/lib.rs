@@ -15,11 +15,15 @@ mod idempotency;
 mod json_check;
 mod message_id;
 mod number_exactness;
+mod recording;
 mod replayable;
 mod rpc_layer;
 mod scope;
 mod sqlite_store;
+mod sse;
 mod store;
+mod stream;
+mod unary;
 
 pub use activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
 pub use cache::{Claim, IdempotencyCache, InFlight, Ticket};
@@ -30,14 +34,17 @@ pub use canonical_hash::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ConfigError, IdempotencyConfig, MAX_ENTRIES_ENV, TTL_ENV};
 pub use error::{ErrorCode, IdempotencyError, EXTENSION_URI};
-pub use guard::{Guarded, Payload};
+pub use guard::{CallContext, Guarded, Payload};
 pub use http_layer::{HttpLayer, HttpService, IDEMPOTENT_REPLAYED};
 pub use idempotency::{Idempotency, DEFAULT_GOVERNED_METHODS};
 pub use message_id::{MessageId, MessageIdError, MessageIdPolicy};
+pub use recording::MAX_RECORDED_STREAM_BYTES;
 pub use replayable::Replayable;
 pub use rpc_layer::{RpcLayer, RpcService};
 pub use sqlite_store::SqliteStore;
+pub use sse::EVENT_STREAM;
 pub use store::{Entry, Store, StoreError, StoredResponse};
+pub use stream::EventStream;
 
 /// What `#[idempotent]` expands to reaches the runtime only through here. Not a public API.
 #[doc(hidden)]

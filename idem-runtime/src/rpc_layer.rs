@@ -11,6 +11,7 @@ use jsonrpsee::core::middleware::{Batch, BatchEntry, BatchEntryErr, Notification
 use jsonrpsee::types::{ErrorObjectOwned, Request};
 use jsonrpsee::MethodResponse;
 
+use crate::cache::IdempotencyCache;
 use crate::canonical_hash::{hash_params, parse_params};
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::idempotency::State;
@@ -113,6 +114,11 @@ impl<S> RpcService<S> {
             );
             return Err(IdempotencyError::new(ErrorCode::LayerMissing).to_error_object());
         };
+        let undeduplicated = Undeduplicated(request.id.clone().into_owned());
+        let Some(cache) = &self.state.cache else {
+            request.extensions_mut().insert(undeduplicated);
+            return Ok(());
+        };
         if !scope.activated() {
             if self.state.config.required {
                 scope.record(Outcome::Rejected(ErrorCode::ExtensionSupportRequired));
@@ -120,10 +126,10 @@ impl<S> RpcService<S> {
                     .with_detail("extension", EXTENSION_URI);
                 return Err(error.to_error_object());
             }
-            request.extensions_mut().insert(Undeduplicated);
+            request.extensions_mut().insert(undeduplicated);
             return Ok(());
         }
-        match self.governed_call(request, &scope) {
+        match self.governed_call(request, cache, &scope) {
             Ok(call) => {
                 request.extensions_mut().insert(call);
                 Ok(())
@@ -138,6 +144,7 @@ impl<S> RpcService<S> {
     fn governed_call(
         &self,
         request: &Request<'_>,
+        cache: &IdempotencyCache,
         scope: &HttpScope,
     ) -> Result<GovernedCall, IdempotencyError> {
         let raw = request.params.as_ref().map_or("null", |p| p.get());
@@ -154,7 +161,8 @@ impl<S> RpcService<S> {
                 .with_detail("reason", e.to_string())
         })?;
         Ok(GovernedCall {
-            state: self.state.clone(),
+            cache: cache.clone(),
+            in_flight_wait: self.state.config.in_flight_wait,
             scope: scope.clone(),
             id: request.id.clone().into_owned(),
             method: request.method_name().to_owned(),

@@ -1,24 +1,26 @@
 //! What the layers hand each other about one HTTP request and each governed call in it.
 //!
 //! The HTTP layer puts a [`HttpScope`] into the `http::Request` extensions; jsonrpsee copies
-//! them into every call's `Extensions`, where the RPC layer and the guard record outcomes; the
-//! HTTP layer then turns the outcomes into a status and headers.
+//! them into every call's `Extensions`, where the RPC layer and the guard record outcomes (and
+//! a streaming call leaves its events); the HTTP layer then turns them into the response.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use jsonrpsee::types::Id;
 
+use crate::cache::IdempotencyCache;
 use crate::canonical_hash::RequestHash;
 use crate::error::ErrorCode;
-use crate::idempotency::State;
 use crate::message_id::MessageId;
+use crate::recording::Recording;
 
 /// What happened to one governed call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// Ran and was stored.
     Executed,
-    /// Answered from the cache.
+    /// Answered from the cache (or attached to the running original).
     Replayed,
     /// Refused by the extension with this error.
     Rejected(ErrorCode),
@@ -30,21 +32,34 @@ pub(crate) struct HttpScope(Arc<ScopeInner>);
 
 struct ScopeInner {
     activated: bool,
-    outcomes: Mutex<Outcomes>,
+    state: Mutex<ScopeState>,
 }
 
 #[derive(Default)]
-struct Outcomes {
+struct ScopeState {
     batch: bool,
-    list: Vec<Outcome>,
+    outcomes: Vec<Outcome>,
+    stream: Option<StreamSource>,
+}
+
+/// Events that replace jsonrpsee's JSON response with an SSE one.
+pub(crate) struct StreamSource {
+    pub(crate) recording: Arc<Recording>,
+    /// Re-id every event for this caller (replays and attached retries); `None` for the
+    /// original caller, whose id the events already carry.
+    pub(crate) reframe_for: Option<Id<'static>>,
 }
 
 impl HttpScope {
     pub(crate) fn new(activated: bool) -> Self {
         Self(Arc::new(ScopeInner {
             activated,
-            outcomes: Mutex::default(),
+            state: Mutex::default(),
         }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ScopeState> {
+        self.0.state.lock().expect("scope lock")
     }
 
     pub(crate) fn activated(&self) -> bool {
@@ -52,22 +67,32 @@ impl HttpScope {
     }
 
     pub(crate) fn record(&self, outcome: Outcome) {
-        self.0
-            .outcomes
-            .lock()
-            .expect("outcomes lock")
-            .list
-            .push(outcome);
+        self.lock().outcomes.push(outcome);
     }
 
     pub(crate) fn mark_batch(&self) {
-        self.0.outcomes.lock().expect("outcomes lock").batch = true;
+        self.lock().batch = true;
+    }
+
+    pub(crate) fn is_batch(&self) -> bool {
+        self.lock().batch
+    }
+
+    pub(crate) fn set_stream(&self, recording: Arc<Recording>, reframe_for: Option<Id<'static>>) {
+        self.lock().stream = Some(StreamSource {
+            recording,
+            reframe_for,
+        });
+    }
+
+    pub(crate) fn take_stream(&self) -> Option<StreamSource> {
+        self.lock().stream.take()
     }
 
     /// The single governed outcome of a non-batch request, if there is one.
     pub(crate) fn single_outcome(&self) -> Option<Outcome> {
-        let outcomes = self.0.outcomes.lock().expect("outcomes lock");
-        match (outcomes.batch, outcomes.list.as_slice()) {
+        let state = self.lock();
+        match (state.batch, state.outcomes.as_slice()) {
             (false, [one]) => Some(*one),
             _ => None,
         }
@@ -77,7 +102,8 @@ impl HttpScope {
 /// A governed call the RPC layer has checked: what the guard needs to run it.
 #[derive(Clone)]
 pub(crate) struct GovernedCall {
-    pub(crate) state: Arc<State>,
+    pub(crate) cache: IdempotencyCache,
+    pub(crate) in_flight_wait: Duration,
     pub(crate) scope: HttpScope,
     pub(crate) id: Id<'static>,
     pub(crate) method: String,
@@ -85,7 +111,7 @@ pub(crate) struct GovernedCall {
     pub(crate) hash: RequestHash,
 }
 
-/// A governed method called without activation on a server where the extension is optional:
-/// the guard runs the body undeduplicated.
-#[derive(Clone, Copy)]
-pub(crate) struct Undeduplicated;
+/// A governed method called where it runs undeduplicated by design (the extension is off, or
+/// optional and not activated). Carries the call's id, which a stream's events need.
+#[derive(Clone)]
+pub(crate) struct Undeduplicated(pub(crate) Id<'static>);

@@ -244,7 +244,10 @@ async fn not_activated_with_optional_extension_runs_undeduplicated() {
             ..config()
         })
         .await;
-    assert_eq!(server.idem.agent_card_extension()["required"], false);
+    assert_eq!(
+        server.idem.agent_card_extension().unwrap()["required"],
+        false
+    );
     let mid = new_id();
     for _ in 0..2 {
         let reply = post(&server.url, send(1, &mid, "x"), &[]).await;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    idempotent, Idempotency, IdempotencyCache, IdempotencyConfig, ManualClock, Replayable,
-    SqliteStore,
+    idempotent, EventStream, Idempotency, IdempotencyCache, IdempotencyConfig, ManualClock,
+    Replayable, SqliteStore,
 };
 use jsonrpsee::core::{async_trait, RpcResult};
 use jsonrpsee::proc_macros::rpc;
@@ -29,6 +29,13 @@ pub trait TestAgent {
         configuration: Option<Configuration>,
         metadata: Option<Value>,
     ) -> RpcResult<Replayable<Value>>;
+
+    #[method(name = "message/stream", aliases = ["SendStreamingMessage"], with_extensions)]
+    async fn stream(
+        &self,
+        message: Value,
+        metadata: Option<Value>,
+    ) -> RpcResult<EventStream<Value>>;
 
     #[method(name = "tasks/get")]
     async fn get(&self) -> RpcResult<usize>;
@@ -78,6 +85,52 @@ impl TestAgentServer for Agent {
                 Ok(task.into())
             }
         }
+    }
+
+    /// Streams `metadata.events` (default 4) events, `metadata.stepMs` (default 50) apart.
+    /// Text `fail-early` fails before streaming; `fail-mid` sends an error as the third event.
+    #[idempotent]
+    async fn stream(
+        &self,
+        ext: &Extensions,
+        message: Value,
+        metadata: Option<Value>,
+    ) -> RpcResult<EventStream<Value>> {
+        let n = self.executions.fetch_add(1, Ordering::SeqCst) + 1;
+        let metadata = metadata.unwrap_or_default();
+        let count = metadata["events"].as_u64().unwrap_or(4);
+        let step = Duration::from_millis(metadata["stepMs"].as_u64().unwrap_or(50));
+        let text = message["parts"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if text == "fail-early" {
+            return Err(ErrorObjectOwned::owned(
+                -32001,
+                "Task not found",
+                None::<()>,
+            ));
+        }
+        let events = futures::stream::unfold(0, move |seq| {
+            let text = text.clone();
+            async move {
+                if seq == count {
+                    return None;
+                }
+                tokio::time::sleep(step).await;
+                let event = if text == "fail-mid" && seq == 2 {
+                    Err(ErrorObjectOwned::owned(
+                        -32000,
+                        "mission failed mid-stream",
+                        None::<()>,
+                    ))
+                } else {
+                    Ok(json!({"seq": seq, "execution": n, "final": seq + 1 == count}))
+                };
+                Some((event, seq + 1))
+            }
+        });
+        Ok(EventStream::new(events))
     }
 
     async fn get(&self) -> RpcResult<usize> {
@@ -282,4 +335,73 @@ pub fn send_with(id: u64, method: &str, message_id: &str, text: &str, metadata: 
         }
     })
     .to_string()
+}
+
+/// A streaming response read as it arrives.
+pub struct SseReply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    response: reqwest::Response,
+    buffer: Vec<u8>,
+    /// Every byte received so far.
+    pub raw: Vec<u8>,
+}
+
+impl SseReply {
+    pub async fn open(url: &str, body: String, headers: &[(&str, &str)]) -> Self {
+        let mut request = reqwest::Client::new()
+            .post(url)
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.body(body).send().await.expect("server answers");
+        Self {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            response,
+            buffer: Vec::new(),
+            raw: Vec::new(),
+        }
+    }
+
+    pub fn content_type(&self) -> &str {
+        self.headers
+            .get("content-type")
+            .map_or("", |v| v.to_str().unwrap())
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    /// The next event's JSON, or `None` at the end of the stream.
+    pub async fn next_event(&mut self) -> Option<Value> {
+        loop {
+            if let Some(at) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let event: Vec<u8> = self.buffer.drain(..at + 2).collect();
+                let json = event.strip_prefix(b"data: ").expect("an SSE data line");
+                return Some(serde_json::from_slice(&json[..json.len() - 2]).unwrap());
+            }
+            let chunk = self.response.chunk().await.expect("stream readable")?;
+            self.raw.extend_from_slice(&chunk);
+            self.buffer.extend_from_slice(&chunk);
+        }
+    }
+
+    /// Every remaining event.
+    pub async fn rest(&mut self) -> Vec<Value> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next_event().await {
+            events.push(event);
+        }
+        events
+    }
+}
+
+/// A `message/stream` request body.
+pub fn stream_request(id: u64, message_id: &str, text: &str, metadata: Value) -> String {
+    send_with(id, "message/stream", message_id, text, metadata)
 }

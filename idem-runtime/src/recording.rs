@@ -1,0 +1,135 @@
+//! A stream's events as they are produced: kept in order, read by any number of readers (the
+//! original caller, and retries that attach while it runs), each at its own pace.
+
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio::sync::watch;
+
+/// The most bytes a recorded stream may hold. A stream that would grow past it is ended with a
+/// JSON-RPC error event (-32603, `IDEMPOTENCY_STREAM_TOO_LARGE` in `data.code`) and stored so,
+/// which keeps memory bounded and the replay equal to what the first caller saw.
+pub const MAX_RECORDED_STREAM_BYTES: usize = 8 * 1024 * 1024;
+
+/// The frames of one execution.
+pub(crate) struct Recording {
+    state: Mutex<State>,
+    /// Bumped on every change, so readers wait without polling.
+    changed: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    frames: Vec<Bytes>,
+    bytes: usize,
+    finished: bool,
+}
+
+impl Recording {
+    pub(crate) fn new() -> Self {
+        Self {
+            state: Mutex::default(),
+            changed: watch::Sender::new(0),
+        }
+    }
+
+    /// A recording that is already complete (a replay).
+    pub(crate) fn finished(frames: Vec<Bytes>) -> Self {
+        let recording = Self::new();
+        {
+            let mut state = recording.lock();
+            state.bytes = frames.iter().map(Bytes::len).sum();
+            state.frames = frames;
+            state.finished = true;
+        }
+        recording
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("recording lock")
+    }
+
+    /// Whether `frame` still fits under [`MAX_RECORDED_STREAM_BYTES`].
+    pub(crate) fn fits(&self, frame: &[u8]) -> bool {
+        self.lock().bytes + frame.len() <= MAX_RECORDED_STREAM_BYTES
+    }
+
+    pub(crate) fn push(&self, frame: Bytes) {
+        {
+            let mut state = self.lock();
+            state.bytes += frame.len();
+            state.frames.push(frame);
+        }
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    pub(crate) fn finish(&self) {
+        self.lock().finished = true;
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Everything recorded, as one body.
+    pub(crate) fn concat(&self) -> Vec<u8> {
+        self.lock().frames.concat()
+    }
+
+    /// The frames from the first, then live ones as they come, until the recording finishes.
+    pub(crate) fn reader(self: std::sync::Arc<Self>) -> impl Stream<Item = Bytes> + Send + 'static {
+        let changes = self.changed.subscribe();
+        futures::stream::unfold(
+            (self, 0usize, changes),
+            |(rec, next, mut changes)| async move {
+                loop {
+                    changes.borrow_and_update();
+                    {
+                        let state = rec.lock();
+                        if let Some(frame) = state.frames.get(next) {
+                            let frame = frame.clone();
+                            drop(state);
+                            return Some((frame, (rec, next + 1, changes)));
+                        }
+                        if state.finished {
+                            return None;
+                        }
+                    }
+                    if changes.changed().await.is_err() {
+                        return None;
+                    }
+                }
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn readers_get_past_and_live_frames_in_order() {
+        let rec = Arc::new(Recording::new());
+        rec.push(Bytes::from_static(b"a"));
+        let early = tokio::spawn(rec.clone().reader().collect::<Vec<_>>());
+        rec.push(Bytes::from_static(b"b"));
+        tokio::task::yield_now().await;
+        let late = tokio::spawn(rec.clone().reader().collect::<Vec<_>>());
+        rec.push(Bytes::from_static(b"c"));
+        rec.finish();
+        let expected: Vec<Bytes> = ["a", "b", "c"].iter().map(|s| Bytes::from(*s)).collect();
+        assert_eq!(early.await.unwrap(), expected);
+        assert_eq!(late.await.unwrap(), expected);
+        assert_eq!(rec.concat(), b"abc");
+    }
+
+    #[test]
+    fn the_size_limit_is_checked_before_a_push() {
+        let rec = Recording::new();
+        assert!(rec.fits(&vec![0; MAX_RECORDED_STREAM_BYTES]));
+        rec.push(Bytes::from(vec![0; MAX_RECORDED_STREAM_BYTES - 1]));
+        assert!(rec.fits(b"x"));
+        assert!(!rec.fits(b"xy"));
+    }
+}

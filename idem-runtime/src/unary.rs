@@ -1,0 +1,53 @@
+//! Guarding a method that answers once: `RpcResult<Replayable<T>>`.
+//!
+//! Execute runs the body, stores the JSON-RPC response durably, and answers with the stored
+//! bytes; a replay answers with the same bytes; a duplicate of a running call waits for it.
+
+use std::future::Future;
+
+use jsonrpsee::types::ErrorObjectOwned;
+use serde::Serialize;
+
+use crate::guard::{
+    decide, layer_missing, replay_json, run_catching, store_json, CallContext, Decision, Guarded,
+    Payload,
+};
+use crate::replayable::Replayable;
+
+impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjectOwned> {
+    async fn run<F>(ctx: CallContext, body: F) -> Self
+    where
+        F: Future<Output = Self> + Send,
+    {
+        let Some(call) = ctx.governed else {
+            return match ctx.undeduplicated_id {
+                Some(_) => body.await,
+                None => Err(layer_missing()),
+            };
+        };
+        let payload = match decide(&call, false).await {
+            Decision::Refuse(error) => Err(error),
+            Decision::Replay(entry) => replay_json(&call, &entry),
+            Decision::Attach(_) => unreachable!("unary calls wait instead of attaching"),
+            Decision::Execute(ticket) => {
+                let payload = run_catching(&call.method, body)
+                    .await
+                    .and_then(into_payload);
+                store_json(&call, ticket, payload).await
+            }
+        };
+        payload.map(Replayable::stored)
+    }
+}
+
+/// Serializes the outcome once: these bytes are stored and answered.
+fn into_payload<T: Serialize>(output: Result<Replayable<T>, ErrorObjectOwned>) -> Payload {
+    serde_json::value::to_raw_value(&output?).map_err(|e| {
+        tracing::error!(error = %e, "the method's result does not serialize");
+        ErrorObjectOwned::owned(
+            -32603,
+            format!("result does not serialize: {e}"),
+            None::<()>,
+        )
+    })
+}

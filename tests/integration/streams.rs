@@ -1,0 +1,238 @@
+//! `message/stream` over SSE through a real jsonrpsee server: recorded, replayed byte-for-byte,
+//! attached to while running, and safe to retry after a disconnect.
+
+use std::time::Duration;
+
+use idem::IdempotencyConfig;
+use serde_json::json;
+
+use crate::support::*;
+
+fn config() -> IdempotencyConfig {
+    IdempotencyConfig::default()
+}
+
+#[tokio::test]
+async fn fresh_stream_is_live_sse_then_replayed_byte_for_byte() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let body = stream_request(1, &mid, "go", json!({"events": 4, "stepMs": 150}));
+    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.content_type(), "text/event-stream");
+    assert!(!first.replayed());
+    assert!(first.headers.get("a2a-extensions").is_some());
+    let event = first.next_event().await.unwrap();
+    assert_eq!(
+        (event["id"].clone(), event["result"]["seq"].clone()),
+        (json!(1), json!(0))
+    );
+    assert!(
+        db.row(&mid).is_none(),
+        "the first event is sent live, before the stream is stored"
+    );
+    let rest = first.rest().await;
+    assert_eq!(rest.len(), 3);
+    assert_eq!(rest[2]["result"]["final"], true);
+    assert!(db.row(&mid).is_some(), "stored once the stream ended");
+
+    let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.content_type(), "text/event-stream");
+    replay.rest().await;
+    assert_eq!(replay.raw, first.raw, "byte-for-byte");
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn a_replay_under_another_id_carries_that_id() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let mut first = SseReply::open(
+        &server.url,
+        stream_request(1, &mid, "go", json!({})),
+        ACTIVATED,
+    )
+    .await;
+    let original = first.rest().await;
+    let mut other = SseReply::open(
+        &server.url,
+        stream_request(9, &mid, "go", json!({})),
+        ACTIVATED,
+    )
+    .await;
+    let replayed = other.rest().await;
+    assert_eq!(replayed.len(), original.len());
+    for (a, b) in original.iter().zip(&replayed) {
+        assert_eq!((a["id"].clone(), b["id"].clone()), (json!(1), json!(9)));
+        assert_eq!(a["result"], b["result"]);
+    }
+}
+
+#[tokio::test]
+async fn errors_before_the_stream_are_json_with_their_status() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    SseReply::open(
+        &server.url,
+        stream_request(1, &mid, "go", json!({})),
+        ACTIVATED,
+    )
+    .await
+    .rest()
+    .await;
+    let collision = post_activated(&server.url, stream_request(1, &mid, "other", json!({}))).await;
+    assert_eq!(collision.status, 422);
+    assert_eq!(collision.error_code(), -32422);
+    assert!(collision
+        .header("content-type")
+        .unwrap()
+        .starts_with("application/json"));
+    let malformed = post_activated(&server.url, stream_request(1, "nope", "go", json!({}))).await;
+    assert_eq!((malformed.status, malformed.error_code()), (400, -32400));
+    let inactive = post(
+        &server.url,
+        stream_request(1, &new_id(), "go", json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!((inactive.status, inactive.error_code()), (400, -32008));
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn a_failure_before_streaming_is_cached_as_json() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let first = post_activated(
+        &server.url,
+        stream_request(1, &mid, "fail-early", json!({})),
+    )
+    .await;
+    assert_eq!((first.status, first.error_code()), (200, -32001));
+    let replay = post_activated(
+        &server.url,
+        stream_request(1, &mid, "fail-early", json!({})),
+    )
+    .await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn an_error_event_ends_the_stream_and_is_replayed() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let body = stream_request(1, &mid, "fail-mid", json!({"events": 5}));
+    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    let events = first.rest().await;
+    assert_eq!(events.len(), 3, "two results, then the error event ends it");
+    assert_eq!(events[2]["error"]["code"], -32000);
+    let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
+    replay.rest().await;
+    assert!(replay.replayed());
+    assert_eq!(replay.raw, first.raw);
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn a_retry_during_the_stream_attaches_and_gets_the_identical_sequence() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let body = stream_request(1, &mid, "go", json!({"events": 5, "stepMs": 120}));
+    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    first.next_event().await.unwrap();
+    first.next_event().await.unwrap();
+    let mut retry = SseReply::open(&server.url, body, ACTIVATED).await;
+    assert!(
+        retry.replayed(),
+        "attached retries carry Idempotent-Replayed"
+    );
+    let (_, _) = tokio::join!(first.rest(), retry.rest());
+    assert_eq!(
+        retry.raw, first.raw,
+        "every event so far, then the live ones, to the end"
+    );
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn disconnect_mid_stream_then_retry_gets_the_whole_sequence() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let body = stream_request(1, &mid, "go", json!({"events": 4, "stepMs": 100}));
+    {
+        let mut dropped = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+        dropped.next_event().await.unwrap();
+    } // the client goes away after one event
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut retry = SseReply::open(&server.url, body, ACTIVATED).await;
+    let events = retry.rest().await;
+    assert!(retry.replayed());
+    let seqs: Vec<_> = events
+        .iter()
+        .map(|e| e["result"]["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        seqs,
+        [0, 1, 2, 3],
+        "the mission ran to the end and was stored"
+    );
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn streams_survive_a_restart() {
+    let db = Db::new();
+    let mid = new_id();
+    let body = stream_request(1, &mid, "go", json!({}));
+    let server = db.server(config()).await;
+    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    first.rest().await;
+    server.stop().await;
+    let restarted = db.server(config()).await;
+    let mut replay = SseReply::open(&restarted.url, body, ACTIVATED).await;
+    replay.rest().await;
+    assert!(replay.replayed());
+    assert_eq!(replay.raw, first.raw);
+    assert_eq!(restarted.executions(), 0);
+}
+
+#[tokio::test]
+async fn streams_cannot_be_batched() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let batch = format!("[{}]", stream_request(1, &new_id(), "go", json!({})));
+    let reply = post_activated(&server.url, batch).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()[0]["error"]["code"], -32600);
+    assert_eq!(server.executions(), 0);
+}
+
+#[tokio::test]
+async fn undeduplicated_streams_are_still_served() {
+    let db = Db::new();
+    let server = db
+        .server(IdempotencyConfig {
+            required: false,
+            ..config()
+        })
+        .await;
+    let mid = new_id();
+    for _ in 0..2 {
+        let mut reply =
+            SseReply::open(&server.url, stream_request(1, &mid, "go", json!({})), &[]).await;
+        assert_eq!(reply.content_type(), "text/event-stream");
+        assert_eq!(reply.rest().await.len(), 4);
+        assert!(!reply.replayed());
+    }
+    assert_eq!(server.executions(), 2);
+}
