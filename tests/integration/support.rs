@@ -53,6 +53,17 @@ pub struct Agent {
     pub executions: Arc<AtomicUsize>,
 }
 
+impl Agent {
+    /// An agent and the counter of its executions.
+    fn counting() -> (Self, Arc<AtomicUsize>) {
+        let executions = Arc::new(AtomicUsize::new(0));
+        let agent = Agent {
+            executions: executions.clone(),
+        };
+        (agent, executions)
+    }
+}
+
 #[async_trait]
 impl TestAgentServer for Agent {
     #[idempotent]
@@ -157,13 +168,8 @@ impl TestServer {
             .await
             .expect("bind 127.0.0.1");
         let url = format!("http://{}", server.local_addr().unwrap());
-        let executions = Arc::new(AtomicUsize::new(0));
-        let handle = server.start(
-            Agent {
-                executions: executions.clone(),
-            }
-            .into_rpc(),
-        );
+        let (agent, executions) = Agent::counting();
+        let handle = server.start(agent.into_rpc());
         Self {
             url,
             executions,
@@ -180,13 +186,8 @@ impl TestServer {
             .await
             .expect("bind 127.0.0.1");
         let url = format!("http://{}", server.local_addr().unwrap());
-        let executions = Arc::new(AtomicUsize::new(0));
-        let handle = server.start(
-            Agent {
-                executions: executions.clone(),
-            }
-            .into_rpc(),
-        );
+        let (agent, executions) = Agent::counting();
+        let handle = server.start(agent.into_rpc());
         Self {
             url,
             executions,
