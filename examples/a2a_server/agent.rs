@@ -1,0 +1,136 @@
+//! The JSON-RPC surface: the A2A methods in both spellings, each a thin adapter that reads the
+//! params, asks the missions, and renders the result in the shape of the method called.
+
+use idem::{idempotent, Replayable};
+use jsonrpsee::core::{async_trait, RpcResult};
+use jsonrpsee::proc_macros::rpc;
+use jsonrpsee::Extensions;
+use serde_json::Value;
+
+use crate::errors;
+use crate::mission::{Missions, Orders};
+use crate::shapes::{self, SendConfiguration, Shape};
+
+/// The A2A methods. jsonrpsee maps the members of a named-params object to the arguments
+/// (`historyLength` reaches `history_length`); members the agent does not use, such as 1.0's
+/// `tenant`, are ignored.
+#[rpc(server)]
+pub trait A2a {
+    /// A2A 0.3 `message/send`: the result is a Task.
+    #[method(name = "message/send", with_extensions)]
+    async fn message_send(
+        &self,
+        message: Value,
+        configuration: Option<SendConfiguration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<Replayable<Value>>;
+
+    /// A2A 1.0 `SendMessage`: the result is `{"task": Task}`.
+    #[method(name = "SendMessage", with_extensions)]
+    async fn send_message(
+        &self,
+        message: Value,
+        configuration: Option<SendConfiguration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<Replayable<Value>>;
+
+    // Streaming goes here: `message/stream` (0.3) and `SendStreamingMessage` (1.0), both
+    // governed by idempotency/v1 (they are in `idem::DEFAULT_GOVERNED_METHODS`) and both
+    // advertised by the card as `capabilities.streaming: true`.
+
+    /// A2A 0.3 `tasks/get`.
+    #[method(name = "tasks/get")]
+    async fn tasks_get(&self, id: String, history_length: Option<u32>) -> RpcResult<Value>;
+
+    /// A2A 1.0 `GetTask`: the result is the Task itself (no wrapper, unlike `SendMessage`).
+    #[method(name = "GetTask")]
+    async fn get_task(&self, id: String, history_length: Option<u32>) -> RpcResult<Value>;
+
+    /// A2A 0.3 `tasks/cancel`.
+    #[method(name = "tasks/cancel")]
+    async fn tasks_cancel(&self, id: String) -> RpcResult<Value>;
+
+    /// A2A 1.0 `CancelTask`: the result is the Task itself.
+    #[method(name = "CancelTask")]
+    async fn cancel_task(&self, id: String) -> RpcResult<Value>;
+}
+
+/// The agent: the RPC methods over the missions.
+pub struct Agent {
+    missions: Missions,
+}
+
+impl Agent {
+    pub fn new(missions: Missions) -> Self {
+        Self { missions }
+    }
+
+    /// Both send methods; runs inside the idempotency guard, so everything it does (task,
+    /// outbox event, error) happens once per messageId.
+    async fn send(
+        &self,
+        shape: Shape,
+        message: Value,
+        configuration: Option<SendConfiguration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<Replayable<Value>> {
+        let orders = Orders::from_metadata(metadata.as_ref())?;
+        let message = shapes::parse_message(&message).map_err(errors::invalid_params)?;
+        let task = self.missions.send(message, orders).await?;
+        let history_length = configuration.and_then(|c| c.history_length);
+        Ok(shape.send_result(&task, history_length).into())
+    }
+
+    async fn get(&self, shape: Shape, id: String, history_length: Option<u32>) -> RpcResult<Value> {
+        let task = self.missions.get(id).await?;
+        Ok(shape.task(&task, history_length))
+    }
+
+    async fn cancel(&self, shape: Shape, id: String) -> RpcResult<Value> {
+        let task = self.missions.cancel(id).await?;
+        Ok(shape.task(&task, None))
+    }
+}
+
+#[async_trait]
+impl A2aServer for Agent {
+    #[idempotent]
+    async fn message_send(
+        &self,
+        ext: &Extensions,
+        message: Value,
+        configuration: Option<SendConfiguration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<Replayable<Value>> {
+        self.send(Shape::V03, message, configuration, metadata)
+            .await
+    }
+
+    #[idempotent]
+    async fn send_message(
+        &self,
+        ext: &Extensions,
+        message: Value,
+        configuration: Option<SendConfiguration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<Replayable<Value>> {
+        self.send(Shape::V10, message, configuration, metadata)
+            .await
+    }
+
+    async fn tasks_get(&self, id: String, history_length: Option<u32>) -> RpcResult<Value> {
+        self.get(Shape::V03, id, history_length).await
+    }
+
+    async fn get_task(&self, id: String, history_length: Option<u32>) -> RpcResult<Value> {
+        self.get(Shape::V10, id, history_length).await
+    }
+
+    async fn tasks_cancel(&self, id: String) -> RpcResult<Value> {
+        self.cancel(Shape::V03, id).await
+    }
+
+    async fn cancel_task(&self, id: String) -> RpcResult<Value> {
+        self.cancel(Shape::V10, id).await
+    }
+}

@@ -1,0 +1,112 @@
+//! Command-line flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub const USAGE: &str = "\
+usage: a2a_server [--listen ADDR] [--db PATH] [--idempotency required|optional|off]
+
+  --listen ADDR          address to serve on (default 127.0.0.1:8080; port 0 picks a free one)
+  --db PATH              SQLite file for tasks, outbox and idempotency cache (default ./a2a-example.db)
+  --idempotency MODE     required: governed calls must activate idempotency/v1 (default)
+                         optional: calls that do not activate it run undeduplicated
+                         off:      the agent without the extension
+
+environment: AIWG_IDEMPOTENCY_TTL, AIWG_IDEMPOTENCY_MAX_ENTRIES, RUST_LOG (logs go to stderr)
+";
+
+/// How the server offers the idempotency/v1 extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Required,
+    Optional,
+    Off,
+}
+
+#[derive(Debug, Clone)]
+pub struct Cli {
+    pub listen: SocketAddr,
+    pub db: PathBuf,
+    pub mode: Mode,
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Command {
+    Serve(Cli),
+    Help,
+}
+
+/// Reads the flags (`--flag value` or `--flag=value`); the error says what is wrong.
+pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
+    let mut cli = Cli {
+        listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        db: PathBuf::from("a2a-example.db"),
+        mode: Mode::Required,
+    };
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) => (flag.to_owned(), Some(value.to_owned())),
+            None => (arg, None),
+        };
+        if flag == "-h" || flag == "--help" {
+            return Ok(Command::Help);
+        }
+        // The flag is checked before its value is taken, so a typo is named as such.
+        let flag = Flag::parse(&flag)?;
+        let value = inline
+            .or_else(|| args.next())
+            .ok_or_else(|| format!("{} needs a value", flag.name()))?;
+        match flag {
+            Flag::Listen => cli.listen = listen(&value)?,
+            Flag::Db => cli.db = PathBuf::from(value),
+            Flag::Idempotency => cli.mode = mode(&value)?,
+        }
+    }
+    Ok(Command::Serve(cli))
+}
+
+/// The flags that take a value.
+#[derive(Clone, Copy)]
+enum Flag {
+    Listen,
+    Db,
+    Idempotency,
+}
+
+impl Flag {
+    const ALL: [Flag; 3] = [Flag::Listen, Flag::Db, Flag::Idempotency];
+
+    fn parse(arg: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|flag| flag.name() == arg)
+            .ok_or_else(|| format!("unknown argument {arg:?}"))
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Flag::Listen => "--listen",
+            Flag::Db => "--db",
+            Flag::Idempotency => "--idempotency",
+        }
+    }
+}
+
+fn listen(value: &str) -> Result<SocketAddr, String> {
+    value
+        .parse()
+        .map_err(|_| format!("--listen {value:?} is not an IP:PORT address"))
+}
+
+fn mode(value: &str) -> Result<Mode, String> {
+    match value {
+        "required" => Ok(Mode::Required),
+        "optional" => Ok(Mode::Optional),
+        "off" => Ok(Mode::Off),
+        _ => Err(format!(
+            "--idempotency {value:?} is not one of required, optional, off"
+        )),
+    }
+}

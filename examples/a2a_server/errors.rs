@@ -1,0 +1,47 @@
+//! The JSON-RPC errors this agent answers with (A2A error codes, see the A2A specification).
+
+use jsonrpsee::types::ErrorObjectOwned;
+use serde_json::json;
+
+/// -32602: the params are well-formed JSON-RPC but not a request this agent can act on.
+pub fn invalid_params(reason: impl Into<String>) -> ErrorObjectOwned {
+    ErrorObjectOwned::owned(
+        -32602,
+        "Invalid params",
+        Some(json!({ "reason": reason.into() })),
+    )
+}
+
+/// -32001 TaskNotFoundError.
+pub fn task_not_found(task_id: &str) -> ErrorObjectOwned {
+    ErrorObjectOwned::owned(-32001, "Task not found", Some(json!({ "taskId": task_id })))
+}
+
+/// -32002 TaskNotCancelableError: the task already reached a terminal state.
+pub fn task_not_cancelable(task_id: &str, state: &str) -> ErrorObjectOwned {
+    ErrorObjectOwned::owned(
+        -32002,
+        "Task cannot be canceled",
+        Some(json!({ "taskId": task_id, "state": state })),
+    )
+}
+
+/// -32004 UnsupportedOperationError: A2A tasks never restart once terminal.
+pub fn task_terminal(task_id: &str, state: &str) -> ErrorObjectOwned {
+    ErrorObjectOwned::owned(
+        -32004,
+        "Task is in a terminal state and accepts no more messages",
+        Some(json!({ "taskId": task_id, "state": state })),
+    )
+}
+
+/// -32000: an application-level failure of the mission itself. It is cached like a success,
+/// so a retry with the same messageId gets the same failure (idempotency/v1 §7.5).
+pub fn mission_failed(reason: &str) -> ErrorObjectOwned {
+    ErrorObjectOwned::owned(-32000, "Mission failed", Some(json!({ "reason": reason })))
+}
+
+/// -32603: the task store failed; details go to the log, not to the client.
+pub fn internal() -> ErrorObjectOwned {
+    ErrorObjectOwned::owned(-32603, "Internal error", None::<()>)
+}

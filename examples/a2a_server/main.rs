@@ -1,0 +1,172 @@
+//! An A2A agent on jsonrpsee whose sends are deduplicated by the idempotency/v1 extension.
+//!
+//! ```sh
+//! cargo run --release --example a2a_server -- --listen 127.0.0.1:8080 --db ./a2a-example.db
+//! ```
+//!
+//! One SQLite file holds the idempotency cache, the tasks and the mission outbox. Prints
+//! `listening on http://ADDR` once it serves; stops cleanly on SIGTERM or Ctrl-C. A bad flag,
+//! bad environment or unusable database or address exits with status 2.
+
+mod agent;
+mod card;
+mod cli;
+mod clock;
+mod errors;
+mod mission;
+mod model;
+mod shapes;
+mod tasks;
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use idem::{Idempotency, IdempotencyConfig};
+use jsonrpsee::server::middleware::rpc::RpcServiceBuilder;
+use jsonrpsee::server::{Server, ServerHandle};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tower::ServiceBuilder;
+use tracing_subscriber::EnvFilter;
+
+use crate::agent::{A2aServer, Agent};
+use crate::card::{agent_card, CardLayer};
+use crate::cli::{Cli, Command, Mode};
+use crate::mission::Missions;
+use crate::tasks::TaskStore;
+
+/// Exit status of a usage or startup error.
+const STARTUP_ERROR: u8 = 2;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    init_logging();
+    let cli = match cli::parse(std::env::args().skip(1)) {
+        Ok(Command::Serve(cli)) => cli,
+        Ok(Command::Help) => {
+            print!("{}", cli::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            eprintln!("a2a_server: {error}\n\n{}", cli::USAGE);
+            return ExitCode::from(STARTUP_ERROR);
+        }
+    };
+    match serve(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("a2a_server: {error}");
+            ExitCode::from(STARTUP_ERROR)
+        }
+    }
+}
+
+/// Logs go to stderr so that stdout carries only the `listening on` line.
+fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Starts the server, runs it until a signal, and stops it. Errors are startup errors.
+async fn serve(cli: Cli) -> Result<(), String> {
+    // First: the idempotency store creates the database file, with mode 0600.
+    let idem = idempotency(&cli)?;
+    let store = TaskStore::open(cli.db.clone())
+        .await
+        .map_err(|e| format!("cannot open tables in {}: {e}", cli.db.display()))?;
+    let missions = Missions::new(store);
+    let resumed = missions
+        .resume()
+        .await
+        .map_err(|e| format!("cannot read the tasks in {}: {e:?}", cli.db.display()))?;
+    let mut signals = Signals::new()?;
+    let (handle, addr) = start(&cli, &idem, missions).await?;
+    tracing::info!(%addr, db = %cli.db.display(), mode = ?cli.mode, resumed, "serving");
+    announce(addr)?;
+    signals.recv().await;
+    tracing::info!("shutting down");
+    stop(handle).await;
+    // The last handle on the cache: dropping it commits what is queued and joins the writer.
+    drop(idem);
+    Ok(())
+}
+
+/// The extension as the mode asks, configured by `AIWG_IDEMPOTENCY_*` (checked in every mode:
+/// a malformed value is a mistake even where it has no effect).
+fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
+    let config = IdempotencyConfig::from_env().map_err(|e| e.to_string())?;
+    let required = match cli.mode {
+        Mode::Required => true,
+        Mode::Optional => false,
+        Mode::Off => return Ok(Idempotency::off()),
+    };
+    Idempotency::open(&cli.db, IdempotencyConfig { required, ..config })
+        .map_err(|e| format!("cannot open database {}: {e}", cli.db.display()))
+}
+
+/// Binds first, because the card must name the address actually bound (`--listen :0`).
+async fn start(
+    cli: &Cli,
+    idem: &Idempotency,
+    missions: Missions,
+) -> Result<(ServerHandle, SocketAddr), String> {
+    let listener = tokio::net::TcpListener::bind(cli.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let listener = listener.into_std().map_err(|e| e.to_string())?;
+    let card = agent_card(addr, idem.agent_card_extension().into_iter().collect());
+    let server = Server::builder()
+        .set_http_middleware(
+            ServiceBuilder::new()
+                .layer(CardLayer::new(&card))
+                .layer(idem.http_layer()),
+        )
+        .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))
+        .build_from_tcp(listener)
+        .map_err(|e| format!("cannot serve on {addr}: {e}"))?;
+    Ok((server.start(Agent::new(missions).into_rpc()), addr))
+}
+
+/// The one line on stdout that tells a parent process the server is up, and where.
+fn announce(addr: SocketAddr) -> Result<(), String> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "listening on http://{addr}")
+        .and_then(|()| stdout.flush())
+        .map_err(|e| format!("cannot write to stdout: {e}"))
+}
+
+/// Stops accepting, then waits until every in-flight call has answered (and so was stored).
+async fn stop(handle: ServerHandle) {
+    if handle.stop().is_ok() {
+        handle.stopped().await;
+    }
+}
+
+/// SIGTERM and Ctrl-C, installed before the server announces itself so that neither is missed.
+struct Signals {
+    terminate: Signal,
+    interrupt: Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self, String> {
+        let install =
+            |kind| signal(kind).map_err(|e| format!("cannot install signal handler: {e}"));
+        Ok(Self {
+            terminate: install(SignalKind::terminate())?,
+            interrupt: install(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => tracing::info!("SIGTERM"),
+            _ = self.interrupt.recv() => tracing::info!("SIGINT"),
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The executor behind the agent: a message assigns a mission (a Task in state `working`), the
+//! mission completes in the background with an artifact echoing the text it was given, and
+//! every assignment, completion and cancellation leaves one event in the outbox.
+
+use std::time::Duration;
+
+use jsonrpsee::core::RpcResult;
+use jsonrpsee::types::ErrorObjectOwned;
+use serde_json::{json, Map, Value};
+use uuid::Uuid;
+
+use crate::clock;
+use crate::errors;
+use crate::model::{Artifact, Message, Part, Task, TaskState};
+use crate::tasks::{Event, TaskStore};
+
+const DEFAULT_DURATION_MS: u64 = 2_000;
+const MAX_DURATION_MS: u64 = 60_000;
+const MAX_DELAY_MS: u64 = 10_000;
+
+/// What `params.metadata` asks of a send.
+#[derive(Debug, Clone, Copy)]
+pub struct Orders {
+    /// How long the mission works before it completes (`durationMs`).
+    duration_ms: u64,
+    /// How long the response itself is held back (`delayMs`), to make a call stay in flight.
+    delay_ms: u64,
+}
+
+impl Orders {
+    pub fn from_metadata(metadata: Option<&Value>) -> Result<Self, ErrorObjectOwned> {
+        let metadata = match metadata {
+            None | Some(Value::Null) => &Map::new(),
+            Some(Value::Object(metadata)) => metadata,
+            Some(_) => return Err(errors::invalid_params("params.metadata must be an object")),
+        };
+        Ok(Self {
+            duration_ms: millis(metadata, "durationMs", DEFAULT_DURATION_MS, MAX_DURATION_MS)?,
+            delay_ms: millis(metadata, "delayMs", 0, MAX_DELAY_MS)?,
+        })
+    }
+}
+
+/// An optional whole number of milliseconds from 0 to `max`.
+fn millis(metadata: &Map<String, Value>, key: &str, default: u64, max: u64) -> RpcResult<u64> {
+    match metadata.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(value) => value.as_u64().filter(|ms| *ms <= max).ok_or_else(|| {
+            errors::invalid_params(format!(
+                "params.metadata.{key} must be a whole number from 0 to {max}"
+            ))
+        }),
+    }
+}
+
+/// The missions of this agent.
+#[derive(Clone)]
+pub struct Missions {
+    store: TaskStore,
+}
+
+impl Missions {
+    pub fn new(store: TaskStore) -> Self {
+        Self { store }
+    }
+
+    /// Assigns a mission, or continues the task the message names.
+    pub async fn send(&self, message: Message, orders: Orders) -> RpcResult<Task> {
+        if message.texts().eq(["fail"]) {
+            return Err(errors::mission_failed(
+                "the message asked the mission to fail",
+            ));
+        }
+        let task = match message.task_id.clone() {
+            Some(task_id) => self.continue_task(task_id, message).await?,
+            None => self.assign(message, orders.duration_ms).await?,
+        };
+        tokio::time::sleep(Duration::from_millis(orders.delay_ms)).await;
+        Ok(task)
+    }
+
+    pub async fn get(&self, task_id: String) -> RpcResult<Task> {
+        self.store.get(task_id).await
+    }
+
+    /// Cancels a working task; a terminal one is -32002.
+    pub async fn cancel(&self, task_id: String) -> RpcResult<Task> {
+        self.store
+            .update(task_id, |task| {
+                if task.state.is_terminal() {
+                    return Err(errors::task_not_cancelable(&task.id, task.state.name()));
+                }
+                task.cancel();
+                Ok(Some(event("mission.canceled", task, json!({}))))
+            })
+            .await
+    }
+
+    /// Reschedules the missions a previous run left working; overdue ones complete at once.
+    pub async fn resume(&self) -> RpcResult<usize> {
+        let working = self.store.working().await?;
+        for (task_id, due_at_ms) in &working {
+            self.schedule(task_id.clone(), *due_at_ms);
+        }
+        Ok(working.len())
+    }
+
+    async fn assign(&self, message: Message, duration_ms: u64) -> RpcResult<Task> {
+        let task = Task::assign(message);
+        let due_at_ms = clock::now_ms() + duration_ms;
+        let assigned = event(
+            "mission.assigned",
+            &task,
+            json!({ "durationMs": duration_ms }),
+        );
+        self.store.insert(task.clone(), due_at_ms, assigned).await?;
+        self.schedule(task.id.clone(), due_at_ms);
+        tracing::info!(task_id = %task.id, duration_ms, "mission assigned");
+        Ok(task)
+    }
+
+    /// Adds the message to a working task's history; its mission keeps its deadline.
+    async fn continue_task(&self, task_id: String, message: Message) -> RpcResult<Task> {
+        self.store
+            .update(task_id, move |task| {
+                if task.state.is_terminal() {
+                    return Err(errors::task_terminal(&task.id, task.state.name()));
+                }
+                if message
+                    .context_id
+                    .as_ref()
+                    .is_some_and(|c| *c != task.context_id)
+                {
+                    return Err(errors::invalid_params(
+                        "message.contextId differs from the contextId of message.taskId",
+                    ));
+                }
+                task.append(message);
+                Ok(None)
+            })
+            .await
+    }
+
+    fn schedule(&self, task_id: String, due_at_ms: u64) {
+        let missions = self.clone();
+        tokio::spawn(async move {
+            let wait = due_at_ms.saturating_sub(clock::now_ms());
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            match missions.complete(task_id.clone()).await {
+                Ok(task) => tracing::info!(%task_id, state = task.state.name(), "mission ended"),
+                Err(error) => tracing::warn!(%task_id, ?error, "mission could not complete"),
+            }
+        });
+    }
+
+    /// Completes a mission that is still working (one canceled meanwhile stays canceled).
+    async fn complete(&self, task_id: String) -> RpcResult<Task> {
+        self.store
+            .update(task_id, |task| {
+                if task.state != TaskState::Working {
+                    return Ok(None);
+                }
+                let artifact = echo(task);
+                let artifact_id = artifact.artifact_id.clone();
+                task.complete(artifact, Message::agent("Mission complete."));
+                Ok(Some(event(
+                    "mission.completed",
+                    task,
+                    json!({ "artifactId": artifact_id }),
+                )))
+            })
+            .await
+    }
+}
+
+/// The mission's result: every text part the task was given, in order.
+fn echo(task: &Task) -> Artifact {
+    Artifact {
+        artifact_id: Uuid::new_v4().to_string(),
+        name: "echo".into(),
+        parts: task
+            .history
+            .iter()
+            .flat_map(Message::texts)
+            .map(Part::text)
+            .collect(),
+    }
+}
+
+/// An outbox event about `task`; `details` adds to the ids every event carries.
+fn event(event_type: &'static str, task: &Task, mut details: Value) -> Event {
+    details["taskId"] = task.id.clone().into();
+    details["contextId"] = task.context_id.clone().into();
+    Event {
+        event_type,
+        payload: details,
+    }
+}

@@ -1,0 +1,257 @@
+//! The A2A 0.3 and 1.0 JSON shapes: requests are read in either spelling, results are rendered
+//! in the spelling of the method that was called.
+//!
+//! 0.3 tags objects with `kind`, spells states `working` and roles `user`; 1.0 has no `kind`,
+//! spells `TASK_STATE_WORKING` and `ROLE_USER`, flattens file parts to `raw`/`url`, and wraps
+//! the `SendMessage` result as `{"task": ...}`.
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::model::{Artifact, Content, FileSource, Message, Part, Role, Task, TaskState};
+
+/// The protocol version a result is rendered for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    V03,
+    V10,
+}
+
+/// `params.configuration` of a send, in both versions. Unknown members are ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendConfiguration {
+    pub history_length: Option<u32>,
+}
+
+impl Shape {
+    /// The result of `message/send` (a Task) or `SendMessage` (`{"task": Task}`).
+    pub fn send_result(self, task: &Task, history_length: Option<u32>) -> Value {
+        let task = self.task(task, history_length);
+        match self {
+            Self::V03 => task,
+            Self::V10 => json!({ "task": task }),
+        }
+    }
+
+    /// A Task, with at most `history_length` of the most recent history messages.
+    pub fn task(self, task: &Task, history_length: Option<u32>) -> Value {
+        let mut status = json!({ "state": self.state(task.state), "timestamp": task.timestamp });
+        put(
+            &mut status,
+            "message",
+            task.status_message.as_ref().map(|m| self.message(m)),
+        );
+        let history = recent(&task.history, history_length);
+        self.kinded(
+            "task",
+            json!({
+                "id": task.id,
+                "contextId": task.context_id,
+                "status": status,
+                "history": history.iter().map(|m| self.message(m)).collect::<Vec<_>>(),
+                "artifacts": task.artifacts.iter().map(|a| self.artifact(a)).collect::<Vec<_>>(),
+            }),
+        )
+    }
+
+    fn message(self, message: &Message) -> Value {
+        let mut out = json!({
+            "messageId": message.message_id,
+            "role": self.role(message.role),
+            "parts": self.parts(&message.parts),
+        });
+        put(&mut out, "contextId", message.context_id.clone());
+        put(&mut out, "taskId", message.task_id.clone());
+        put(&mut out, "metadata", message.metadata.clone());
+        self.kinded("message", out)
+    }
+
+    fn artifact(self, artifact: &Artifact) -> Value {
+        json!({
+            "artifactId": artifact.artifact_id,
+            "name": artifact.name,
+            "parts": self.parts(&artifact.parts),
+        })
+    }
+
+    fn parts(self, parts: &[Part]) -> Vec<Value> {
+        parts.iter().map(|part| self.part(part)).collect()
+    }
+
+    fn part(self, part: &Part) -> Value {
+        let mut out = match &part.content {
+            Content::Text(text) => self.kinded("text", json!({ "text": text })),
+            Content::Data(data) => self.kinded("data", json!({ "data": data })),
+            Content::File {
+                source,
+                name,
+                media_type,
+            } => self.file(source, name, media_type),
+        };
+        put(&mut out, "metadata", part.metadata.clone());
+        out
+    }
+
+    fn file(
+        self,
+        source: &FileSource,
+        name: &Option<String>,
+        media_type: &Option<String>,
+    ) -> Value {
+        let (bytes_key, uri_key, name_key, type_key) = match self {
+            Self::V03 => ("bytes", "uri", "name", "mimeType"),
+            Self::V10 => ("raw", "url", "filename", "mediaType"),
+        };
+        let mut file = match source {
+            FileSource::Bytes(bytes) => json!({ bytes_key: bytes }),
+            FileSource::Uri(uri) => json!({ uri_key: uri }),
+        };
+        put(&mut file, name_key, name.clone());
+        put(&mut file, type_key, media_type.clone());
+        match self {
+            Self::V03 => json!({ "kind": "file", "file": file }),
+            Self::V10 => file,
+        }
+    }
+
+    /// 0.3 discriminates objects with `kind`; 1.0 dropped it.
+    fn kinded(self, kind: &str, mut object: Value) -> Value {
+        if self == Self::V03 {
+            object["kind"] = kind.into();
+        }
+        object
+    }
+
+    fn state(self, state: TaskState) -> &'static str {
+        match (self, state) {
+            (Self::V03, _) => state.name(),
+            (Self::V10, TaskState::Working) => "TASK_STATE_WORKING",
+            (Self::V10, TaskState::Completed) => "TASK_STATE_COMPLETED",
+            (Self::V10, TaskState::Canceled) => "TASK_STATE_CANCELED",
+        }
+    }
+
+    fn role(self, role: Role) -> &'static str {
+        match (self, role) {
+            (Self::V03, Role::User) => "user",
+            (Self::V03, Role::Agent) => "agent",
+            (Self::V10, Role::User) => "ROLE_USER",
+            (Self::V10, Role::Agent) => "ROLE_AGENT",
+        }
+    }
+}
+
+/// Reads a client's `params.message` in either version's spelling.
+///
+/// Lenient about the version because a client's spelling says nothing about the task: only the
+/// result is rendered per method.
+pub fn parse_message(value: &Value) -> Result<Message, String> {
+    let Some(message) = value.as_object() else {
+        return Err("params.message must be an object".into());
+    };
+    let message_id = string(message.get("messageId"), "message.messageId")?
+        .ok_or("message.messageId is required")?;
+    let role = match message.get("role").and_then(Value::as_str) {
+        Some("user" | "ROLE_USER") => Role::User,
+        _ => {
+            return Err(r#"message.role must be "user" (A2A 0.3) or "ROLE_USER" (A2A 1.0)"#.into())
+        }
+    };
+    let parts = match message.get("parts").and_then(Value::as_array) {
+        Some(parts) if !parts.is_empty() => parts
+            .iter()
+            .enumerate()
+            .map(|(i, part)| parse_part(i, part))
+            .collect::<Result<_, _>>()?,
+        _ => return Err("message.parts must be a non-empty array".into()),
+    };
+    Ok(Message {
+        message_id,
+        role,
+        parts,
+        context_id: string(message.get("contextId"), "message.contextId")?,
+        task_id: string(message.get("taskId"), "message.taskId")?,
+        metadata: present(message, "metadata").cloned(),
+    })
+}
+
+fn parse_part(index: usize, value: &Value) -> Result<Part, String> {
+    let Some(part) = value.as_object() else {
+        return Err(format!("message.parts[{index}] must be an object"));
+    };
+    let at = |key: &str| format!("message.parts[{index}].{key}");
+    let content = if let Some(text) = present(part, "text") {
+        Content::Text(string(Some(text), &at("text"))?.unwrap_or_default())
+    } else if let Some(Value::Object(file)) = present(part, "file") {
+        // 0.3: {kind: "file", file: {bytes | uri, name?, mimeType?}}
+        parse_file(file, ("bytes", "uri", "name", "mimeType"), &at("file"))?
+    } else if present(part, "raw").or(present(part, "url")).is_some() {
+        // 1.0: {raw | url, filename?, mediaType?}
+        parse_file(
+            part,
+            ("raw", "url", "filename", "mediaType"),
+            &format!("message.parts[{index}]"),
+        )?
+    } else if let Some(data) = present(part, "data") {
+        Content::Data(data.clone())
+    } else {
+        return Err(format!(
+            "message.parts[{index}] has none of text, file (0.3), raw or url (1.0), data"
+        ));
+    };
+    Ok(Part {
+        content,
+        metadata: present(part, "metadata").cloned(),
+    })
+}
+
+fn parse_file(
+    file: &Map<String, Value>,
+    (bytes_key, uri_key, name_key, type_key): (&str, &str, &str, &str),
+    what: &str,
+) -> Result<Content, String> {
+    let field = |key: &str| string(file.get(key), &format!("{what}.{key}"));
+    let bytes = field(bytes_key)?;
+    let uri = field(uri_key)?;
+    let source = match (bytes, uri) {
+        (Some(bytes), None) => FileSource::Bytes(bytes),
+        (None, Some(uri)) => FileSource::Uri(uri),
+        _ => {
+            return Err(format!(
+                "{what} needs exactly one of {bytes_key} or {uri_key}"
+            ))
+        }
+    };
+    Ok(Content::File {
+        source,
+        name: field(name_key)?,
+        media_type: field(type_key)?,
+    })
+}
+
+/// A member that is there and not `null` (clients send `null` for "absent").
+fn present<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    object.get(key).filter(|value| !value.is_null())
+}
+
+/// An optional string member: absent or `null` is `None`, anything but a string is an error.
+fn string(value: Option<&Value>, what: &str) -> Result<Option<String>, String> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(format!("{what} must be a string")),
+    }
+}
+
+/// Sets `key` only when there is a value: absent members stay absent on the wire.
+fn put(object: &mut Value, key: &str, value: Option<impl Into<Value>>) {
+    if let Some(value) = value {
+        object[key] = value.into();
+    }
+}
+
+fn recent(history: &[Message], limit: Option<u32>) -> &[Message] {
+    let keep = limit.map_or(history.len(), |n| n as usize);
+    &history[history.len().saturating_sub(keep)..]
+}

@@ -1,0 +1,172 @@
+//! The harness's HTTP side: POST a JSON-RPC body (activated or not), capture the reply, read the
+//! AgentCard's idempotency/v1 entry. Deliberately independent of the `idem` crate, so the harness
+//! judges any server by what is on the wire.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// The extension URI of idempotency/v1 (spec §3.1).
+pub const EXTENSION_URI: &str = "https://agentic-sandbox.aiwg.io/extensions/idempotency/v1";
+
+/// Where A2A serves the AgentCard.
+const AGENT_CARD_PATH: &str = "/.well-known/agent-card.json";
+
+/// A hung server must fail a scenario, not hang the harness.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A server under test, reached at `url` (e.g. `http://127.0.0.1:8080`).
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    pub url: String,
+}
+
+/// A captured HTTP response.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+/// The AgentCard's `capabilities.extensions[]` entry for idempotency/v1.
+#[derive(Debug, Clone)]
+pub struct CardEntry {
+    pub required: bool,
+    pub ttl_seconds: u64,
+    /// The whole entry, for the checks of the agent-card scenario.
+    pub raw: Value,
+}
+
+impl Client {
+    pub fn new(url: &str) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .expect("a reqwest client without TLS always builds");
+        Self {
+            http,
+            url: url.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    /// POSTs `body` to the JSON-RPC endpoint, with the activation header when `activated`.
+    pub async fn post(&self, body: &str, activated: bool) -> Result<Reply, String> {
+        let mut request = self
+            .http
+            .post(format!("{}/", self.url))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if activated {
+            request = request.header("A2A-Extensions", EXTENSION_URI);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| format!("POST {}: {e}", self.url))?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| format!("reading the response body: {e}"))?;
+        Ok(Reply {
+            status,
+            headers,
+            body: body.to_vec(),
+        })
+    }
+
+    /// Fetches the AgentCard and returns its idempotency/v1 entry.
+    pub async fn card(&self) -> Result<CardEntry, String> {
+        let url = format!("{}{AGENT_CARD_PATH}", self.url);
+        let response = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        if !response.status().is_success() {
+            return Err(format!("GET {url}: HTTP {}", response.status()));
+        }
+        let card: Value = response
+            .json()
+            .await
+            .map_err(|e| format!("GET {url}: not JSON: {e}"))?;
+        CardEntry::from_card(&card)
+    }
+}
+
+impl CardEntry {
+    fn from_card(card: &Value) -> Result<Self, String> {
+        let raw = card["capabilities"]["extensions"]
+            .as_array()
+            .and_then(|all| all.iter().find(|e| e["uri"] == EXTENSION_URI))
+            .ok_or_else(|| format!("no capabilities.extensions[] entry with uri {EXTENSION_URI}"))?
+            .clone();
+        let ttl_seconds = raw["params"]["ttl_seconds"]
+            .as_u64()
+            .ok_or_else(|| format!("params.ttl_seconds is not a non-negative integer: {raw}"))?;
+        Ok(Self {
+            required: raw["required"].as_bool().unwrap_or(false),
+            ttl_seconds,
+            raw,
+        })
+    }
+}
+
+impl Reply {
+    pub fn json(&self) -> Result<Value, String> {
+        serde_json::from_slice(&self.body)
+            .map_err(|e| format!("the body is not JSON ({e}): {}", self.describe()))
+    }
+
+    /// Whether `Idempotent-Replayed: true` is present; any other value is a violation (§4.3.3).
+    pub fn replayed(&self) -> Result<bool, String> {
+        match self.headers.get("idempotent-replayed") {
+            None => Ok(false),
+            Some(v) if v == "true" => Ok(true),
+            Some(v) => Err(format!(
+                "Idempotent-Replayed must be absent or \"true\", got {v:?}"
+            )),
+        }
+    }
+
+    /// Whether the response `A2A-Extensions` header lists the extension (§3.2).
+    pub fn echoes_extension(&self) -> bool {
+        self.headers
+            .get_all("a2a-extensions")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.split(',').any(|uri| uri.trim() == EXTENSION_URI))
+    }
+
+    /// `error.code` and `error.data.code` of a JSON-RPC error response.
+    pub fn error_codes(&self) -> Result<(i64, Option<String>), String> {
+        let json = self.json()?;
+        let code = json["error"]["code"]
+            .as_i64()
+            .ok_or_else(|| format!("no JSON-RPC error.code in {}", self.describe()))?;
+        let data_code = json["error"]["data"]["code"].as_str().map(str::to_owned);
+        Ok((code, data_code))
+    }
+
+    /// Status, replay header and (shortened) body, for failure messages.
+    pub fn describe(&self) -> String {
+        const MAX: usize = 400;
+        let body = String::from_utf8_lossy(&self.body);
+        let shown: String = body.chars().take(MAX).collect();
+        let more = if body.chars().count() > MAX {
+            "…"
+        } else {
+            ""
+        };
+        let replayed = self
+            .headers
+            .get("idempotent-replayed")
+            .map(|v| format!(", Idempotent-Replayed: {v:?}"))
+            .unwrap_or_default();
+        format!("HTTP {}{replayed}, body {shown}{more}", self.status)
+    }
+}

@@ -1,0 +1,455 @@
+//! The conformance scenarios of idempotency/v1 (spec §6 AC-1..AC-4, plus §3 and §7.1), runnable
+//! against any server that implements the extension. Each scenario is an async fn returning a
+//! clear failure message; [`check`] decides whether it applies (from the AgentCard and the hooks
+//! the caller has) and runs it. Used by the `conformance` example (CLI) and by
+//! `tests/integration/conformance.rs`.
+//!
+//! Hooks a server may not offer: `metadata.delayMs` keeps a request in flight (our example server;
+//! elsewhere the concurrent duplicates simply overlap less), and a database path lets the harness
+//! count `tasks` rows and `mission.assigned` outbox events (our example server's schema).
+
+// Explicit paths: this file is compiled both as `mod harness` of the example and through
+// `#[path]` from the tests, and the two resolve a plain `mod x;` to different directories.
+#[path = "client.rs"]
+pub mod client;
+#[path = "request.rs"]
+pub mod request;
+#[path = "request_hash.rs"]
+mod request_hash;
+#[path = "side_effects.rs"]
+mod side_effects;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::future::{join_all, BoxFuture};
+use serde_json::{json, Value};
+
+use client::{CardEntry, Client, Reply};
+use request::{new_message_id, send, send_with_id_field};
+use request_hash::request_hash;
+use side_effects::SideEffects;
+
+/// AC-3 waits past the TTL; longer TTLs than this are skipped rather than waited for.
+pub const MAX_AC3_TTL_SECONDS: u64 = 5;
+/// Margin past the TTL: entries are stamped in whole seconds (spec §4.4 `inserted_at`).
+const AC3_MARGIN: Duration = Duration::from_millis(1500);
+/// How many identical requests race in `concurrent-duplicates`, and how long each stays in flight.
+const CONCURRENT_DUPLICATES: usize = 20;
+const IN_FLIGHT_DELAY_MS: u64 = 500;
+
+const KEY_REUSED: &str = "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_PAYLOAD";
+const KEY_MALFORMED: &str = "IDEMPOTENCY_KEY_MALFORMED";
+
+/// Every scenario, in the order the CLI runs them (AC-4 last: it restarts the server).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    AgentCard,
+    Ac1,
+    Ac2,
+    MalformedMessageId,
+    NotActivated,
+    ConcurrentDuplicates,
+    Ac3,
+    Ac4,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 8] = [
+        Scenario::AgentCard,
+        Scenario::Ac1,
+        Scenario::Ac2,
+        Scenario::MalformedMessageId,
+        Scenario::NotActivated,
+        Scenario::ConcurrentDuplicates,
+        Scenario::Ac3,
+        Scenario::Ac4,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::AgentCard => "idempotency-v1-agent-card",
+            Scenario::Ac1 => "idempotency-v1-ac1",
+            Scenario::Ac2 => "idempotency-v1-ac2",
+            Scenario::MalformedMessageId => "idempotency-v1-malformed-message-id",
+            Scenario::NotActivated => "idempotency-v1-not-activated",
+            Scenario::ConcurrentDuplicates => "idempotency-v1-concurrent-duplicates",
+            Scenario::Ac3 => "idempotency-v1-ac3",
+            Scenario::Ac4 => "idempotency-v1-ac4",
+        }
+    }
+}
+
+/// What became of one scenario.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Pass,
+    Fail(String),
+    Skip(String),
+}
+
+/// Restarts the server under test and returns its (possibly new) base URL once it answers.
+pub type Restart<'a> = Box<dyn FnOnce() -> BoxFuture<'a, Result<String, String>> + Send + 'a>;
+
+/// The server under test.
+pub struct Target {
+    client: Client,
+    side_effects: SideEffects,
+}
+
+impl Target {
+    /// `db`: the server's SQLite file, if the harness may read it (side-effect checks).
+    pub fn new(url: &str, db: Option<PathBuf>) -> Self {
+        Self {
+            client: Client::new(url),
+            side_effects: SideEffects { db },
+        }
+    }
+
+    /// The same server reached at another URL (after a restart on another port).
+    fn at(&self, url: &str) -> Self {
+        Self::new(url, self.side_effects.db.clone())
+    }
+
+    /// An in-scope request that activates the extension.
+    async fn post(&self, body: &str) -> Result<Reply, String> {
+        self.client.post(body, true).await
+    }
+}
+
+/// Runs `scenario` unless it does not apply; `restart` is needed by AC-4 only.
+pub async fn check(scenario: Scenario, target: &Target, restart: Option<Restart<'_>>) -> Outcome {
+    let card = match target.client.card().await {
+        Ok(card) => card,
+        Err(e) => return Outcome::Fail(format!("AgentCard: {e}")),
+    };
+    if let Some(reason) = skip_reason(scenario, &card, restart.is_some()) {
+        return Outcome::Skip(reason);
+    }
+    let result = match (scenario, restart) {
+        (Scenario::AgentCard, _) => agent_card(&card),
+        (Scenario::Ac1, _) => ac1(target).await,
+        (Scenario::Ac2, _) => ac2(target).await,
+        (Scenario::MalformedMessageId, _) => malformed_message_id(target).await,
+        (Scenario::NotActivated, _) => not_activated(target).await,
+        (Scenario::ConcurrentDuplicates, _) => concurrent_duplicates(target).await,
+        (Scenario::Ac3, _) => ac3(target, card.ttl_seconds).await,
+        (Scenario::Ac4, Some(restart)) => ac4(target, card.ttl_seconds, restart).await,
+        (Scenario::Ac4, None) => unreachable!("skip_reason skips AC-4 without a restart hook"),
+    };
+    match result {
+        Ok(()) => Outcome::Pass,
+        Err(reason) => Outcome::Fail(reason),
+    }
+}
+
+/// Why `scenario` cannot run against this server with these hooks, if it cannot.
+pub fn skip_reason(scenario: Scenario, card: &CardEntry, can_restart: bool) -> Option<String> {
+    match scenario {
+        Scenario::Ac3 if card.ttl_seconds > MAX_AC3_TTL_SECONDS => Some(format!(
+            "needs params.ttl_seconds <= {MAX_AC3_TTL_SECONDS} to wait past it, the AgentCard says {} \
+             (start the server with e.g. AIWG_IDEMPOTENCY_TTL=2)",
+            card.ttl_seconds
+        )),
+        Scenario::Ac4 if !can_restart => {
+            Some("needs a way to restart the server (--restart-cmd)".into())
+        }
+        Scenario::NotActivated if !card.required => {
+            Some("the AgentCard declares the extension required: false".into())
+        }
+        _ => None,
+    }
+}
+
+/// §3.1: the AgentCard declares the extension with the params clients rely on.
+pub fn agent_card(card: &CardEntry) -> Result<(), String> {
+    let params = &card.raw["params"];
+    ensure(card.raw["required"].is_boolean(), || {
+        format!("`required` must be a boolean: {}", card.raw)
+    })?;
+    ensure(card.ttl_seconds > 0, || {
+        "params.ttl_seconds must be positive".into()
+    })?;
+    ensure(params["canonicalization"] == "jcs-rfc8785", || {
+        format!("params.canonicalization must be \"jcs-rfc8785\": {params}")
+    })?;
+    ensure(params["hash_algorithm"] == "sha-256", || {
+        format!("params.hash_algorithm must be \"sha-256\": {params}")
+    })?;
+    match params.get("max_cache_entries") {
+        Some(max) if max.as_u64().is_none_or(|m| m == 0) => Err(format!(
+            "params.max_cache_entries must be a positive integer: {max}"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// AC-1 (§6.1): an identical retry, also with other key order and whitespace, is the cached
+/// response byte for byte with `Idempotent-Replayed: true`, and adds no side effect.
+pub async fn ac1(target: &Target) -> Result<(), String> {
+    let body = send(1, &new_message_id(), "idempotency-v1-ac1", json!({}));
+    let before = target.side_effects.snapshot()?;
+    let first = target.post(&body).await?;
+    expect_fresh(&first, "first send")?;
+    target
+        .side_effects
+        .expect_added(before, 1, "the first send")?;
+
+    let replay = target.post(&body).await?;
+    expect_replay_of(&first, &replay, "identical retry")?;
+    let reordered = target.post(&request::reordered(&body)).await?;
+    expect_replay_of(
+        &first,
+        &reordered,
+        "retry with other key order and whitespace",
+    )?;
+    target
+        .side_effects
+        .expect_added(before, 1, "the send and its two replays")
+}
+
+/// AC-2 (§6.2): another payload under the same messageId is a 422 naming both hashes, and the
+/// original entry survives it.
+pub async fn ac2(target: &Target) -> Result<(), String> {
+    let message_id = new_message_id();
+    let original = send(1, &message_id, "B", json!({}));
+    let changed = send(1, &message_id, "B-prime", json!({}));
+    let before = target.side_effects.snapshot()?;
+    let first = target.post(&original).await?;
+    expect_fresh(&first, "first send")?;
+
+    let collision = target.post(&changed).await?;
+    expect_collision(&collision, &message_id, &original, &changed)?;
+    let retry = target.post(&original).await?;
+    expect_replay_of(&first, &retry, "retry of the original after the collision")?;
+    target
+        .side_effects
+        .expect_added(before, 1, "the send, the collision and the retry")
+}
+
+/// AC-3 (§6.3): past `ttl_seconds` the same request is new: executed again, not replayed, and
+/// cached afresh.
+pub async fn ac3(target: &Target, ttl_seconds: u64) -> Result<(), String> {
+    ensure(ttl_seconds <= MAX_AC3_TTL_SECONDS, || {
+        format!("ttl_seconds {ttl_seconds} is too long to wait for")
+    })?;
+    let body = send(1, &new_message_id(), "idempotency-v1-ac3", json!({}));
+    let before = target.side_effects.snapshot()?;
+    let first = target.post(&body).await?;
+    let cached_at = Instant::now();
+    expect_fresh(&first, "first send")?;
+    let replay = target.post(&body).await?;
+    expect_replay_of(&first, &replay, "retry within the TTL")?;
+
+    tokio::time::sleep_until((cached_at + Duration::from_secs(ttl_seconds) + AC3_MARGIN).into())
+        .await;
+    let later = target.post(&body).await?;
+    expect_fresh(&later, "retry past the TTL")?;
+    ensure(later.body != first.body, || {
+        "retry past the TTL: executed anew must give a new response, got the first body again"
+            .into()
+    })?;
+    target
+        .side_effects
+        .expect_added(before, 2, "the send and the retry past the TTL")?;
+    let again = target.post(&body).await?;
+    expect_replay_of(&later, &again, "retry of the new execution")
+}
+
+/// AC-4 (§6.4): after a restart the retry is still the cached response byte for byte.
+pub async fn ac4(target: &Target, ttl_seconds: u64, restart: Restart<'_>) -> Result<(), String> {
+    let body = send(1, &new_message_id(), "idempotency-v1-ac4", json!({}));
+    let before = target.side_effects.snapshot()?;
+    let first = target.post(&body).await?;
+    let cached_at = Instant::now();
+    expect_fresh(&first, "first send")?;
+
+    let url = restart().await.map_err(|e| format!("restart: {e}"))?;
+    let restarted = target.at(&url);
+    let replay = restarted.post(&body).await?;
+    // A slow restart on a short-TTL server would fail for the wrong reason: say so.
+    ensure(
+        cached_at.elapsed() < Duration::from_secs(ttl_seconds),
+        || {
+            format!(
+                "the restart took {:?}, longer than ttl_seconds {ttl_seconds}: use a longer TTL",
+                cached_at.elapsed()
+            )
+        },
+    )?;
+    expect_replay_of(&first, &replay, "retry after the restart")?;
+    restarted
+        .side_effects
+        .expect_added(before, 1, "the send, the restart and the replay")
+}
+
+/// §7.1: malformed messageIds are refused with 400 (error table: -32400
+/// IDEMPOTENCY_KEY_MALFORMED) and never executed.
+pub async fn malformed_message_id(target: &Target) -> Result<(), String> {
+    let cases: [(&str, Option<Value>); 5] = [
+        ("\"not-a-uuid\"", Some(json!("not-a-uuid"))),
+        ("\"\" (empty)", Some(json!(""))),
+        ("42 (a number)", Some(json!(42))),
+        ("missing", None),
+        (
+            "the nil UUID",
+            Some(json!("00000000-0000-0000-0000-000000000000")),
+        ),
+    ];
+    let before = target.side_effects.snapshot()?;
+    for (label, message_id) in cases {
+        let body = send_with_id_field(1, message_id, "malformed", json!({}));
+        let reply = target.post(&body).await?;
+        expect_error(&reply, 400, -32400, KEY_MALFORMED)
+            .map_err(|e| format!("messageId {label}: {e}"))?;
+    }
+    target
+        .side_effects
+        .expect_added(before, 0, "the malformed requests")
+}
+
+/// A2A required-extension rule (§3.1): without the activation header the call is refused
+/// (-32008, HTTP 400) and not executed.
+pub async fn not_activated(target: &Target) -> Result<(), String> {
+    let body = send(1, &new_message_id(), "not-activated", json!({}));
+    let before = target.side_effects.snapshot()?;
+    let reply = target.client.post(&body, false).await?;
+    ensure(reply.status == 400, || {
+        format!("expected HTTP 400, got {}", reply.describe())
+    })?;
+    let (code, _) = reply.error_codes()?;
+    ensure(code == -32008, || {
+        format!("expected error.code -32008, got {}", reply.describe())
+    })?;
+    target
+        .side_effects
+        .expect_added(before, 0, "the refused request")
+}
+
+/// Identical requests racing while the first is in flight: one execution, one fresh response,
+/// every other one its replay.
+pub async fn concurrent_duplicates(target: &Target) -> Result<(), String> {
+    let metadata = json!({"delayMs": IN_FLIGHT_DELAY_MS});
+    let body = send(1, &new_message_id(), "concurrent-duplicates", metadata);
+    let before = target.side_effects.snapshot()?;
+    let replies: Vec<Reply> = join_all((0..CONCURRENT_DUPLICATES).map(|_| target.post(&body)))
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    if let Some(bad) = replies.iter().find(|r| r.status != 200) {
+        return Err(format!("expected HTTP 200 for all, got {}", bad.describe()));
+    }
+    let mut fresh = 0;
+    for reply in &replies {
+        fresh += usize::from(!reply.replayed()?);
+    }
+    ensure(fresh == 1, || {
+        format!("expected exactly 1 response without Idempotent-Replayed, got {fresh}")
+    })?;
+    ensure(replies.iter().all(|r| r.body == replies[0].body), || {
+        "the responses differ; all must be the one cached response".into()
+    })?;
+    target
+        .side_effects
+        .expect_added(before, 1, "the concurrent duplicates")
+}
+
+/// A first execution: a JSON-RPC result, no replay header, the extension echoed (§3.2, §4.3.3).
+fn expect_fresh(reply: &Reply, what: &str) -> Result<(), String> {
+    ensure((200..300).contains(&reply.status), || {
+        format!("{what}: expected a 2xx, got {}", reply.describe())
+    })?;
+    ensure(reply.json()?.get("result").is_some(), || {
+        format!(
+            "{what}: expected a JSON-RPC result, got {}",
+            reply.describe()
+        )
+    })?;
+    ensure(!reply.replayed()?, || {
+        format!("{what}: an execution must not carry Idempotent-Replayed")
+    })?;
+    expect_echo(reply, what)
+}
+
+/// A replay of `original`: same status, same bytes, `Idempotent-Replayed: true` (§6.1).
+fn expect_replay_of(original: &Reply, replay: &Reply, what: &str) -> Result<(), String> {
+    ensure(replay.replayed()?, || {
+        format!(
+            "{what}: expected Idempotent-Replayed: true, got {}",
+            replay.describe()
+        )
+    })?;
+    ensure(replay.status == original.status, || {
+        format!(
+            "{what}: status {} differs from the original {}",
+            replay.status, original.status
+        )
+    })?;
+    ensure(replay.body == original.body, || {
+        format!(
+            "{what}: the body is not byte-identical to the original.\n  original: {}\n  replay:   {}",
+            original.describe(),
+            replay.describe()
+        )
+    })?;
+    expect_echo(replay, what)
+}
+
+/// The 422 of §4.5, with both hashes checked against our own computation.
+fn expect_collision(
+    reply: &Reply,
+    message_id: &str,
+    original: &str,
+    changed: &str,
+) -> Result<(), String> {
+    let what = "same messageId, other payload";
+    expect_error(reply, 422, -32422, KEY_REUSED).map_err(|e| format!("{what}: {e}"))?;
+    let data = &reply.json()?["error"]["data"];
+    ensure(data["message_id"] == message_id, || {
+        format!("{what}: error.data.message_id must be {message_id}: {data}")
+    })?;
+    let hashes = [
+        ("original_request_hash", request_hash(original)?),
+        ("submitted_request_hash", request_hash(changed)?),
+    ];
+    for (field, expected) in &hashes {
+        ensure(data[field] == expected.as_str(), || {
+            format!("{what}: error.data.{field} must be {expected} (JCS + SHA-256 of params minus messageId): {data}")
+        })?;
+    }
+    ensure(hashes[0].1 != hashes[1].1, || {
+        format!("{what}: the two payloads hash alike")
+    })
+}
+
+/// An extension error: HTTP status, numeric `error.code`, string `error.data.code`, no replay.
+fn expect_error(reply: &Reply, status: u16, code: i64, data_code: &str) -> Result<(), String> {
+    ensure(reply.status == status, || {
+        format!("expected HTTP {status}, got {}", reply.describe())
+    })?;
+    let codes = reply.error_codes()?;
+    ensure(codes == (code, Some(data_code.to_owned())), || {
+        format!(
+            "expected error.code {code} and error.data.code {data_code}, got {}",
+            reply.describe()
+        )
+    })?;
+    ensure(!reply.replayed()?, || {
+        "an error that was not cached must not carry Idempotent-Replayed".into()
+    })?;
+    expect_echo(reply, "the error")
+}
+
+fn expect_echo(reply: &Reply, what: &str) -> Result<(), String> {
+    ensure(reply.echoes_extension(), || {
+        format!("{what}: the response A2A-Extensions header must list the extension (§3.2)")
+    })
+}
+
+fn ensure(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {
+    if condition {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}

@@ -1,0 +1,131 @@
+//! The idempotency/v1 conformance harness as a command line tool, for any A2A server:
+//!
+//! ```sh
+//! cargo run --example conformance -- --url http://127.0.0.1:8080 \
+//!     [--restart-cmd "systemctl restart my-agent"] [--db ./a2a-example.db]
+//! ```
+//!
+//! Prints `PASS name`, `FAIL name: reason` or `SKIP name: reason` per scenario, then
+//! `N passed, M failed[, K skipped]`; exits non-zero if any failed. AC-3 runs when the AgentCard's
+//! `ttl_seconds` is at most 5 (e.g. `AIWG_IDEMPOTENCY_TTL=2`), AC-4 only with `--restart-cmd`
+//! (run with `sh -c`; the harness then waits until the URL answers again), side effects are
+//! counted only with `--db` (our example server's SQLite file).
+
+mod harness;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use harness::client::Client;
+use harness::{check, Outcome, Restart, Scenario, Target};
+
+/// How long a restarted server may take to answer again.
+const RESTART_TIMEOUT: Duration = Duration::from_secs(60);
+
+const USAGE: &str =
+    "usage: conformance --url http://HOST:PORT [--restart-cmd \"shell command\"] [--db PATH]";
+
+struct Args {
+    url: String,
+    restart_cmd: Option<String>,
+    db: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let target = Target::new(&args.url, args.db.clone());
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    for scenario in Scenario::ALL {
+        let name = scenario.name();
+        match check(scenario, &target, restart_hook(&args)).await {
+            Outcome::Pass => {
+                passed += 1;
+                println!("PASS {name}");
+            }
+            Outcome::Fail(reason) => {
+                failed += 1;
+                println!("FAIL {name}: {reason}");
+            }
+            Outcome::Skip(reason) => {
+                skipped += 1;
+                println!("SKIP {name}: {reason}");
+            }
+        }
+    }
+    let skipped = if skipped > 0 {
+        format!(", {skipped} skipped")
+    } else {
+        String::new()
+    };
+    println!("{passed} passed, {failed} failed{skipped}");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let (mut url, mut restart_cmd, mut db) = (None, None, None);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--url" => url = Some(value()?),
+            "--restart-cmd" => restart_cmd = Some(value()?),
+            "--db" => db = Some(PathBuf::from(value()?)),
+            "-h" | "--help" => return Err("idempotency/v1 conformance harness".into()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(Args {
+        url: url.ok_or("--url is required")?,
+        restart_cmd,
+        db,
+    })
+}
+
+/// The `--restart-cmd` as the harness's restart hook: the server comes back on the same URL.
+fn restart_hook(args: &Args) -> Option<Restart<'_>> {
+    let command = args.restart_cmd.as_deref()?;
+    let url = args.url.as_str();
+    Some(Box::new(move || restart(command, url).boxed()))
+}
+
+async fn restart(command: &str, url: &str) -> Result<String, String> {
+    let status = tokio::process::Command::new("sh")
+        .args(["-c", command])
+        .status()
+        .await
+        .map_err(|e| format!("sh -c {command:?}: {e}"))?;
+    if !status.success() {
+        return Err(format!("sh -c {command:?} exited with {status}"));
+    }
+    wait_until_answering(url).await?;
+    Ok(url.to_owned())
+}
+
+/// Polls the AgentCard until the restarted server serves it.
+async fn wait_until_answering(url: &str) -> Result<(), String> {
+    let client = Client::new(url);
+    let started = Instant::now();
+    loop {
+        match client.card().await {
+            Ok(_) => return Ok(()),
+            Err(e) if started.elapsed() > RESTART_TIMEOUT => {
+                return Err(format!(
+                    "{url} did not answer within {RESTART_TIMEOUT:?}: {e}"
+                ))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The requests the harness sends: A2A 0.3 `message/send` bodies, and the same body re-serialized
+//! with another key order and whitespace (which JCS must normalize away, spec §6.1).
+
+use serde_json::{json, Map, Value};
+
+/// A fresh message id: UUIDv4 is acceptable per spec §4.2.
+pub fn new_message_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// A `message/send` request with a well-formed `messageId`.
+pub fn send(jsonrpc_id: u64, message_id: &str, text: &str, metadata: Value) -> String {
+    send_with_id_field(jsonrpc_id, Some(json!(message_id)), text, metadata)
+}
+
+/// A `message/send` request whose `messageId` is any JSON value, or missing (`None`).
+pub fn send_with_id_field(
+    jsonrpc_id: u64,
+    message_id: Option<Value>,
+    text: &str,
+    metadata: Value,
+) -> String {
+    let mut message = json!({
+        "kind": "message",
+        "role": "user",
+        "parts": [{"kind": "text", "text": text}],
+    });
+    if let Some(id) = message_id {
+        message["messageId"] = id;
+    }
+    json!({
+        "jsonrpc": "2.0",
+        "id": jsonrpc_id,
+        "method": "message/send",
+        "params": {"message": message, "metadata": metadata},
+    })
+    .to_string()
+}
+
+/// The same JSON with every object's keys in reverse order and extra whitespace: another byte
+/// sequence for the same canonical (JCS) request.
+pub fn reordered(body: &str) -> String {
+    let value: Value = serde_json::from_str(body).expect("the harness builds valid JSON");
+    write_reversed(&value)
+}
+
+fn write_reversed(value: &Value) -> String {
+    match value {
+        Value::Object(map) => object_reversed(map),
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(write_reversed).collect();
+            format!("[ {} ]", items.join(" , "))
+        }
+        scalar => scalar.to_string(),
+    }
+}
+
+fn object_reversed(map: &Map<String, Value>) -> String {
+    let mut keys: Vec<&String> = map.keys().collect();
+    keys.sort();
+    keys.reverse();
+    let members: Vec<String> = keys
+        .into_iter()
+        .map(|k| format!("{} :  {}", Value::from(k.as_str()), write_reversed(&map[k])))
+        .collect();
+    format!("{{\n  {}\n}}", members.join(",\n  "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reordered_is_other_bytes_for_the_same_json() {
+        let body = send(
+            1,
+            &new_message_id(),
+            "x",
+            json!({"a": 1, "b": [1, {"c": 2}]}),
+        );
+        let other = reordered(&body);
+        assert_ne!(other, body);
+        let (a, b): (Value, Value) = (
+            serde_json::from_str(&body).unwrap(),
+            serde_json::from_str(&other).unwrap(),
+        );
+        assert_eq!(a, b);
+    }
+}

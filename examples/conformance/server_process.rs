@@ -1,0 +1,157 @@
+//! The example A2A server (`examples/a2a_server`) as a real child process on a temporary SQLite
+//! file, for the tests: started on `127.0.0.1:0`, its address read from the one `listening on`
+//! line, killed with SIGKILL on restart and on drop (also when a test panics).
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// A cold start on a loaded CI machine is slow, but not this slow.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+const LISTENING_PREFIX: &str = "listening on ";
+const STDERR_KEPT: usize = 64 * 1024;
+
+/// A TTL short enough for AC-3 to wait past it (the harness reads it from the AgentCard).
+pub const SHORT_TTL: &[(&str, &str)] = &[("AIWG_IDEMPOTENCY_TTL", "2")];
+
+pub struct ServerProcess {
+    child: Child,
+    /// `http://127.0.0.1:PORT` of the running process.
+    pub url: String,
+    db: PathBuf,
+    env: Vec<(String, String)>,
+    /// The tail of what the server wrote to stderr, for failure messages.
+    stderr: Arc<Mutex<String>>,
+    // Dropped after `child` is killed (see `Drop`), so the database outlives the process.
+    _dir: tempfile::TempDir,
+}
+
+impl ServerProcess {
+    /// Starts the example server on a fresh database with these extra environment variables.
+    pub fn start(env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let db = dir.path().join("a2a.db");
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (child, url) = spawn(&db, &env, &stderr);
+        Self {
+            child,
+            url,
+            db,
+            env,
+            stderr,
+            _dir: dir,
+        }
+    }
+
+    pub fn db(&self) -> &Path {
+        &self.db
+    }
+
+    /// SIGKILL (no graceful shutdown: the cache must survive a crash), then start again on the
+    /// same database. The new process listens on a new port: returns its URL.
+    pub fn restart(&mut self) -> String {
+        self.kill();
+        let (child, url) = spawn(&self.db, &self.env, &self.stderr);
+        (self.child, self.url) = (child, url.clone());
+        url
+    }
+
+    fn kill(&mut self) {
+        // `Child::kill` is SIGKILL on Unix; an already exited child is not an error here.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `<target>/debug/deps/integration-HASH` → `<target>/debug/examples/NAME`; cargo builds the
+/// examples before it runs the integration tests.
+pub fn example_binary(name: &str) -> PathBuf {
+    let test_binary = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = test_binary
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in <target>/<profile>/deps");
+    let binary = profile_dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.exists(),
+        "{} is missing: build it with `cargo build --example {name}`",
+        binary.display()
+    );
+    binary
+}
+
+fn spawn(db: &Path, env: &[(String, String)], stderr: &Arc<Mutex<String>>) -> (Child, String) {
+    let mut child = Command::new(example_binary("a2a_server"))
+        .args(["--listen", "127.0.0.1:0", "--db"])
+        .arg(db)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the example server");
+    let stderr_done = drain(child.stderr.take().expect("piped stderr"), stderr.clone());
+    let listening = read_listening_line(child.stdout.take().expect("piped stdout"));
+    match listening.recv_timeout(STARTUP_TIMEOUT) {
+        Ok(url) => (child, url),
+        Err(_) => {
+            let _ = child.kill();
+            let status = child.wait().ok();
+            let _ = stderr_done.join(); // the pipe closed with the process: all of it is read
+            panic!(
+                "the example server did not print `{LISTENING_PREFIX}http://…` within {STARTUP_TIMEOUT:?} \
+                 (exit status {status:?}); its stderr:\n{}",
+                stderr.lock().unwrap()
+            );
+        }
+    }
+}
+
+/// Sends the URL of the `listening on` line, then keeps reading: a closed pipe would make the
+/// server's next `println!` fail.
+fn read_listening_line(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix(LISTENING_PREFIX) {
+                let _ = tx.send(url.trim().to_owned());
+            }
+        }
+    });
+    rx
+}
+
+/// Collects stderr in the background so that a failing start can show it; keeps the last
+/// `STDERR_KEPT` bytes so that a chatty server cannot grow it without bound.
+fn drain(stderr: impl Read + Send + 'static, into: Arc<Mutex<String>>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let mut all = into.lock().unwrap();
+            all.push_str(&line);
+            all.push('\n');
+            if all.len() > 2 * STDERR_KEPT {
+                let mut cut = all.len() - STDERR_KEPT;
+                while !all.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                all.drain(..cut);
+            }
+        }
+    })
+}
