@@ -1,7 +1,8 @@
 //! The JSON-RPC surface: the A2A methods in both spellings, each a thin adapter that reads the
 //! params, asks the missions, and renders the result in the shape of the method called.
 
-use idem::{idempotent, Replayable};
+use futures::StreamExt;
+use idem::{idempotent, EventStream, Replayable};
 use jsonrpsee::core::{async_trait, RpcResult};
 use jsonrpsee::proc_macros::rpc;
 use jsonrpsee::Extensions;
@@ -34,9 +35,25 @@ pub trait A2a {
         metadata: Option<Value>,
     ) -> RpcResult<Replayable<Value>>;
 
-    // Streaming goes here: `message/stream` (0.3) and `SendStreamingMessage` (1.0), both
-    // governed by idempotency/v1 (they are in `idem::DEFAULT_GOVERNED_METHODS`) and both
-    // advertised by the card as `capabilities.streaming: true`.
+    /// A2A 0.3 `message/stream`: Server-Sent Events, each a JSON-RPC response whose result is
+    /// the Task, a `status-update` or an `artifact-update`; the last has `final: true`.
+    #[method(name = "message/stream", with_extensions)]
+    async fn message_stream(
+        &self,
+        message: Value,
+        configuration: Option<SendConfiguration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<EventStream<Value>>;
+
+    /// A2A 1.0 `SendStreamingMessage`: the same events as `{"task"}`, `{"statusUpdate"}`,
+    /// `{"artifactUpdate"}`.
+    #[method(name = "SendStreamingMessage", with_extensions)]
+    async fn send_streaming_message(
+        &self,
+        message: Value,
+        configuration: Option<SendConfiguration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<EventStream<Value>>;
 
     /// A2A 0.3 `tasks/get`.
     #[method(name = "tasks/get")]
@@ -81,6 +98,20 @@ impl Agent {
         Ok(shape.send_result(&task, history_length).into())
     }
 
+    /// Both streaming methods; the guard records the events and replays them per messageId.
+    async fn stream(
+        &self,
+        shape: Shape,
+        message: Value,
+        metadata: Option<Value>,
+    ) -> RpcResult<EventStream<Value>> {
+        let orders = Orders::from_metadata(metadata.as_ref())?;
+        let message = shapes::parse_message(&message).map_err(errors::invalid_params)?;
+        let progress = self.missions.stream(message, orders).await?;
+        let events = progress.map(move |step| step.map(|step| shape.stream_event(&step)));
+        Ok(EventStream::new(events))
+    }
+
     async fn get(&self, shape: Shape, id: String, history_length: Option<u32>) -> RpcResult<Value> {
         let task = self.missions.get(id).await?;
         Ok(shape.task(&task, history_length))
@@ -116,6 +147,28 @@ impl A2aServer for Agent {
     ) -> RpcResult<Replayable<Value>> {
         self.send(Shape::V10, message, configuration, metadata)
             .await
+    }
+
+    #[idempotent]
+    async fn message_stream(
+        &self,
+        ext: &Extensions,
+        message: Value,
+        _configuration: Option<SendConfiguration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<EventStream<Value>> {
+        self.stream(Shape::V03, message, metadata).await
+    }
+
+    #[idempotent]
+    async fn send_streaming_message(
+        &self,
+        ext: &Extensions,
+        message: Value,
+        _configuration: Option<SendConfiguration>,
+        metadata: Option<Value>,
+    ) -> RpcResult<EventStream<Value>> {
+        self.stream(Shape::V10, message, metadata).await
     }
 
     async fn tasks_get(&self, id: String, history_length: Option<u32>) -> RpcResult<Value> {

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use futures::stream::{self, BoxStream, StreamExt};
 use jsonrpsee::core::RpcResult;
 use jsonrpsee::types::ErrorObjectOwned;
 use serde_json::{json, Map, Value};
@@ -66,17 +67,57 @@ impl Missions {
 
     /// Assigns a mission, or continues the task the message names.
     pub async fn send(&self, message: Message, orders: Orders) -> RpcResult<Task> {
+        let task = self.begin(message, orders).await?;
+        tokio::time::sleep(Duration::from_millis(orders.delay_ms)).await;
+        Ok(task)
+    }
+
+    /// Like [`send`](Self::send), then follows the mission: the task, a status update halfway
+    /// through `durationMs`, and at its end the artifact and the final status update. The
+    /// stream completes the mission itself (the background completion, racing it, is a no-op).
+    pub async fn stream(
+        &self,
+        message: Message,
+        orders: Orders,
+    ) -> RpcResult<BoxStream<'static, RpcResult<Progress>>> {
+        let continues = message.task_id.is_some();
+        let task = self.begin(message, orders).await?;
+        let first = Progress::Task(task.clone());
+        if continues {
+            // The mission keeps its own deadline; this stream reports the message was taken.
+            let last = Progress::Status { task, last: true };
+            return Ok(stream::iter([Ok(first), Ok(last)]).boxed());
+        }
+        let half = Duration::from_millis(orders.duration_ms / 2);
+        let working = Progress::Status {
+            task: task.clone(),
+            last: false,
+        };
+        let missions = self.clone();
+        let end = async move {
+            tokio::time::sleep(half).await;
+            missions.complete(task.id).await
+        };
+        let events = stream::iter([Ok(first)])
+            .chain(stream::once(async move {
+                tokio::time::sleep(half).await;
+                Ok(working)
+            }))
+            .chain(stream::once(end).flat_map(|ended| stream::iter(ending(ended))));
+        Ok(events.boxed())
+    }
+
+    /// The checks and effects shared by both sends: the `fail` order, then assign or continue.
+    async fn begin(&self, message: Message, orders: Orders) -> RpcResult<Task> {
         if message.texts().eq(["fail"]) {
             return Err(errors::mission_failed(
                 "the message asked the mission to fail",
             ));
         }
-        let task = match message.task_id.clone() {
-            Some(task_id) => self.continue_task(task_id, message).await?,
-            None => self.assign(message, orders.duration_ms).await?,
-        };
-        tokio::time::sleep(Duration::from_millis(orders.delay_ms)).await;
-        Ok(task)
+        match message.task_id.clone() {
+            Some(task_id) => self.continue_task(task_id, message).await,
+            None => self.assign(message, orders.duration_ms).await,
+        }
     }
 
     pub async fn get(&self, task_id: String) -> RpcResult<Task> {
@@ -171,6 +212,32 @@ impl Missions {
             })
             .await
     }
+}
+
+/// A step of a streamed mission, rendered per version by `shapes`.
+pub enum Progress {
+    /// The task as assigned (or as continued).
+    Task(Task),
+    /// The task's status; `last` marks the final event of the stream.
+    Status { task: Task, last: bool },
+    /// An artifact the mission produced.
+    Artifact(Task, Artifact),
+}
+
+/// The last events of a streamed mission: its artifacts (none if it was canceled), then the
+/// final status; a failure to complete ends the stream with an error event.
+fn ending(ended: RpcResult<Task>) -> Vec<RpcResult<Progress>> {
+    let task = match ended {
+        Ok(task) => task,
+        Err(error) => return vec![Err(error)],
+    };
+    let artifacts = task
+        .artifacts
+        .iter()
+        .map(|a| Ok(Progress::Artifact(task.clone(), a.clone())));
+    let mut events: Vec<_> = artifacts.collect();
+    events.push(Ok(Progress::Status { task, last: true }));
+    events
 }
 
 /// The mission's result: every text part the task was given, in order.

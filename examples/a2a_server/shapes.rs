@@ -8,6 +8,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::mission::Progress;
 use crate::model::{Artifact, Content, FileSource, Message, Part, Role, Task, TaskState};
 
 /// The protocol version a result is rendered for.
@@ -34,25 +35,62 @@ impl Shape {
         }
     }
 
+    /// One event of `message/stream` (0.3) or `SendStreamingMessage` (1.0).
+    pub fn stream_event(self, progress: &Progress) -> Value {
+        match progress {
+            Progress::Task(task) => self.send_result(task, None),
+            Progress::Status { task, last } => {
+                let mut update = json!({
+                    "taskId": task.id,
+                    "contextId": task.context_id,
+                    "status": self.status(task),
+                });
+                match self {
+                    Self::V03 => {
+                        update["final"] = (*last).into();
+                        self.kinded("status-update", update)
+                    }
+                    Self::V10 => json!({ "statusUpdate": update }),
+                }
+            }
+            Progress::Artifact(task, artifact) => {
+                let update = json!({
+                    "taskId": task.id,
+                    "contextId": task.context_id,
+                    "artifact": self.artifact(artifact),
+                    "lastChunk": true,
+                });
+                match self {
+                    Self::V03 => self.kinded("artifact-update", update),
+                    Self::V10 => json!({ "artifactUpdate": update }),
+                }
+            }
+        }
+    }
+
     /// A Task, with at most `history_length` of the most recent history messages.
     pub fn task(self, task: &Task, history_length: Option<u32>) -> Value {
-        let mut status = json!({ "state": self.state(task.state), "timestamp": task.timestamp });
-        put(
-            &mut status,
-            "message",
-            task.status_message.as_ref().map(|m| self.message(m)),
-        );
         let history = recent(&task.history, history_length);
         self.kinded(
             "task",
             json!({
                 "id": task.id,
                 "contextId": task.context_id,
-                "status": status,
+                "status": self.status(task),
                 "history": history.iter().map(|m| self.message(m)).collect::<Vec<_>>(),
                 "artifacts": task.artifacts.iter().map(|a| self.artifact(a)).collect::<Vec<_>>(),
             }),
         )
+    }
+
+    fn status(self, task: &Task) -> Value {
+        let mut status = json!({ "state": self.state(task.state), "timestamp": task.timestamp });
+        put(
+            &mut status,
+            "message",
+            task.status_message.as_ref().map(|m| self.message(m)),
+        );
+        status
     }
 
     fn message(self, message: &Message) -> Value {
