@@ -46,12 +46,22 @@ impl Orders {
 fn millis(metadata: &Map<String, Value>, key: &str, default: u64, max: u64) -> RpcResult<u64> {
     match metadata.get(key) {
         None | Some(Value::Null) => Ok(default),
-        Some(value) => value.as_u64().filter(|ms| *ms <= max).ok_or_else(|| {
+        // Clients built on protobuf's Struct (the official A2A SDKs) send every number as a
+        // double: `200.0` is the whole number 200, as JCS also says when it hashes it.
+        Some(value) => whole_number(value).filter(|ms| *ms <= max).ok_or_else(|| {
             errors::invalid_params(format!(
                 "params.metadata.{key} must be a whole number from 0 to {max}"
             ))
         }),
     }
+}
+
+fn whole_number(value: &Value) -> Option<u64> {
+    value.as_u64().or_else(|| {
+        let float = value.as_f64()?;
+        let whole = float.fract() == 0.0 && (0.0..=u32::MAX as f64).contains(&float);
+        whole.then_some(float as u64)
+    })
 }
 
 /// The missions of this agent.

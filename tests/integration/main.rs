@@ -1,5 +1,6 @@
 //! The one integration-test crate (one binary builds faster than many).
 
+mod a2a_sdk;
 mod conformance;
 mod http_files;
 mod layers;
