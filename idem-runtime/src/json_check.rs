@@ -10,20 +10,43 @@ use std::collections::HashSet;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HashError {
     #[error("params are not valid UTF-8 (at byte {offset})")]
-    InvalidUtf8 { offset: usize },
+    /// Not UTF-8; `offset` is where the valid prefix ends.
+    InvalidUtf8 {
+        /// Byte offset of the first invalid byte.
+        offset: usize,
+    },
     #[error("params are not valid JSON at byte {offset}: {detail}")]
-    Syntax { offset: usize, detail: String },
+    /// Not JSON.
+    Syntax {
+        /// Byte offset of the error (0 when only the parser's message knows).
+        offset: usize,
+        /// What is wrong there.
+        detail: String,
+    },
     #[error(
         "duplicate member name {name:?}: RFC 8785 needs I-JSON, where member names are unique"
     )]
-    DuplicateMember { name: String },
+    /// An object repeats a member name (serde_json would silently keep the last).
+    DuplicateMember {
+        /// The repeated name, decoded.
+        name: String,
+    },
     #[error("lone surrogate {escape} in a string: RFC 8785 needs valid Unicode")]
-    LoneSurrogate { escape: String },
+    /// A `\uD800`-style escape without its pair: not Unicode.
+    LoneSurrogate {
+        /// The escape as written.
+        escape: String,
+    },
     #[error(
         "number {text} is not exactly representable as an IEEE-754 double; send it as a string"
     )]
-    InexactNumber { text: String },
+    /// A number whose decimal value the IEEE-754 double JCS prints would change.
+    InexactNumber {
+        /// The number as written.
+        text: String,
+    },
     #[error("params nest deeper than {MAX_DEPTH} levels")]
+    /// Nested deeper than [`MAX_DEPTH`].
     TooDeep,
 }
 

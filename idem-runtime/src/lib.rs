@@ -3,6 +3,8 @@
 //! Everything that runs: the canonical request hash, the message-id check, the durable SQLite
 //! store, the jsonrpsee HTTP and RPC layers, and the guard that `#[idempotent]` expands to.
 
+#![warn(missing_docs)]
+
 mod activation;
 mod cache;
 mod canonical_hash;

@@ -31,22 +31,31 @@ pub struct MessageId(String);
 /// Why a message id was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MessageIdError {
+    /// No `params.message.messageId`.
     #[error("params.message.messageId is missing")]
     Missing,
+    /// The id is not a JSON string.
     #[error("params.message.messageId must be a string")]
     NotAString,
+    /// The id is the empty string.
     #[error("params.message.messageId is empty")]
     Empty,
+    /// The id has surrounding whitespace.
     #[error("params.message.messageId has leading or trailing whitespace")]
     Whitespace,
+    /// Braces, `urn:uuid:`, or hyphens out of place.
     #[error("params.message.messageId must be the canonical UUID form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (braces and urn: forms are not accepted)")]
     NotCanonicalForm,
+    /// Not exactly 32 hex digits.
     #[error("params.message.messageId must hold exactly 32 hex digits (128 bits)")]
     WrongLength,
+    /// A character that is neither hex nor a hyphen.
     #[error("params.message.messageId has a non-hex character")]
     NotHex,
+    /// The nil or max UUID.
     #[error("params.message.messageId is the nil or max UUID, which carries no entropy")]
     Degenerate,
+    /// Strict mode: not an RFC 9562 v4 or v7.
     #[error("params.message.messageId is not a UUIDv4 or UUIDv7 (strict mode)")]
     NotV4OrV7,
 }

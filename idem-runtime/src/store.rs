@@ -61,13 +61,23 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("sqlite: {0}")]
+    /// SQLite refused an operation.
     Sqlite(#[from] rusqlite::Error),
     #[error("io: {0}")]
+    /// The database file could not be created or opened.
     Io(#[from] std::io::Error),
     #[error("the store is closed")]
+    /// The store was closed; nothing more is written.
     Closed,
     #[error("commit failed: {0}")]
+    /// A write transaction failed; nothing in it was stored.
     Commit(String),
     #[error("corrupt row for {message_id}: {detail}")]
-    Corrupt { message_id: String, detail: String },
+    /// A row that cannot be read back as an entry.
+    Corrupt {
+        /// The row's key.
+        message_id: String,
+        /// Which column is wrong.
+        detail: String,
+    },
 }
