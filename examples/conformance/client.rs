@@ -1,10 +1,12 @@
-//! The harness's HTTP side: POST a JSON-RPC body (activated or not), capture the reply, read the
-//! AgentCard's idempotency/v1 entry. Deliberately independent of the `idem` crate, so the harness
+//! The harness's HTTP side: POST a JSON-RPC body (activated or not), capture the reply or open it
+//! as an event stream, read the AgentCard's idempotency/v1 entry and streaming capability. Deliberately independent of the `idem` crate, so the harness
 //! judges any server by what is on the wire.
 
 use std::time::Duration;
 
 use serde_json::Value;
+
+use super::sse::SseReply;
 
 /// The extension URI of idempotency/v1 (spec §3.1).
 pub const EXTENSION_URI: &str = "https://agentic-sandbox.aiwg.io/extensions/idempotency/v1";
@@ -30,13 +32,18 @@ pub struct Reply {
     pub body: Vec<u8>,
 }
 
-/// The AgentCard's `capabilities.extensions[]` entry for idempotency/v1.
+/// The AgentCard's `capabilities.extensions[]` entry for idempotency/v1, and what else of the
+/// card decides which scenarios apply.
 #[derive(Debug, Clone)]
 pub struct CardEntry {
     pub required: bool,
     pub ttl_seconds: u64,
     /// The whole entry, for the checks of the agent-card scenario.
     pub raw: Value,
+    /// `capabilities.streaming` is `true`.
+    pub streaming: bool,
+    /// A `supportedInterfaces[]` entry offers JSON-RPC with `protocolVersion` 1.0.
+    pub jsonrpc_1_0: bool,
 }
 
 impl Client {
@@ -53,18 +60,7 @@ impl Client {
 
     /// POSTs `body` to the JSON-RPC endpoint, with the activation header when `activated`.
     pub async fn post(&self, body: &str, activated: bool) -> Result<Reply, String> {
-        let mut request = self
-            .http
-            .post(format!("{}/", self.url))
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        if activated {
-            request = request.header("A2A-Extensions", EXTENSION_URI);
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| format!("POST {}: {e}", self.url))?;
+        let response = self.send(body, activated, &[]).await?;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let body = response
@@ -76,6 +72,40 @@ impl Client {
             headers,
             body: body.to_vec(),
         })
+    }
+
+    /// POSTs `body` with the activation header and `headers`, and returns as soon as the
+    /// response head is in: the body is then read event by event.
+    pub async fn open_stream(
+        &self,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<SseReply, String> {
+        let response = self.send(body, true, headers).await?;
+        Ok(SseReply::new(response))
+    }
+
+    async fn send(
+        &self,
+        body: &str,
+        activated: bool,
+        headers: &[(&str, &str)],
+    ) -> Result<reqwest::Response, String> {
+        let mut request = self
+            .http
+            .post(format!("{}/", self.url))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if activated {
+            request = request.header("A2A-Extensions", EXTENSION_URI);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request
+            .send()
+            .await
+            .map_err(|e| format!("POST {}: {e}", self.url))
     }
 
     /// Fetches the AgentCard and returns its idempotency/v1 entry.
@@ -99,7 +129,8 @@ impl Client {
 }
 
 impl CardEntry {
-    fn from_card(card: &Value) -> Result<Self, String> {
+    /// Reads a whole AgentCard.
+    pub fn from_card(card: &Value) -> Result<Self, String> {
         let raw = card["capabilities"]["extensions"]
             .as_array()
             .and_then(|all| all.iter().find(|e| e["uri"] == EXTENSION_URI))
@@ -108,10 +139,17 @@ impl CardEntry {
         let ttl_seconds = raw["params"]["ttl_seconds"]
             .as_u64()
             .ok_or_else(|| format!("params.ttl_seconds is not a non-negative integer: {raw}"))?;
+        let jsonrpc_1_0 = card["supportedInterfaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|i| i["protocolBinding"] == "JSONRPC" && i["protocolVersion"] == "1.0");
         Ok(Self {
             required: raw["required"].as_bool().unwrap_or(false),
             ttl_seconds,
             raw,
+            streaming: card["capabilities"]["streaming"] == true,
+            jsonrpc_1_0,
         })
     }
 }
@@ -120,6 +158,16 @@ impl Reply {
     pub fn json(&self) -> Result<Value, String> {
         serde_json::from_slice(&self.body)
             .map_err(|e| format!("the body is not JSON ({e}): {}", self.describe()))
+    }
+
+    /// The media type of the `Content-Type` header, without parameters, lowercase.
+    pub fn content_type(&self) -> String {
+        self.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(|v| v.trim().to_ascii_lowercase())
+            .unwrap_or_default()
     }
 
     /// Whether `Idempotent-Replayed: true` is present; any other value is a violation (§4.3.3).

@@ -1,12 +1,15 @@
-//! The conformance scenarios of idempotency/v1 (spec §6 AC-1..AC-4, plus §3 and §7.1), runnable
-//! against any server that implements the extension. Each scenario is an async fn returning a
+//! The conformance scenarios of idempotency/v1 (spec §6 AC-1..AC-4, plus §3 and §7.1, and the
+//! same guarantees for streams in `streams.rs`), runnable against any server that implements the
+//! extension. Each scenario is an async fn returning a
 //! clear failure message; [`check`] decides whether it applies (from the AgentCard and the hooks
 //! the caller has) and runs it. Used by the `conformance` example (CLI) and by
 //! `tests/integration/conformance.rs`.
 //!
-//! Hooks a server may not offer: `metadata.delayMs` keeps a request in flight (our example server;
-//! elsewhere the concurrent duplicates simply overlap less), and a database path lets the harness
-//! count `tasks` rows and `mission.assigned` outbox events (our example server's schema).
+//! Hooks a server may not offer: `metadata.delayMs` keeps a request in flight and
+//! `metadata.durationMs` a stream running (our example server; elsewhere the concurrent
+//! duplicates simply overlap less, and the checks that need a running stream do not apply), and a
+//! database path lets the harness count `tasks` rows and `mission.assigned` outbox events (our
+//! example server's schema) and see when an entry is stored (`idempotency_cache`, spec §4.4).
 
 // Explicit paths: this file is compiled both as `mod harness` of the example and through
 // `#[path]` from the tests, and the two resolve a plain `mod x;` to different directories.
@@ -18,6 +21,10 @@ pub mod request;
 mod request_hash;
 #[path = "side_effects.rs"]
 mod side_effects;
+#[path = "sse.rs"]
+pub mod sse;
+#[path = "streams.rs"]
+mod streams;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -41,7 +48,7 @@ const IN_FLIGHT_DELAY_MS: u64 = 500;
 const KEY_REUSED: &str = "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_PAYLOAD";
 const KEY_MALFORMED: &str = "IDEMPOTENCY_KEY_MALFORMED";
 
-/// Every scenario, in the order the CLI runs them (AC-4 last: it restarts the server).
+/// Every scenario, in the order the CLI runs them (the two that restart the server last).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
     AgentCard,
@@ -51,11 +58,19 @@ pub enum Scenario {
     NotActivated,
     ConcurrentDuplicates,
     Ac3,
+    StreamFresh,
+    StreamReplay,
+    StreamCollision,
+    StreamMalformedId,
+    StreamAttach,
+    StreamDisconnectRetry,
+    StreamA2a10,
     Ac4,
+    StreamRestart,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 16] = [
         Scenario::AgentCard,
         Scenario::Ac1,
         Scenario::Ac2,
@@ -63,7 +78,15 @@ impl Scenario {
         Scenario::NotActivated,
         Scenario::ConcurrentDuplicates,
         Scenario::Ac3,
+        Scenario::StreamFresh,
+        Scenario::StreamReplay,
+        Scenario::StreamCollision,
+        Scenario::StreamMalformedId,
+        Scenario::StreamAttach,
+        Scenario::StreamDisconnectRetry,
+        Scenario::StreamA2a10,
         Scenario::Ac4,
+        Scenario::StreamRestart,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,7 +99,30 @@ impl Scenario {
             Scenario::ConcurrentDuplicates => "idempotency-v1-concurrent-duplicates",
             Scenario::Ac3 => "idempotency-v1-ac3",
             Scenario::Ac4 => "idempotency-v1-ac4",
+            Scenario::StreamFresh => "idempotency-v1-stream-fresh",
+            Scenario::StreamReplay => "idempotency-v1-stream-replay",
+            Scenario::StreamCollision => "idempotency-v1-stream-collision",
+            Scenario::StreamMalformedId => "idempotency-v1-stream-malformed-id",
+            Scenario::StreamAttach => "idempotency-v1-stream-attach",
+            Scenario::StreamDisconnectRetry => "idempotency-v1-stream-disconnect-retry",
+            Scenario::StreamA2a10 => "idempotency-v1-stream-a2a-1.0",
+            Scenario::StreamRestart => "idempotency-v1-stream-restart",
         }
+    }
+
+    /// Whether the scenario streams (and so applies only to servers that declare streaming).
+    pub fn streams(self) -> bool {
+        matches!(
+            self,
+            Scenario::StreamFresh
+                | Scenario::StreamReplay
+                | Scenario::StreamCollision
+                | Scenario::StreamMalformedId
+                | Scenario::StreamAttach
+                | Scenario::StreamDisconnectRetry
+                | Scenario::StreamA2a10
+                | Scenario::StreamRestart
+        )
     }
 }
 
@@ -117,7 +163,7 @@ impl Target {
     }
 }
 
-/// Runs `scenario` unless it does not apply; `restart` is needed by AC-4 only.
+/// Runs `scenario` unless it does not apply; `restart` is needed by AC-4 and stream-restart only.
 pub async fn check(scenario: Scenario, target: &Target, restart: Option<Restart<'_>>) -> Outcome {
     let card = match target.client.card().await {
         Ok(card) => card,
@@ -135,7 +181,19 @@ pub async fn check(scenario: Scenario, target: &Target, restart: Option<Restart<
         (Scenario::ConcurrentDuplicates, _) => concurrent_duplicates(target).await,
         (Scenario::Ac3, _) => ac3(target, card.ttl_seconds).await,
         (Scenario::Ac4, Some(restart)) => ac4(target, card.ttl_seconds, restart).await,
-        (Scenario::Ac4, None) => unreachable!("skip_reason skips AC-4 without a restart hook"),
+        (Scenario::StreamFresh, _) => streams::stream_fresh(target).await,
+        (Scenario::StreamReplay, _) => streams::stream_replay(target).await,
+        (Scenario::StreamCollision, _) => streams::stream_collision(target).await,
+        (Scenario::StreamMalformedId, _) => streams::stream_malformed_id(target).await,
+        (Scenario::StreamAttach, _) => streams::stream_attach(target).await,
+        (Scenario::StreamDisconnectRetry, _) => streams::stream_disconnect_retry(target).await,
+        (Scenario::StreamA2a10, _) => streams::stream_a2a_1_0(target).await,
+        (Scenario::StreamRestart, Some(restart)) => {
+            streams::stream_restart(target, card.ttl_seconds, restart).await
+        }
+        (Scenario::Ac4 | Scenario::StreamRestart, None) => {
+            unreachable!("skip_reason skips the restart scenarios without a restart hook")
+        }
     };
     match result {
         Ok(()) => Outcome::Pass,
@@ -145,15 +203,22 @@ pub async fn check(scenario: Scenario, target: &Target, restart: Option<Restart<
 
 /// Why `scenario` cannot run against this server with these hooks, if it cannot.
 pub fn skip_reason(scenario: Scenario, card: &CardEntry, can_restart: bool) -> Option<String> {
+    if scenario.streams() && !card.streaming {
+        return Some("the AgentCard does not declare capabilities.streaming: true".into());
+    }
     match scenario {
         Scenario::Ac3 if card.ttl_seconds > MAX_AC3_TTL_SECONDS => Some(format!(
             "needs params.ttl_seconds <= {MAX_AC3_TTL_SECONDS} to wait past it, the AgentCard says {} \
              (start the server with e.g. AIWG_IDEMPOTENCY_TTL=2)",
             card.ttl_seconds
         )),
-        Scenario::Ac4 if !can_restart => {
+        Scenario::Ac4 | Scenario::StreamRestart if !can_restart => {
             Some("needs a way to restart the server (--restart-cmd)".into())
         }
+        Scenario::StreamA2a10 if !card.jsonrpc_1_0 => Some(
+            "the AgentCard lists no supportedInterfaces[] entry with JSONRPC and protocolVersion 1.0"
+                .into(),
+        ),
         Scenario::NotActivated if !card.required => {
             Some("the AgentCard declares the extension required: false".into())
         }
@@ -286,18 +351,8 @@ pub async fn ac4(target: &Target, ttl_seconds: u64, restart: Restart<'_>) -> Res
 /// §7.1: malformed messageIds are refused with 400 (error table: -32400
 /// IDEMPOTENCY_KEY_MALFORMED) and never executed.
 pub async fn malformed_message_id(target: &Target) -> Result<(), String> {
-    let cases: [(&str, Option<Value>); 5] = [
-        ("\"not-a-uuid\"", Some(json!("not-a-uuid"))),
-        ("\"\" (empty)", Some(json!(""))),
-        ("42 (a number)", Some(json!(42))),
-        ("missing", None),
-        (
-            "the nil UUID",
-            Some(json!("00000000-0000-0000-0000-000000000000")),
-        ),
-    ];
     let before = target.side_effects.snapshot()?;
-    for (label, message_id) in cases {
+    for (label, message_id) in malformed_message_ids() {
         let body = send_with_id_field(1, message_id, "malformed", json!({}));
         let reply = target.post(&body).await?;
         expect_error(&reply, 400, -32400, KEY_MALFORMED)
@@ -306,6 +361,20 @@ pub async fn malformed_message_id(target: &Target) -> Result<(), String> {
     target
         .side_effects
         .expect_added(before, 0, "the malformed requests")
+}
+
+/// The malformed messageIds (§7.1), each with how failure messages name it; `None` is missing.
+fn malformed_message_ids() -> [(&'static str, Option<Value>); 5] {
+    [
+        ("\"not-a-uuid\"", Some(json!("not-a-uuid"))),
+        ("\"\" (empty)", Some(json!(""))),
+        ("42 (a number)", Some(json!(42))),
+        ("missing", None),
+        (
+            "the nil UUID",
+            Some(json!("00000000-0000-0000-0000-000000000000")),
+        ),
+    ]
 }
 
 /// A2A required-extension rule (§3.1): without the activation header the call is refused

@@ -7,9 +7,11 @@
 //!
 //! Prints `PASS name`, `FAIL name: reason` or `SKIP name: reason` per scenario, then
 //! `N passed, M failed[, K skipped]`; exits non-zero if any failed. AC-3 runs when the AgentCard's
-//! `ttl_seconds` is at most 5 (e.g. `AIWG_IDEMPOTENCY_TTL=2`), AC-4 only with `--restart-cmd`
-//! (run with `sh -c`; the harness then waits until the URL answers again), side effects are
-//! counted only with `--db` (our example server's SQLite file).
+//! `ttl_seconds` is at most 5 (e.g. `AIWG_IDEMPOTENCY_TTL=2`), AC-4 and stream-restart only with
+//! `--restart-cmd` (run with `sh -c`; the harness then waits until the URL answers again), the
+//! stream scenarios only when the AgentCard declares `capabilities.streaming: true` (the 1.0 one
+//! also needs a JSON-RPC 1.0 interface), side effects are counted only with `--db` (our example
+//! server's SQLite file).
 
 mod harness;
 

@@ -1,5 +1,6 @@
-//! The requests the harness sends: A2A 0.3 `message/send` bodies, and the same body re-serialized
-//! with another key order and whitespace (which JCS must normalize away, spec §6.1).
+//! The requests the harness sends: A2A 0.3 `message/send` and `message/stream` bodies, A2A 1.0
+//! `SendStreamingMessage` bodies, and the same body re-serialized with another key order and
+//! whitespace (which JCS must normalize away, spec §6.1).
 
 use serde_json::{json, Map, Value};
 
@@ -20,6 +21,41 @@ pub fn send_with_id_field(
     text: &str,
     metadata: Value,
 ) -> String {
+    request_0_3("message/send", jsonrpc_id, message_id, text, metadata)
+}
+
+/// A `message/stream` request (A2A 0.3) with a well-formed `messageId`.
+pub fn stream(jsonrpc_id: u64, message_id: &str, text: &str, metadata: Value) -> String {
+    stream_with_id_field(jsonrpc_id, Some(json!(message_id)), text, metadata)
+}
+
+/// A `message/stream` request whose `messageId` is any JSON value, or missing (`None`).
+pub fn stream_with_id_field(
+    jsonrpc_id: u64,
+    message_id: Option<Value>,
+    text: &str,
+    metadata: Value,
+) -> String {
+    request_0_3("message/stream", jsonrpc_id, message_id, text, metadata)
+}
+
+/// A `SendStreamingMessage` request in the A2A 1.0 spelling (no `kind`, `ROLE_USER`).
+pub fn stream_1_0(jsonrpc_id: u64, message_id: &str, text: &str, metadata: Value) -> String {
+    let message = json!({
+        "messageId": message_id,
+        "role": "ROLE_USER",
+        "parts": [{"text": text}],
+    });
+    envelope("SendStreamingMessage", jsonrpc_id, message, metadata)
+}
+
+fn request_0_3(
+    method: &str,
+    jsonrpc_id: u64,
+    message_id: Option<Value>,
+    text: &str,
+    metadata: Value,
+) -> String {
     let mut message = json!({
         "kind": "message",
         "role": "user",
@@ -28,10 +64,14 @@ pub fn send_with_id_field(
     if let Some(id) = message_id {
         message["messageId"] = id;
     }
+    envelope(method, jsonrpc_id, message, metadata)
+}
+
+fn envelope(method: &str, jsonrpc_id: u64, message: Value, metadata: Value) -> String {
     json!({
         "jsonrpc": "2.0",
         "id": jsonrpc_id,
-        "method": "message/send",
+        "method": method,
         "params": {"message": message, "metadata": metadata},
     })
     .to_string()

@@ -55,6 +55,11 @@ impl ServerProcess {
         &self.db
     }
 
+    /// The last lines the server (each process of it) wrote to stderr, for failure messages.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
     /// SIGKILL (no graceful shutdown: the cache must survive a crash), then start again on the
     /// same database. The new process listens on a new port: returns its URL.
     pub fn restart(&mut self) -> String {

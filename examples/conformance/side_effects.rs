@@ -1,6 +1,7 @@
 //! Side effects read straight from the server's SQLite file: the `tasks` rows and the
-//! `mission.assigned` outbox rows that a replay or a collision must not add (spec §6.1).
-//! Only possible where the harness is given the database path (our example server).
+//! `mission.assigned` outbox rows that a replay or a collision must not add (spec §6.1), and
+//! whether a messageId has its `idempotency_cache` row (spec §4.4) yet. Only possible where the
+//! harness is given the database path (our example server).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -26,11 +27,7 @@ pub struct SideEffects {
 impl SideEffects {
     /// The current counts, or `None` without a database.
     pub fn snapshot(&self) -> Result<Option<Counts>, String> {
-        let Some(db) = &self.db else { return Ok(None) };
-        let read = || -> rusqlite::Result<Counts> {
-            // Read-only: the harness must neither create a missing file nor write to the server's.
-            let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-            conn.busy_timeout(BUSY_TIMEOUT)?;
+        self.read(|conn| {
             let tasks = conn.query_row("SELECT COUNT(*) FROM tasks", [], |r| r.get(0))?;
             let assigned = conn.query_row(
                 "SELECT COUNT(*) FROM outbox WHERE event_type = 'mission.assigned'",
@@ -38,10 +35,34 @@ impl SideEffects {
                 |r| r.get(0),
             )?;
             Ok(Counts { tasks, assigned })
+        })
+    }
+
+    /// Whether the cache holds a row for `message_id`, or `None` without a database.
+    pub fn cached(&self, message_id: &str) -> Result<Option<bool>, String> {
+        self.read(|conn| {
+            conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM idempotency_cache WHERE message_id = ?1)",
+                [message_id],
+                |r| r.get(0),
+            )
+        })
+    }
+
+    fn read<T>(
+        &self,
+        query: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<Option<T>, String> {
+        let Some(db) = &self.db else { return Ok(None) };
+        let read = || {
+            // Read-only: the harness must neither create a missing file nor write to the server's.
+            let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+            conn.busy_timeout(BUSY_TIMEOUT)?;
+            query(&conn)
         };
         read()
             .map(Some)
-            .map_err(|e| format!("reading side effects from {}: {e}", db.display()))
+            .map_err(|e| format!("reading {}: {e}", db.display()))
     }
 
     /// Fails unless exactly `added` tasks and `mission.assigned` events appeared since `before`.

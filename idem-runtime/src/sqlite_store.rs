@@ -243,7 +243,12 @@ impl Writer {
         let mut swept = Vec::new();
         let mut rows = self.rows;
         let result = (|| -> rusqlite::Result<()> {
-            let tx = self.conn.transaction()?;
+            // IMMEDIATE takes the write lock up front, waiting on busy_timeout if the
+            // application's own connection holds it. A deferred transaction that reads first
+            // would fail at once with SQLITE_BUSY when it upgrades to write.
+            let tx = self
+                .conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             apply_touches(&tx, &touches)?;
             for write in &batch {
                 match write {

@@ -213,6 +213,9 @@ async fn record<T: Serialize>(
         };
         if let Err(e) = ticket.complete(response).await {
             tracing::error!(error = %e, "a finished stream could not be stored; a retry will execute again");
+            // Tell the client, which would otherwise take the stream for stored.
+            let unavailable = IdempotencyError::new(ErrorCode::StoreUnavailable).into();
+            recording.push(sse::frame(&response_bytes(&id, &Err(unavailable))));
         }
     }
     recording.finish();

@@ -388,3 +388,25 @@ fn unusable_path_is_an_error_not_a_panic() {
         .unwrap();
     assert!(err.to_string().contains("No such file"), "{err}");
 }
+
+#[tokio::test]
+async fn a_write_waits_for_the_applications_write_lock_instead_of_failing() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(86_400, 100));
+    execute(&cache, &key(1), "{}", "before").await;
+    // The application's own connection to the shared file holds the write lock a moment.
+    let path = fx.path.clone();
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE; CREATE TABLE app (x); INSERT INTO app VALUES (1);")
+            .unwrap();
+        locked.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        conn.execute_batch("COMMIT").unwrap();
+    });
+    is_locked.recv().unwrap();
+    execute(&cache, &key(2), "{}", "during").await;
+    holder.join().unwrap();
+    assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"during");
+}

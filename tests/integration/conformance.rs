@@ -13,14 +13,31 @@ pub mod server_process;
 use std::process::Command;
 
 use futures::FutureExt;
-use harness::{check, Outcome, Restart, Scenario, Target};
+use harness::client::{CardEntry, EXTENSION_URI};
+use harness::{check, skip_reason, Outcome, Restart, Scenario, Target};
+use serde_json::json;
 use server_process::{example_binary, ServerProcess, SHORT_TTL};
 
 /// Runs `scenario` against a fresh server started with `env`; it must pass (not be skipped).
 async fn passes(scenario: Scenario, env: &[(&str, &str)]) {
     let server = ServerProcess::start(env);
     let outcome = check(scenario, &target(&server), None).await;
-    assert_eq!(outcome, Outcome::Pass, "{}", scenario.name());
+    expect_pass(scenario, outcome, &server);
+}
+
+/// Fails the test with the scenario's reason and the tail of the server's log.
+fn expect_pass(scenario: Scenario, outcome: Outcome, server: &ServerProcess) {
+    assert!(
+        outcome == Outcome::Pass,
+        "{}: {outcome:?}\nthe server's stderr (tail):\n{}",
+        scenario.name(),
+        tail(&server.stderr(), 30)
+    );
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 fn target(server: &ServerProcess) -> Target {
@@ -49,12 +66,17 @@ async fn ac3_past_the_ttl_the_request_is_new() {
 
 #[tokio::test]
 async fn ac4_cache_survives_sigkill_and_restart() {
+    passes_across_a_restart(Scenario::Ac4).await;
+}
+
+/// Runs `scenario` with a restart hook: SIGKILL, then a new process on the same database.
+async fn passes_across_a_restart(scenario: Scenario) {
     let mut server = ServerProcess::start(&[]);
     let target = target(&server);
     let process = &mut server;
     let restart: Restart = Box::new(move || async move { Ok(process.restart()) }.boxed());
-    let outcome = check(Scenario::Ac4, &target, Some(restart)).await;
-    assert_eq!(outcome, Outcome::Pass);
+    let outcome = check(scenario, &target, Some(restart)).await;
+    expect_pass(scenario, outcome, &server);
 }
 
 #[tokio::test]
@@ -72,6 +94,85 @@ async fn concurrent_duplicates_execute_once() {
     passes(Scenario::ConcurrentDuplicates, &[]).await;
 }
 
+#[tokio::test]
+async fn stream_fresh_is_live_sse() {
+    passes(Scenario::StreamFresh, &[]).await;
+}
+
+#[tokio::test]
+async fn stream_replay_is_byte_identical() {
+    passes(Scenario::StreamReplay, &[]).await;
+}
+
+#[tokio::test]
+async fn stream_collision_is_422_json() {
+    passes(Scenario::StreamCollision, &[]).await;
+}
+
+#[tokio::test]
+async fn stream_malformed_ids_are_400_json() {
+    passes(Scenario::StreamMalformedId, &[]).await;
+}
+
+#[tokio::test]
+async fn stream_duplicate_attaches_to_the_running_stream() {
+    passes(Scenario::StreamAttach, &[]).await;
+}
+
+#[tokio::test]
+async fn stream_retry_after_a_disconnect_gets_the_whole_sequence() {
+    passes(Scenario::StreamDisconnectRetry, &[]).await;
+}
+
+#[tokio::test]
+async fn stream_a2a_1_0_shapes_and_replay() {
+    passes(Scenario::StreamA2a10, &[]).await;
+}
+
+#[tokio::test]
+async fn stream_recording_survives_sigkill_and_restart() {
+    passes_across_a_restart(Scenario::StreamRestart).await;
+}
+
+/// A server that does not declare streaming is not asked to stream: every stream scenario is
+/// skipped with that reason, no other scenario is.
+#[test]
+fn stream_scenarios_are_skipped_without_the_streaming_capability() {
+    let card = |streaming: serde_json::Value| {
+        let card = json!({
+            "capabilities": {
+                "streaming": streaming,
+                "extensions": [{"uri": EXTENSION_URI, "required": true, "params": {"ttl_seconds": 2}}],
+            },
+            "supportedInterfaces": [
+                {"url": "http://x/", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+            ],
+        });
+        CardEntry::from_card(&card).unwrap()
+    };
+    for streaming in [json!(false), json!(null), json!("true")] {
+        let card = card(streaming);
+        for scenario in Scenario::ALL {
+            let reason = skip_reason(scenario, &card, true);
+            let for_streaming = reason
+                .as_deref()
+                .is_some_and(|r| r.contains("capabilities.streaming"));
+            assert_eq!(
+                for_streaming,
+                scenario.streams(),
+                "{}: {reason:?}",
+                scenario.name()
+            );
+        }
+    }
+    let streaming = card(json!(true));
+    let skipped: Vec<_> = Scenario::ALL
+        .into_iter()
+        .filter(|s| skip_reason(*s, &streaming, true).is_some())
+        .collect();
+    assert_eq!(skipped, []);
+}
+
 #[test]
 fn scenario_names_are_unique_and_namespaced() {
     let mut names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
@@ -81,22 +182,30 @@ fn scenario_names_are_unique_and_namespaced() {
     assert_eq!(names.len(), Scenario::ALL.len());
 }
 
-/// The CLI on the default TTL without a restart command: AC-3 and AC-4 are skipped, the rest pass.
+/// The CLI on the default TTL without a restart command: AC-3, AC-4 and stream-restart are
+/// skipped, the rest (the other stream scenarios too) pass.
 #[test]
 fn cli_reports_each_scenario_and_exits_zero() {
     let server = ServerProcess::start(&[]);
     let output = run_cli(&["--url", &server.url, "--db", server.db().to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
+    let log = || tail(&server.stderr(), 30);
+    assert!(
+        output.status.success(),
+        "{stdout}\nthe server's stderr (tail):\n{}",
+        log()
+    );
     for scenario in Scenario::ALL {
         let expected = match scenario {
-            Scenario::Ac3 | Scenario::Ac4 => format!("SKIP {}: ", scenario.name()),
+            Scenario::Ac3 | Scenario::Ac4 | Scenario::StreamRestart => {
+                format!("SKIP {}: ", scenario.name())
+            }
             _ => format!("PASS {}\n", scenario.name()),
         };
         assert!(stdout.contains(&expected), "{expected:?} in:\n{stdout}");
     }
     assert!(
-        stdout.ends_with("6 passed, 0 failed, 2 skipped\n"),
+        stdout.ends_with("13 passed, 0 failed, 3 skipped\n"),
         "{stdout}"
     );
 }
@@ -115,7 +224,7 @@ fn cli_exits_non_zero_when_scenarios_fail() {
         stdout.contains("FAIL idempotency-v1-ac1: AgentCard: "),
         "{stdout}"
     );
-    assert!(stdout.ends_with("0 passed, 8 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("0 passed, 16 failed\n"), "{stdout}");
 }
 
 fn run_cli(args: &[&str]) -> std::process::Output {
