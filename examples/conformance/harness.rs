@@ -332,16 +332,7 @@ pub async fn ac4(target: &Target, ttl_seconds: u64, restart: Restart<'_>) -> Res
     let url = restart().await.map_err(|e| format!("restart: {e}"))?;
     let restarted = target.at(&url);
     let replay = restarted.post(&body).await?;
-    // A slow restart on a short-TTL server would fail for the wrong reason: say so.
-    ensure(
-        cached_at.elapsed() < Duration::from_secs(ttl_seconds),
-        || {
-            format!(
-                "the restart took {:?}, longer than ttl_seconds {ttl_seconds}: use a longer TTL",
-                cached_at.elapsed()
-            )
-        },
-    )?;
+    restarted_within_ttl(cached_at, ttl_seconds)?;
     expect_replay_of(&first, &replay, "retry after the restart")?;
     restarted
         .side_effects
@@ -513,6 +504,19 @@ fn expect_echo(reply: &Reply, what: &str) -> Result<(), String> {
     ensure(reply.echoes_extension(), || {
         format!("{what}: the response A2A-Extensions header must list the extension (§3.2)")
     })
+}
+
+/// A slow restart on a short-TTL server would fail a replay for the wrong reason: say so.
+fn restarted_within_ttl(cached_at: Instant, ttl_seconds: u64) -> Result<(), String> {
+    ensure(
+        cached_at.elapsed() < Duration::from_secs(ttl_seconds),
+        || {
+            format!(
+                "the restart took {:?}, longer than ttl_seconds {ttl_seconds}: use a longer TTL",
+                cached_at.elapsed()
+            )
+        },
+    )
 }
 
 fn ensure(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {

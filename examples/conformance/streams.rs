@@ -19,7 +19,10 @@ use serde_json::{json, Value};
 use super::client::Reply;
 use super::request::{self, new_message_id};
 use super::sse::SseReply;
-use super::{ensure, expect_collision, expect_echo, expect_error, Restart, Target, KEY_MALFORMED};
+use super::{
+    ensure, expect_collision, expect_echo, expect_error, restarted_within_ttl, Restart, Target,
+    KEY_MALFORMED,
+};
 
 /// How long the missions of the scenarios that watch a stream run live.
 const LIVE_MS: u64 = 1200;
@@ -467,15 +470,7 @@ pub async fn stream_restart(
     let replay = call
         .read(&restarted, true, "retry after the restart")
         .await?;
-    ensure(
-        cached_at.elapsed() < Duration::from_secs(ttl_seconds),
-        || {
-            format!(
-                "the restart took {:?}, longer than ttl_seconds {ttl_seconds}: use a longer TTL",
-                cached_at.elapsed()
-            )
-        },
-    )?;
+    restarted_within_ttl(cached_at, ttl_seconds)?;
     expect_same_bytes(&first.reply, &replay.reply, "retry after the restart")?;
     restarted
         .side_effects

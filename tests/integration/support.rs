@@ -167,15 +167,8 @@ impl TestServer {
             .build("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1");
-        let url = format!("http://{}", server.local_addr().unwrap());
-        let (agent, executions) = Agent::counting();
-        let handle = server.start(agent.into_rpc());
-        Self {
-            url,
-            executions,
-            idem,
-            handle,
-        }
+        let addr = server.local_addr().unwrap();
+        Self::launch(idem, addr, |methods| server.start(methods))
     }
 
     /// A server whose `#[idempotent]` method runs without the idempotency layers.
@@ -185,11 +178,20 @@ impl TestServer {
             .build("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1");
-        let url = format!("http://{}", server.local_addr().unwrap());
+        let addr = server.local_addr().unwrap();
+        Self::launch(idem, addr, |methods| server.start(methods))
+    }
+
+    /// Starts a counting agent with `start` (which knows the server's middleware types).
+    fn launch(
+        idem: Idempotency,
+        addr: std::net::SocketAddr,
+        start: impl FnOnce(jsonrpsee::RpcModule<Agent>) -> ServerHandle,
+    ) -> Self {
         let (agent, executions) = Agent::counting();
-        let handle = server.start(agent.into_rpc());
+        let handle = start(agent.into_rpc());
         Self {
-            url,
+            url: format!("http://{addr}"),
             executions,
             idem,
             handle,
