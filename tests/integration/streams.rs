@@ -236,3 +236,30 @@ async fn undeduplicated_streams_are_still_served() {
     }
     assert_eq!(server.executions(), 2);
 }
+
+#[tokio::test]
+async fn a_stream_past_the_recording_limit_ends_with_an_error_event_stored_as_sent() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let metadata = json!({"events": 12, "stepMs": 1, "padKiB": 1024});
+    let body = stream_request(1, &mid, "big", metadata);
+    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    let events = first.rest().await;
+    let last = events.last().unwrap();
+    assert_eq!(
+        last["error"]["data"]["code"],
+        "IDEMPOTENCY_STREAM_TOO_LARGE"
+    );
+    assert_eq!(
+        events.len(),
+        8,
+        "seven 1 MiB events fit in 8 MiB, the eighth does not"
+    );
+    assert!(first.raw.len() <= idem::MAX_RECORDED_STREAM_BYTES + 1024);
+    let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
+    replay.rest().await;
+    assert!(replay.replayed());
+    assert_eq!(replay.raw, first.raw);
+    assert_eq!(server.executions(), 1);
+}

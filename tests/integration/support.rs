@@ -98,7 +98,8 @@ impl TestAgentServer for Agent {
         }
     }
 
-    /// Streams `metadata.events` (default 4) events, `metadata.stepMs` (default 50) apart.
+    /// Streams `metadata.events` (default 4) events, `metadata.stepMs` (default 50) apart,
+    /// each padded with `metadata.padKiB` KiB.
     /// Text `fail-early` fails before streaming; `fail-mid` sends an error as the third event.
     #[idempotent]
     async fn stream(
@@ -111,6 +112,7 @@ impl TestAgentServer for Agent {
         let metadata = metadata.unwrap_or_default();
         let count = metadata["events"].as_u64().unwrap_or(4);
         let step = Duration::from_millis(metadata["stepMs"].as_u64().unwrap_or(50));
+        let pad_kib = metadata["padKiB"].as_u64().unwrap_or(0) as usize;
         let text = message["parts"][0]["text"]
             .as_str()
             .unwrap_or_default()
@@ -136,7 +138,8 @@ impl TestAgentServer for Agent {
                         None::<()>,
                     ))
                 } else {
-                    Ok(json!({"seq": seq, "execution": n, "final": seq + 1 == count}))
+                    let pad = "x".repeat(pad_kib * 1024);
+                    Ok(json!({"seq": seq, "execution": n, "final": seq + 1 == count, "pad": pad}))
                 };
                 Some((event, seq + 1))
             }
