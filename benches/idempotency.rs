@@ -2,7 +2,7 @@
 //! (the machine is shared and noisy, so absolute figures only frame the ratios).
 //!
 //! - hashing: `request_hash` (I-JSON/number check + parse + JCS + SHA-256) against a plain
-//!   `serde_json` parse of the same 2 KB params;
+//!   `serde_json` parse of the same 2 KB params, and our JCS writer against `serde_jcs`;
 //! - durability: stored entries per second with 1 writer at a time against 64 concurrent
 //!   writers, which share fsyncs through group commit.
 
@@ -25,7 +25,20 @@ fn main() {
     let hash = per_op(|| {
         std::hint::black_box(request_hash(&params).unwrap());
     });
+    let value: serde_json::Value = serde_json::from_slice(&params).unwrap();
+    let ours = per_op(|| {
+        std::hint::black_box(idem::canonical_json(&value).unwrap());
+    });
+    let reference = per_op(|| {
+        std::hint::black_box(serde_jcs::to_vec(&value).unwrap());
+    });
     println!("serde_json parse      {:>9.2} us/op", micros(parse));
+    println!("JCS, serde_jcs        {:>9.2} us/op", micros(reference));
+    println!(
+        "JCS, ours             {:>9.2} us/op   ({:.1}x faster than serde_jcs)",
+        micros(ours),
+        ratio(reference, ours)
+    );
     println!(
         "request_hash          {:>9.2} us/op   ({:.1}x a plain parse)",
         micros(hash),

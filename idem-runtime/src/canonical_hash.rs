@@ -75,12 +75,14 @@ fn canonical_without_message_id(mut params: Value) -> Result<Vec<u8>, HashError>
     canonical_json(&params)
 }
 
-/// RFC 8785 canonical bytes of a JSON value. The one place that chooses the canonicalizer.
+/// RFC 8785 canonical bytes of a JSON value (see `jcs.rs`; byte-identical to `serde_jcs`).
 pub fn canonical_json(value: &Value) -> Result<Vec<u8>, HashError> {
-    serde_jcs::to_vec(value).map_err(|e| HashError::Syntax {
+    let mut out = Vec::with_capacity(256);
+    crate::jcs::write(value, &mut out).ok_or_else(|| HashError::Syntax {
         offset: 0,
-        detail: e.to_string(),
-    })
+        detail: "a number JCS cannot print".into(),
+    })?;
+    Ok(out)
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -4,7 +4,7 @@
 //! dependency graph) neither reports duplicate member names nor shows number text, so this scanner
 //! checks both on the raw bytes before serde_json parses them.
 
-use std::collections::HashSet;
+use std::borrow::Cow;
 
 /// Why params could not be hashed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,6 +59,7 @@ pub fn check(raw: &[u8]) -> Result<&str, HashError> {
         offset: e.valid_up_to(),
     })?;
     let mut scanner = Scanner {
+        text,
         s: raw,
         pos: 0,
         depth: 0,
@@ -73,12 +74,13 @@ pub fn check(raw: &[u8]) -> Result<&str, HashError> {
 }
 
 struct Scanner<'a> {
+    text: &'a str,
     s: &'a [u8],
     pos: usize,
     depth: usize,
 }
 
-impl Scanner<'_> {
+impl<'a> Scanner<'a> {
     fn syntax(&self, detail: &str) -> HashError {
         HashError::Syntax {
             offset: self.pos,
@@ -144,13 +146,10 @@ impl Scanner<'_> {
             self.pos += 1;
             return Ok(());
         }
-        let mut names = HashSet::new();
+        let mut names = Vec::new();
         loop {
             self.ws();
-            let name = self.string()?;
-            if !names.insert(name.clone()) {
-                return Err(HashError::DuplicateMember { name });
-            }
+            names.push(self.string()?);
             self.ws();
             self.expect(b':')?;
             self.ws();
@@ -160,7 +159,7 @@ impl Scanner<'_> {
                 Some(b',') => self.pos += 1,
                 Some(b'}') => {
                     self.pos += 1;
-                    return Ok(());
+                    return unique(names);
                 }
                 _ => return Err(self.syntax("expected ',' or '}'")),
             }
@@ -190,10 +189,10 @@ impl Scanner<'_> {
     }
 
     /// Scans a string and returns its decoded value (member names are compared decoded:
-    /// `"a"` and `"\u0061"` are the same name).
-    fn string(&mut self) -> Result<String, HashError> {
+    /// `"a"` and `"\u0061"` are the same name), borrowed from the input unless it has escapes.
+    fn string(&mut self) -> Result<Cow<'a, str>, HashError> {
         self.expect(b'"')?;
-        let mut out = String::new();
+        let mut out = Cow::Borrowed("");
         loop {
             let start = self.pos;
             while let Some(b) = self.peek() {
@@ -203,7 +202,12 @@ impl Scanner<'_> {
                 self.pos += 1;
             }
             // The input is valid UTF-8 and we stopped on an ASCII byte: the slice is whole chars.
-            out.push_str(std::str::from_utf8(&self.s[start..self.pos]).expect("checked UTF-8"));
+            let run = &self.text[start..self.pos];
+            if out.is_empty() {
+                out = Cow::Borrowed(run);
+            } else {
+                out.to_mut().push_str(run);
+            }
             match self.peek() {
                 Some(b'"') => {
                     self.pos += 1;
@@ -211,7 +215,8 @@ impl Scanner<'_> {
                 }
                 Some(b'\\') => {
                     self.pos += 1;
-                    out.push(self.escape()?);
+                    let escaped = self.escape()?;
+                    out.to_mut().push(escaped);
                 }
                 Some(_) => return Err(self.syntax("control character in string")),
                 None => return Err(self.syntax("unterminated string")),
@@ -316,6 +321,17 @@ impl Scanner<'_> {
             return Err(self.syntax("expected digits"));
         }
         Ok(())
+    }
+}
+
+/// RFC 8785 needs I-JSON: an object's member names are unique (compared decoded).
+fn unique(mut names: Vec<Cow<'_, str>>) -> Result<(), HashError> {
+    names.sort_unstable();
+    match names.windows(2).find(|pair| pair[0] == pair[1]) {
+        Some(pair) => Err(HashError::DuplicateMember {
+            name: pair[0].to_string(),
+        }),
+        None => Ok(()),
     }
 }
 

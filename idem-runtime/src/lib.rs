@@ -14,6 +14,7 @@ mod error;
 mod guard;
 mod http_layer;
 mod idempotency;
+mod jcs;
 mod json_check;
 mod message_id;
 mod number_exactness;

@@ -15,6 +15,9 @@ struct Decimal {
 
 /// `true` when `token` (valid JSON number grammar) is exactly what its double serializes to.
 pub fn is_exact(token: &str) -> bool {
+    if is_short_plain_decimal(token) {
+        return true;
+    }
     let Ok(double) = token.parse::<f64>() else {
         return false;
     };
@@ -24,6 +27,21 @@ pub fn is_exact(token: &str) -> bool {
     // Compare with the very text JCS prints: ECMAScript's shortest round-trip form, which breaks
     // ties to even where Rust's own `{:e}` would not (1424953923781206.2 vs ...06.3).
     decimal(token) == decimal(ryu_js::Buffer::new().format_finite(double))
+}
+
+/// Without an exponent and with at most 15 digits, a decimal survives any IEEE-754 double
+/// round trip (15 is DBL_DIG), so the common short numbers skip the full comparison.
+fn is_short_plain_decimal(token: &str) -> bool {
+    let digits = token.strip_prefix('-').unwrap_or(token);
+    let mut count = 0;
+    for b in digits.bytes() {
+        match b {
+            b'0'..=b'9' => count += 1,
+            b'.' => {}
+            _ => return false,
+        }
+    }
+    count <= 15
 }
 
 fn decimal(text: &str) -> Decimal {
@@ -78,5 +96,50 @@ mod tests {
             is_exact("1424953923781206.2"),
             "ECMAScript tie-to-even digits"
         );
+    }
+
+    #[test]
+    fn the_short_path_agrees_with_the_full_comparison() {
+        let short = [
+            "0",
+            "-0",
+            "7",
+            "-12.5",
+            "0.00000000000001",
+            "123456789012345",
+            "99999999999999.9",
+            "4.50",
+        ];
+        for token in short {
+            assert!(is_short_plain_decimal(token), "{token}");
+            let double: f64 = token.parse().unwrap();
+            let printed = ryu_js::Buffer::new().format_finite(double).to_owned();
+            assert_eq!(decimal(token), decimal(&printed), "{token}");
+        }
+        // And on many generated ones: any digit string of up to 15 digits, point anywhere.
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..100_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let digits = (seed % 15 + 1) as usize;
+            let mut token = format!("{:015}", seed >> 4)[..digits].to_owned();
+            let point = (seed >> 60) as usize % (digits + 1);
+            if point > 0 && point < digits {
+                token.insert(point, '.');
+            }
+            let printed = ryu_js::Buffer::new()
+                .format_finite(token.parse::<f64>().unwrap())
+                .to_owned();
+            assert_eq!(decimal(&token), decimal(&printed), "{token}");
+        }
+        for token in [
+            "1234567890123456",
+            "0.000000000000001",
+            "1e2",
+            "0.1000000000000000000001",
+        ] {
+            assert!(!is_short_plain_decimal(token), "{token}");
+        }
     }
 }
