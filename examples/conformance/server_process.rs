@@ -1,10 +1,11 @@
 //! The example A2A server (`examples/a2a_server`) as a real child process on a temporary SQLite
-//! file, for the tests: started on `127.0.0.1:0`, its address read from the one `listening on`
-//! line, killed with SIGKILL on restart and on drop (also when a test panics).
+//! file, for the tests: started on `127.0.0.1:0` with the flags a test chooses, its address read
+//! from the one `listening on` line, stopped with SIGTERM when a test asks, killed with SIGKILL
+//! on restart and on drop (also when a test panics).
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -22,51 +23,90 @@ pub struct ServerProcess {
     child: Child,
     /// `http://127.0.0.1:PORT` of the running process.
     pub url: String,
+    launch: Launch,
+    // Dropped after `child` is killed (see `Drop`), so the database outlives the process.
+    _dir: tempfile::TempDir,
+}
+
+/// How to start (and restart) the process, and what it printed.
+struct Launch {
     db: PathBuf,
+    args: Vec<String>,
     env: Vec<(String, String)>,
     /// The tail of what the server wrote to stderr, for failure messages.
     stderr: Arc<Mutex<String>>,
-    // Dropped after `child` is killed (see `Drop`), so the database outlives the process.
-    _dir: tempfile::TempDir,
+    /// Every stdout line after the `listening on` one (the server should print none).
+    more_stdout: Arc<Mutex<Vec<String>>>,
 }
 
 impl ServerProcess {
     /// Starts the example server on a fresh database with these extra environment variables.
     pub fn start(env: &[(&str, &str)]) -> Self {
+        Self::start_with(&[], env)
+    }
+
+    /// Like [`start`](Self::start), with extra command-line flags (kept for restarts).
+    pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let db = dir.path().join("a2a.db");
-        let env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (child, url) = spawn(&db, &env, &stderr);
+        let launch = Launch {
+            db: dir.path().join("a2a.db"),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            stderr: Arc::default(),
+            more_stdout: Arc::default(),
+        };
+        let (child, url) = launch.spawn();
         Self {
             child,
             url,
-            db,
-            env,
-            stderr,
+            launch,
             _dir: dir,
         }
     }
 
     pub fn db(&self) -> &Path {
-        &self.db
+        &self.launch.db
     }
 
     /// The last lines the server (each process of it) wrote to stderr, for failure messages.
     pub fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
+        self.launch.stderr.lock().unwrap().clone()
     }
 
     /// SIGKILL (no graceful shutdown: the cache must survive a crash), then start again on the
     /// same database. The new process listens on a new port: returns its URL.
     pub fn restart(&mut self) -> String {
         self.kill();
-        let (child, url) = spawn(&self.db, &self.env, &self.stderr);
+        let (child, url) = self.launch.spawn();
         (self.child, self.url) = (child, url.clone());
         url
+    }
+
+    /// SIGTERM, the operator's stop, then waits for the exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let kill = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(kill.expect("run kill").success());
+        let deadline = std::time::Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no exit after SIGTERM:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// What the server printed on stdout after its `listening on` line.
+    pub fn more_stdout(&self) -> Vec<String> {
+        self.launch.more_stdout.lock().unwrap().clone()
     }
 
     fn kill(&mut self) {
@@ -101,41 +141,50 @@ pub fn example_binary(name: &str) -> PathBuf {
     binary
 }
 
-fn spawn(db: &Path, env: &[(String, String)], stderr: &Arc<Mutex<String>>) -> (Child, String) {
-    let mut child = Command::new(example_binary("a2a_server"))
-        .args(["--listen", "127.0.0.1:0", "--db"])
-        .arg(db)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the example server");
-    let stderr_done = drain(child.stderr.take().expect("piped stderr"), stderr.clone());
-    let listening = read_listening_line(child.stdout.take().expect("piped stdout"));
-    match listening.recv_timeout(STARTUP_TIMEOUT) {
-        Ok(url) => (child, url),
-        Err(_) => {
-            let _ = child.kill();
-            let status = child.wait().ok();
-            let _ = stderr_done.join(); // the pipe closed with the process: all of it is read
-            panic!(
+impl Launch {
+    fn spawn(&self) -> (Child, String) {
+        let mut child = Command::new(example_binary("a2a_server"))
+            .args(["--listen", "127.0.0.1:0", "--db"])
+            .arg(&self.db)
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the example server");
+        let stderr = &self.stderr;
+        let stderr_done = drain(child.stderr.take().expect("piped stderr"), stderr.clone());
+        let stdout = child.stdout.take().expect("piped stdout");
+        let listening = read_listening_line(stdout, self.more_stdout.clone());
+        match listening.recv_timeout(STARTUP_TIMEOUT) {
+            Ok(url) => (child, url),
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait().ok();
+                let _ = stderr_done.join(); // the pipe closed with the process: all of it is read
+                panic!(
                 "the example server did not print `{LISTENING_PREFIX}http://…` within {STARTUP_TIMEOUT:?} \
                  (exit status {status:?}); its stderr:\n{}",
                 stderr.lock().unwrap()
             );
+            }
         }
     }
 }
 
-/// Sends the URL of the `listening on` line, then keeps reading: a closed pipe would make the
-/// server's next `println!` fail.
-fn read_listening_line(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+/// Sends the URL of the `listening on` line, then keeps reading (a closed pipe would make the
+/// server's next `println!` fail) and keeps any further line in `more`.
+fn read_listening_line(
+    stdout: impl Read + Send + 'static,
+    more: Arc<Mutex<Vec<String>>>,
+) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(url) = line.strip_prefix(LISTENING_PREFIX) {
-                let _ = tx.send(url.trim().to_owned());
+            match line.strip_prefix(LISTENING_PREFIX) {
+                Some(url) => drop(tx.send(url.trim().to_owned())),
+                None => more.lock().unwrap().push(line),
             }
         }
     });

@@ -2,6 +2,7 @@
 
 mod a2a_sdk;
 mod conformance;
+mod example_server;
 mod http_files;
 mod layers;
 mod streams;

@@ -1,0 +1,370 @@
+//! The example A2A server (`examples/a2a_server`) as a real process: its command line, its stop
+//! on SIGTERM, the agent behind the extension (tasks, outbox, errors, both A2A versions), its
+//! AgentCard and its `--idempotency` modes. The conformance scenarios (`conformance.rs`), the
+//! `.http` files and the SDK interop are not repeated here.
+//!
+//! Runs the built example: `cargo build --examples` before `cargo test --test integration`.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::conformance::server_process::{example_binary, ServerProcess};
+use crate::support::{new_id, post, post_activated, send_with, Reply, URI};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The server must refuse to start: exit status 2, nothing on stdout. Returns its stderr.
+fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = Command::new(example_binary("a2a_server"))
+        .args(["--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.path().join("a2a.db"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the example server");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(output.stdout.is_empty(), "{stderr}");
+    stderr
+}
+
+#[test]
+fn an_unknown_flag_exits_2_naming_it() {
+    let stderr = refused(&["--bogus"], &[]);
+    assert!(stderr.contains(r#"unknown argument "--bogus""#), "{stderr}");
+}
+
+#[test]
+fn a_bad_idempotency_mode_exits_2_naming_it() {
+    let stderr = refused(&["--idempotency", "sometimes"], &[]);
+    assert!(
+        stderr.contains(r#"--idempotency "sometimes" is not one of"#),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_malformed_ttl_exits_2_naming_the_variable() {
+    let stderr = refused(&[], &[("AIWG_IDEMPOTENCY_TTL", "abc")]);
+    assert!(stderr.contains("AIWG_IDEMPOTENCY_TTL"), "{stderr}");
+}
+
+#[test]
+fn an_unusable_db_exits_2_naming_it() {
+    let stderr = refused(&["--db", "/nonexistent/dir/x.db"], &[]);
+    assert!(stderr.contains("/nonexistent/dir/x.db"), "{stderr}");
+}
+
+#[tokio::test]
+async fn listen_on_port_0_prints_one_line_with_the_bound_address() {
+    let mut server = ServerProcess::start(&[]);
+    let url = server.url.clone();
+    let port: u16 = url
+        .strip_prefix("http://127.0.0.1:")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{url}"));
+    assert_ne!(port, 0);
+    assert_eq!(card(&url).await["url"], format!("{url}/"));
+    let status = server.terminate();
+    assert_eq!((status.code(), server.more_stdout()), (Some(0), vec![]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_the_call_in_flight_finish_and_be_stored() {
+    let mut server = ServerProcess::start(&[]);
+    let (url, db) = (server.url.clone(), server.db().to_owned());
+    let body = send_with(
+        1,
+        "message/send",
+        &new_id(),
+        "slow",
+        json!({"delayMs": 1500}),
+    );
+    let call = tokio::spawn({
+        let (url, body) = (url.clone(), body.clone());
+        async move { post_activated(&url, body).await }
+    });
+    // The task is stored before the delay: once it is, the call is in flight.
+    let deadline = Instant::now() + TIMEOUT;
+    while count(&db, "SELECT COUNT(*) FROM tasks", &[]) == 0 {
+        assert!(Instant::now() < deadline, "{}", server.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Wait for the exit off the runtime's threads: the call in flight needs them meanwhile.
+    let stopped = tokio::task::block_in_place(|| server.terminate());
+    let first = call.await.expect("the call");
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(first.json()["result"]["status"]["state"], "working");
+    assert_eq!(stopped.code(), Some(0), "{}", server.stderr());
+
+    let url = server.restart();
+    let replay = post_activated(&url, body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+}
+
+/// `SELECT COUNT(*) …` on the server's database; 0 while the table does not exist yet.
+fn count(db: &Path, sql: &str, params: &[&str]) -> i64 {
+    let conn = rusqlite::Connection::open(db).expect("open the database");
+    conn.query_row(sql, rusqlite::params_from_iter(params), |row| row.get(0))
+        .unwrap_or(0)
+}
+
+fn rpc(method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string()
+}
+
+/// A call of a method outside the extension (no activation needed).
+async fn call(url: &str, method: &str, params: Value) -> Reply {
+    post(url, rpc(method, params), &[]).await
+}
+
+#[tokio::test]
+async fn a_send_assigns_a_working_task_that_completes_with_an_echo() {
+    let server = ServerProcess::start(&[]);
+    let message_id = new_id();
+    let message = json!({"kind": "message", "messageId": message_id, "role": "user",
+        "parts": [{"kind": "text", "text": "north"}, {"kind": "text", "text": "ridge"}]});
+    let params = json!({"message": message, "metadata": {"durationMs": 300}});
+    let task = post_activated(&server.url, rpc("message/send", params)).await;
+    let task = task.json()["result"].clone();
+    assert_eq!(
+        (&task["kind"], &task["status"]["state"]),
+        (&json!("task"), &json!("working"))
+    );
+    assert_eq!(task["history"][0]["messageId"], message_id);
+    let id = task["id"].as_str().unwrap();
+    let outbox = "SELECT COUNT(*) FROM outbox WHERE task_id = ?1 AND event_type = ?2";
+    assert_eq!(count(server.db(), outbox, &[id, "mission.assigned"]), 1);
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let task = until_completed(&server.url, id).await;
+    let texts: Vec<_> = task["artifacts"][0]["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["text"].clone())
+        .collect();
+    assert_eq!(texts, [json!("north"), json!("ridge")]);
+}
+
+async fn until_completed(url: &str, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let task = call(url, "tasks/get", json!({"id": id})).await.json()["result"].clone();
+        if task["status"]["state"] == "completed" {
+            return task;
+        }
+        assert!(Instant::now() < deadline, "not completed: {task}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn tasks_get_history_length_keeps_the_most_recent_messages() {
+    let server = ServerProcess::start(&[]);
+    let first = send_with(
+        1,
+        "message/send",
+        &new_id(),
+        "first",
+        json!({"durationMs": 60000}),
+    );
+    let task = post_activated(&server.url, first).await.json()["result"].clone();
+    let id = task["id"].as_str().unwrap();
+    let next = json!({"kind": "message", "messageId": new_id(), "role": "user", "taskId": id,
+        "parts": [{"kind": "text", "text": "second"}]});
+    let reply = post_activated(&server.url, rpc("message/send", json!({"message": next}))).await;
+    assert_eq!(reply.status, 200);
+
+    let history = |n: Option<u32>| {
+        let url = server.url.clone();
+        async move {
+            let params = json!({"id": id, "historyLength": n});
+            let task = call(&url, "tasks/get", params).await.json()["result"].clone();
+            let texts = task["history"].as_array().unwrap().iter();
+            texts
+                .map(|m| m["parts"][0]["text"].clone())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(history(None).await, [json!("first"), json!("second")]);
+    assert_eq!(history(Some(1)).await, [json!("second")]);
+    assert_eq!(history(Some(0)).await, Vec::<Value>::new());
+}
+
+#[tokio::test]
+async fn a_failed_mission_is_an_error_creates_no_task_and_is_replayed() {
+    let server = ServerProcess::start(&[]);
+    let body = send_with(1, "message/send", &new_id(), "fail", json!({}));
+    let first = post_activated(&server.url, body.clone()).await;
+    assert_eq!(first.error_code(), -32000);
+    assert!(!first.replayed());
+    assert_eq!(count(server.db(), "SELECT COUNT(*) FROM tasks", &[]), 0);
+    let retry = post_activated(&server.url, body).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+}
+
+#[tokio::test]
+async fn unknown_task_ids_are_task_not_found() {
+    let server = ServerProcess::start(&[]);
+    let unknown = new_id();
+    let message = json!({"kind": "message", "messageId": new_id(), "role": "user",
+        "taskId": unknown, "parts": [{"kind": "text", "text": "more"}]});
+    let body = rpc("message/send", json!({"message": message}));
+    assert_eq!(post_activated(&server.url, body).await.error_code(), -32001);
+    for method in ["tasks/get", "tasks/cancel"] {
+        let reply = call(&server.url, method, json!({"id": unknown})).await;
+        assert_eq!(reply.error_code(), -32001, "{method}");
+    }
+}
+
+#[tokio::test]
+async fn a_working_task_is_canceled_once() {
+    let server = ServerProcess::start(&[]);
+    let body = send_with(
+        1,
+        "message/send",
+        &new_id(),
+        "long",
+        json!({"durationMs": 60000}),
+    );
+    let task = post_activated(&server.url, body).await.json()["result"].clone();
+    let id = json!({"id": task["id"]});
+    let canceled = call(&server.url, "tasks/cancel", id.clone()).await.json();
+    assert_eq!(
+        canceled["result"]["status"]["state"], "canceled",
+        "{canceled}"
+    );
+    let again = call(&server.url, "tasks/cancel", id).await;
+    assert_eq!(again.error_code(), -32002);
+}
+
+const V1_0: &[(&str, &str)] = &[("A2A-Extensions", URI), ("A2A-Version", "1.0")];
+
+#[tokio::test]
+async fn a2a_1_0_send_and_get_have_the_1_0_shapes() {
+    let server = ServerProcess::start(&[]);
+    let message = json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": "hi"}]});
+    let body = rpc("SendMessage", json!({"message": message}));
+    let sent = post(&server.url, body, V1_0).await.json()["result"].clone();
+    let task = &sent["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_WORKING", "{sent}");
+    assert_eq!(task["history"][0]["role"], "ROLE_USER");
+    assert!(!has_kind(&sent), "{sent}");
+
+    let get = rpc("GetTask", json!({"id": task["id"]}));
+    let got = post(&server.url, get, V1_0).await.json()["result"].clone();
+    assert_eq!(got["id"], task["id"]);
+    assert_eq!(got["status"]["state"], "TASK_STATE_WORKING", "{got}");
+    assert!(!has_kind(&got), "{got}");
+}
+
+/// Whether any object in `value` has a `kind` member (0.3 has them, 1.0 none).
+fn has_kind(value: &Value) -> bool {
+    match value {
+        Value::Object(map) => map.contains_key("kind") || map.values().any(has_kind),
+        Value::Array(items) => items.iter().any(has_kind),
+        _ => false,
+    }
+}
+
+async fn card(url: &str) -> Value {
+    let response = reqwest::get(format!("{url}/.well-known/agent-card.json"));
+    let response = response.await.expect("the server answers");
+    assert_eq!(response.status(), 200);
+    response.json().await.expect("a JSON card")
+}
+
+/// The idempotency/v1 entry of the card's `capabilities.extensions`, if any.
+fn extension(card: &Value) -> Option<&Value> {
+    let extensions = card["capabilities"]["extensions"].as_array()?;
+    extensions.iter().find(|e| e["uri"] == URI)
+}
+
+#[tokio::test]
+async fn the_agent_card_has_both_versions_fields_and_the_effective_config() {
+    let env = [
+        ("AIWG_IDEMPOTENCY_TTL", "7"),
+        ("AIWG_IDEMPOTENCY_MAX_ENTRIES", "50"),
+    ];
+    let server = ServerProcess::start(&env);
+    let card = card(&server.url).await;
+    for field in ["protocolVersion", "name", "description", "version"] {
+        assert!(
+            card[field].as_str().is_some_and(|s| !s.is_empty()),
+            "{field}: {card}"
+        );
+    }
+    for field in ["defaultInputModes", "defaultOutputModes", "skills"] {
+        assert!(
+            card[field].as_array().is_some_and(|a| !a.is_empty()),
+            "{field}: {card}"
+        );
+    }
+    let url = format!("{}/", server.url);
+    assert_eq!(card["url"], url);
+    assert_eq!(card["preferredTransport"], "JSONRPC");
+    assert_eq!(card["capabilities"]["streaming"], true);
+    let interface =
+        |version| json!({"url": url, "protocolBinding": "JSONRPC", "protocolVersion": version});
+    let interfaces = card["supportedInterfaces"]
+        .as_array()
+        .expect("supportedInterfaces");
+    assert!(interfaces.contains(&interface("1.0")), "{card}");
+    assert!(interfaces.contains(&interface("0.3")), "{card}");
+    let entry = extension(&card).unwrap_or_else(|| panic!("no extension entry: {card}"));
+    assert_eq!(entry["required"], true);
+    assert_eq!(entry["params"]["ttl_seconds"], 7);
+    assert_eq!(entry["params"]["max_cache_entries"], 50);
+}
+
+/// Posts the same send twice with `headers`: both must run, each creating its own task.
+async fn twice_executed(url: &str, db: &Path, headers: &[(&str, &str)]) -> [Reply; 2] {
+    let body = send_with(1, "message/send", &new_id(), "again", json!({}));
+    let first = post(url, body.clone(), headers).await;
+    let second = post(url, body, headers).await;
+    for reply in [&first, &second] {
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert!(!reply.replayed());
+    }
+    assert_ne!(first.json()["result"]["id"], second.json()["result"]["id"]);
+    assert_eq!(count(db, "SELECT COUNT(*) FROM tasks", &[]), 2);
+    [first, second]
+}
+
+#[tokio::test]
+async fn optional_mode_runs_calls_without_activation_undeduplicated() {
+    let server = ServerProcess::start_with(&["--idempotency", "optional"], &[]);
+    let (url, db) = (&server.url, server.db());
+    let card = card(url).await;
+    let entry = extension(&card).unwrap_or_else(|| panic!("no extension entry: {card}"));
+    assert_eq!(entry["required"], false);
+    twice_executed(url, db, &[]).await;
+}
+
+#[tokio::test]
+async fn off_mode_has_no_extension_and_no_replay() {
+    let server = ServerProcess::start_with(&["--idempotency", "off"], &[]);
+    let (url, db) = (&server.url, server.db());
+    let card = card(url).await;
+    assert_eq!(card["capabilities"]["extensions"], json!([]), "{card}");
+    for reply in twice_executed(url, db, &[("A2A-Extensions", URI)]).await {
+        assert!(!reply.echoes_extension());
+    }
+}
