@@ -71,6 +71,9 @@ fn init_logging() {
         .init();
 }
 
+/// How long a stop waits for executions still running (a stream's mission is at most 60 s).
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(65);
+
 /// Starts the server, runs it until a signal, and stops it. Errors are startup errors.
 async fn serve(cli: Cli) -> Result<(), String> {
     // First: the idempotency store creates the database file, with mode 0600.
@@ -90,6 +93,10 @@ async fn serve(cli: Cli) -> Result<(), String> {
     signals.recv().await;
     tracing::info!("shutting down");
     stop(handle).await;
+    // Streams whose clients left run on after the server stopped: let them finish and store.
+    if !idem.quiesce(SHUTDOWN_GRACE).await {
+        tracing::warn!("executions still running at shutdown were not stored");
+    }
     // The last handle on the cache: dropping it commits what is queued and joins the writer.
     drop(idem);
     Ok(())

@@ -41,6 +41,8 @@ pub struct IdempotencyCache {
 struct Inner {
     store: Arc<dyn Store>,
     in_flight: Mutex<HashMap<MessageId, Flight>>,
+    /// How many executions are in flight, for [`IdempotencyCache::quiesce`].
+    running: watch::Sender<usize>,
 }
 
 /// An execution in flight, as the table holds it.
@@ -48,9 +50,32 @@ struct Inner {
 struct Flight {
     method: String,
     request_hash: RequestHash,
-    done: watch::Receiver<Option<Arc<Entry>>>,
-    /// Live progress an executor shares with waiters (a stream's recording, for one).
-    progress: Arc<Mutex<Option<Arc<dyn Any + Send + Sync>>>>,
+    phase: watch::Receiver<Phase>,
+}
+
+/// Where a running execution is; waiters watch it without polling.
+#[derive(Clone)]
+enum Phase {
+    Running,
+    /// Sharing live progress (a stream's recording, for one).
+    Progressing(Progress),
+    /// Stored: the entry that answers duplicates.
+    Done(Arc<Entry>),
+}
+
+/// Live progress an executor shares with the calls that wait on it.
+pub type Progress = Arc<dyn Any + Send + Sync>;
+
+/// What a wait on a running execution saw.
+pub enum Waited {
+    /// It finished and stored this entry.
+    Done(Arc<Entry>),
+    /// It shares live progress (asked for with `attach`).
+    Progressing(Progress),
+    /// It gave up without an outcome: claim again.
+    Released,
+    /// Still running after the bound.
+    StillRunning,
 }
 
 /// The outcome of a claim.
@@ -75,6 +100,7 @@ impl IdempotencyCache {
             inner: Arc::new(Inner {
                 store,
                 in_flight: Mutex::new(HashMap::new()),
+                running: watch::Sender::new(0),
             }),
         }
     }
@@ -112,25 +138,51 @@ impl IdempotencyCache {
         if let Some(flight) = table.get(key) {
             return Err(InFlight(flight.clone()));
         }
-        let (done_tx, done) = watch::channel(None);
-        let progress = Arc::new(Mutex::new(None));
+        let (phase_tx, phase) = watch::channel(Phase::Running);
         table.insert(
             key.clone(),
             Flight {
                 method: method.to_owned(),
                 request_hash: hash.clone(),
-                done,
-                progress: progress.clone(),
+                phase,
             },
         );
+        self.inner.running.send_modify(|n| *n += 1);
         Ok(Ticket {
             cache: Arc::downgrade(&self.inner),
             key: key.clone(),
             method: method.to_owned(),
             request_hash: hash.clone(),
-            done: done_tx,
-            progress,
+            phase: phase_tx,
         })
+    }
+
+    /// Who holds `key`: the method and request hash of the call in flight, or of the live
+    /// entry. `None` when the key is free.
+    pub async fn holder(
+        &self,
+        key: &MessageId,
+    ) -> Result<Option<(String, RequestHash)>, StoreError> {
+        let running = self
+            .inner
+            .in_flight
+            .lock()
+            .expect("in-flight lock")
+            .get(key)
+            .cloned();
+        if let Some(flight) = running {
+            return Ok(Some((flight.method, flight.request_hash)));
+        }
+        let entry = self.inner.store.get(key).await?;
+        Ok(entry.map(|entry| (entry.method, entry.request_hash)))
+    }
+
+    /// Waits until no execution is in flight (each stored or released), at most `bound`:
+    /// for a clean shutdown, after the server stopped taking calls. `true` if none is left.
+    pub async fn quiesce(&self, bound: Duration) -> bool {
+        let mut running = self.inner.running.subscribe();
+        let quiet = tokio::time::timeout(bound, running.wait_for(|n| *n == 0)).await;
+        quiet.is_ok()
     }
 
     /// Runs [`Store::sweep`] every `interval` until the cache is dropped.
@@ -157,14 +209,13 @@ pub struct Ticket {
     key: MessageId,
     method: String,
     request_hash: RequestHash,
-    done: watch::Sender<Option<Arc<Entry>>>,
-    progress: Arc<Mutex<Option<Arc<dyn Any + Send + Sync>>>>,
+    phase: watch::Sender<Phase>,
 }
 
 impl Ticket {
-    /// Shares live progress with calls waiting on this one (see [`InFlight::progress`]).
-    pub fn set_progress(&self, progress: Arc<dyn Any + Send + Sync>) {
-        *self.progress.lock().expect("progress lock") = Some(progress);
+    /// Shares live progress with the calls waiting on this one, and wakes those that attach.
+    pub fn set_progress(&self, progress: Progress) {
+        self.phase.send_replace(Phase::Progressing(progress));
     }
 
     /// Stores the outcome durably, then releases the key and hands the entry to the waiters.
@@ -179,7 +230,8 @@ impl Ticket {
             inserted_at: cache.store.now_seconds(),
         };
         cache.store.put(entry.clone()).await?;
-        self.done.send_replace(Some(Arc::new(entry.clone())));
+        self.phase
+            .send_replace(Phase::Done(Arc::new(entry.clone())));
         Ok(entry)
         // Drop removes the key from the in-flight table, after the commit.
     }
@@ -193,6 +245,7 @@ impl Drop for Ticket {
                 .lock()
                 .expect("in-flight lock")
                 .remove(&self.key);
+            cache.running.send_modify(|n| *n -= 1);
         }
     }
 }
@@ -217,19 +270,33 @@ impl InFlight {
     }
 
     /// Live progress the executor shares, if any.
-    pub fn progress(&self) -> Option<Arc<dyn Any + Send + Sync>> {
-        self.0.progress.lock().expect("progress lock").clone()
+    pub fn progress(&self) -> Option<Progress> {
+        match &*self.0.phase.borrow() {
+            Phase::Progressing(progress) => Some(progress.clone()),
+            _ => None,
+        }
     }
 
-    /// Waits, without polling, for the running call to finish, at most `bound`.
-    /// `Ok(Some(entry))`: it finished and stored `entry`. `Ok(None)`: it gave up without an
-    /// outcome (claim again). `Err(())`: still running after `bound`.
-    pub async fn wait(mut self, bound: Duration) -> Result<Option<Arc<Entry>>, ()> {
-        let finished = tokio::time::timeout(bound, self.0.done.wait_for(Option::is_some)).await;
-        match finished {
-            Err(_elapsed) => Err(()),
-            Ok(Ok(entry)) => Ok(entry.clone()),
-            Ok(Err(_released)) => Ok(None),
+    /// Waits, without polling, at most `bound`, for the running call to finish or, with
+    /// `attach`, to share live progress.
+    pub async fn wait(mut self, bound: Duration, attach: bool) -> Waited {
+        let seen = tokio::time::timeout(
+            bound,
+            self.0.phase.wait_for(|phase| match phase {
+                Phase::Running => false,
+                Phase::Progressing(_) => attach,
+                Phase::Done(_) => true,
+            }),
+        )
+        .await;
+        match seen {
+            Err(_elapsed) => Waited::StillRunning,
+            Ok(Err(_released)) => Waited::Released,
+            Ok(Ok(phase)) => match &*phase {
+                Phase::Done(entry) => Waited::Done(entry.clone()),
+                Phase::Progressing(progress) => Waited::Progressing(progress.clone()),
+                Phase::Running => Waited::StillRunning,
+            },
         }
     }
 }

@@ -35,11 +35,13 @@ pub enum ErrorCode {
     ExecutionPanicked,
     /// A stream outgrew the recording limit and was ended with this error event.
     StreamTooLarge,
+    /// A governed method called over WebSocket: the extension is defined for HTTP requests.
+    HttpOnly,
 }
 
 impl ErrorCode {
     /// Every code, in the order of `error-codes.json`.
-    pub const ALL: [ErrorCode; 9] = [
+    pub const ALL: [ErrorCode; 10] = [
         ErrorCode::KeyReusedWithDifferentPayload,
         ErrorCode::KeyMalformed,
         ErrorCode::RequestInProgress,
@@ -49,6 +51,7 @@ impl ErrorCode {
         ErrorCode::LayerMissing,
         ErrorCode::ExecutionPanicked,
         ErrorCode::StreamTooLarge,
+        ErrorCode::HttpOnly,
     ];
 
     /// The numeric JSON-RPC `error.code`.
@@ -63,6 +66,7 @@ impl ErrorCode {
             Self::LayerMissing => -32603,
             Self::ExecutionPanicked => -32603,
             Self::StreamTooLarge => -32603,
+            Self::HttpOnly => -32600,
         }
     }
 
@@ -78,6 +82,7 @@ impl ErrorCode {
             Self::LayerMissing => "IDEMPOTENCY_LAYER_MISSING",
             Self::ExecutionPanicked => "IDEMPOTENCY_EXECUTION_PANICKED",
             Self::StreamTooLarge => "IDEMPOTENCY_STREAM_TOO_LARGE",
+            Self::HttpOnly => "IDEMPOTENCY_HTTP_ONLY",
         }
     }
 
@@ -93,7 +98,8 @@ impl ErrorCode {
             Self::StoreUnavailable
             | Self::LayerMissing
             | Self::ExecutionPanicked
-            | Self::StreamTooLarge => 200,
+            | Self::StreamTooLarge
+            | Self::HttpOnly => 200,
         }
     }
 
@@ -109,6 +115,7 @@ impl ErrorCode {
             Self::LayerMissing => "Idempotency layers are not installed on this server",
             Self::ExecutionPanicked => "Internal error: the method panicked",
             Self::StreamTooLarge => "The event stream exceeded the recording limit",
+            Self::HttpOnly => "Idempotent methods are served over HTTP only, not WebSocket",
         }
     }
 

@@ -15,7 +15,7 @@ use jsonrpsee::Extensions;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use crate::cache::{Claim, InFlight, Ticket};
+use crate::cache::{Claim, Progress, Ticket, Waited};
 use crate::error::{ErrorCode, IdempotencyError};
 use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, StoreError, StoredResponse};
@@ -51,8 +51,12 @@ where
     F: Future + Send,
     F::Output: Guarded,
 {
+    let governed = ext.get::<GovernedCall>().cloned();
+    if let Some(call) = &governed {
+        call.mark_reached();
+    }
     let ctx = CallContext {
-        governed: ext.get::<GovernedCall>().cloned(),
+        governed,
         undeduplicated_id: ext.get::<Undeduplicated>().map(|u| u.0.clone()),
         scope: ext.get::<HttpScope>().cloned(),
     };
@@ -75,13 +79,13 @@ pub(crate) enum Decision {
     /// A stored outcome answers this call.
     Replay(Entry),
     /// The same call is running and shares live progress (streams only).
-    Attach(InFlight),
+    Attach(Progress),
     /// Refused (collision, 409, store failure); already recorded in the scope.
     Refuse(ErrorObjectOwned),
 }
 
 /// Claims the call's key and decides. A same-hash duplicate of a running call waits for it
-/// without polling, or attaches to its live progress when `attach` and there is some.
+/// without polling; with `attach`, it stops waiting as soon as the call shares live progress.
 pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
     loop {
         let claim = call.cache.claim(&call.key, &call.method, &call.hash).await;
@@ -95,14 +99,12 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
             let original_hash = flight.request_hash().as_str().to_owned();
             return Decision::Refuse(collision(call, flight.method(), &original_hash));
         }
-        if attach && flight.progress().is_some() {
-            return Decision::Attach(flight);
-        }
-        match flight.wait(call.in_flight_wait).await {
-            Ok(Some(entry)) => return replay_or_collide(call, (*entry).clone()),
+        match flight.wait(call.in_flight_wait, attach).await {
+            Waited::Done(entry) => return replay_or_collide(call, (*entry).clone()),
+            Waited::Progressing(progress) => return Decision::Attach(progress),
             // The first call gave up without an outcome: claim again.
-            Ok(None) => continue,
-            Err(()) => {
+            Waited::Released => continue,
+            Waited::StillRunning => {
                 let busy = IdempotencyError::new(ErrorCode::RequestInProgress);
                 return Decision::Refuse(reject(call, busy));
             }
@@ -180,7 +182,11 @@ pub(crate) fn corrupt(call: &GovernedCall) -> ErrorObjectOwned {
 }
 
 /// Spec §4.3: another payload (or method) under a key in use. The original entry is untouched.
-fn collision(call: &GovernedCall, original_method: &str, original_hash: &str) -> ErrorObjectOwned {
+pub(crate) fn collision(
+    call: &GovernedCall,
+    original_method: &str,
+    original_hash: &str,
+) -> ErrorObjectOwned {
     let mut error = IdempotencyError::new(ErrorCode::KeyReusedWithDifferentPayload)
         .with_detail("original_request_hash", original_hash)
         .with_detail("submitted_request_hash", call.hash.as_str());

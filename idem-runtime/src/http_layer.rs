@@ -12,7 +12,7 @@ use jsonrpsee::server::{HttpBody, HttpResponse};
 use crate::activation::is_activated;
 use crate::error::EXTENSION_URI;
 use crate::idempotency::State;
-use crate::scope::{HttpScope, Outcome, StreamSource};
+use crate::scope::{HttpScope, Outcome, StreamSource, WebSocket};
 use crate::sse;
 
 /// The response header that marks a replay (spec §4.3). Sent only as `true`, never as `false`.
@@ -54,6 +54,7 @@ impl<S, ReqBody> tower::Service<http::Request<ReqBody>> for HttpService<S>
 where
     S: tower::Service<http::Request<ReqBody>, Response = HttpResponse<HttpBody>>,
     S::Future: Send + 'static,
+    S::Error: From<tokio::task::JoinError> + Send + 'static,
 {
     type Response = HttpResponse<HttpBody>;
     type Error = S::Error;
@@ -64,14 +65,22 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
+        if jsonrpsee::server::ws::is_upgrade_request(&request) {
+            // One scope would serve every call of the connection: the RPC layer refuses
+            // governed calls over WebSocket instead.
+            request.extensions_mut().insert(WebSocket);
+            return Box::pin(self.inner.call(request));
+        }
         // A server with the extension off neither reads nor echoes the activation header.
         let activated =
             self.state.cache.is_some() && is_activated(request.headers(), EXTENSION_URI);
         let scope = HttpScope::new(activated);
         request.extensions_mut().insert(scope.clone());
-        let response = self.inner.call(request);
+        // In a task of its own: a client that hangs up must not cut a governed call off
+        // mid-execution (its retry would run it again); the call runs to its end, stored.
+        let response = tokio::spawn(self.inner.call(request));
         Box::pin(async move {
-            let mut response = response.await?;
+            let mut response = response.await??;
             if let Some(stream) = scope.take_stream() {
                 response = sse_response(stream);
             }
@@ -97,9 +106,10 @@ fn sse_response(source: StreamSource) -> HttpResponse<HttpBody> {
 /// Sets status and headers from what happened to the request's governed calls.
 fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
     if scope.activated() {
+        // Appended: other extensions the request activated may be listed already.
         response
             .headers_mut()
-            .insert("a2a-extensions", HeaderValue::from_static(EXTENSION_URI));
+            .append("a2a-extensions", HeaderValue::from_static(EXTENSION_URI));
     }
     match scope.single_outcome() {
         Some(Outcome::Replayed) => {

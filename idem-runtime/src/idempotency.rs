@@ -121,6 +121,16 @@ impl Idempotency {
         self.state.cache.as_ref()
     }
 
+    /// Waits, at most `bound`, until no execution is in flight, e.g. a stream whose client
+    /// left: call it after the server stopped, before dropping the last handle. `true` if none
+    /// is left (always, with the extension off).
+    pub async fn quiesce(&self, bound: std::time::Duration) -> bool {
+        match &self.state.cache {
+            Some(cache) => cache.quiesce(bound).await,
+            None => true,
+        }
+    }
+
     /// Whether `method` is governed.
     pub fn governs(&self, method: &str) -> bool {
         self.state.governed.contains(method)

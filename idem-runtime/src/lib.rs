@@ -29,7 +29,7 @@ mod stream;
 mod unary;
 
 pub use activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
-pub use cache::{Claim, IdempotencyCache, InFlight, Ticket};
+pub use cache::{Claim, IdempotencyCache, InFlight, Progress, Ticket, Waited};
 pub use canonical_hash::{
     canonical_json, canonical_params, hash_params, parse_params, request_hash, HashError,
     RequestHash,

@@ -14,9 +14,10 @@ use jsonrpsee::MethodResponse;
 use crate::cache::IdempotencyCache;
 use crate::canonical_hash::{hash_params, parse_params};
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
+use crate::guard::collision;
 use crate::idempotency::State;
 use crate::message_id::MessageId;
-use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated};
+use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated, WebSocket};
 
 /// The tower layer that wraps jsonrpsee's RPC service (see [`crate::Idempotency::rpc_layer`]).
 #[derive(Clone)]
@@ -68,11 +69,20 @@ where
         mut request: Request<'a>,
     ) -> impl Future<Output = MethodResponse> + Send + 'a {
         let checked = self.admit(&mut request);
+        let governed = request.extensions().get::<GovernedCall>().cloned();
         let inner = self.inner.clone();
         async move {
-            match checked {
-                Ok(()) => inner.call(request).await,
-                Err(error) => MethodResponse::error(request.id, error),
+            if let Err(error) = checked {
+                return MethodResponse::error(request.id, error);
+            }
+            let response = inner.call(request).await;
+            match governed {
+                // jsonrpsee refused the typed params before the guard saw the call; under a
+                // key held by another payload that is still the spec's 422 (§4.3).
+                Some(call) if response.is_error() && !call.reached_guard() => {
+                    collision_instead(&call, response).await
+                }
+                _ => response,
             }
         }
     }
@@ -106,6 +116,9 @@ impl<S> RpcService<S> {
     fn admit(&self, request: &mut Request<'_>) -> Result<(), ErrorObjectOwned> {
         if !self.state.governed.contains(request.method_name()) {
             return Ok(());
+        }
+        if request.extensions().get::<WebSocket>().is_some() {
+            return Err(IdempotencyError::new(ErrorCode::HttpOnly).to_error_object());
         }
         let Some(scope) = request.extensions().get::<HttpScope>().cloned() else {
             tracing::error!(
@@ -168,6 +181,17 @@ impl<S> RpcService<S> {
             method: request.method_name().to_owned(),
             key,
             hash,
+            reached: Default::default(),
         })
+    }
+}
+
+/// The 422 collision if another payload (or method) holds the call's key; else `response`.
+async fn collision_instead(call: &GovernedCall, response: MethodResponse) -> MethodResponse {
+    match call.cache.holder(&call.key).await {
+        Ok(Some((method, hash))) if method != call.method || hash != call.hash => {
+            MethodResponse::error(call.id.clone(), collision(call, &method, hash.as_str()))
+        }
+        _ => response,
     }
 }

@@ -4,6 +4,7 @@
 //! them into every call's `Extensions`, where the RPC layer and the guard record outcomes (and
 //! a streaming call leaves its events); the HTTP layer then turns them into the response.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -109,9 +110,26 @@ pub(crate) struct GovernedCall {
     pub(crate) method: String,
     pub(crate) key: MessageId,
     pub(crate) hash: RequestHash,
+    /// Set when the guard takes the call: jsonrpsee decoded its params.
+    pub(crate) reached: Arc<AtomicBool>,
+}
+
+impl GovernedCall {
+    pub(crate) fn mark_reached(&self) {
+        self.reached.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn reached_guard(&self) -> bool {
+        self.reached.load(Ordering::Relaxed)
+    }
 }
 
 /// A governed method called where it runs undeduplicated by design (the extension is off, or
 /// optional and not activated). Carries the call's id, which a stream's events need.
 #[derive(Clone)]
 pub(crate) struct Undeduplicated(pub(crate) Id<'static>);
+
+/// A WebSocket connection: its calls share the upgrade request's extensions, so no per-request
+/// scope can be kept, and governed calls are refused on it.
+#[derive(Clone, Copy)]
+pub(crate) struct WebSocket;

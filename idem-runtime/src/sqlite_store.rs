@@ -38,6 +38,8 @@ CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inse
 CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at ON idempotency_cache(last_used_at);
 ";
 
+/// Read connections kept open between reads.
+const MAX_IDLE_READERS: usize = 8;
 /// Most writes committed in one transaction.
 const MAX_BATCH: usize = 512;
 /// Most expired rows one sweep step deletes, so a sweep never holds the writer for long.
@@ -150,7 +152,11 @@ impl SqliteStore {
                 None => connect(&shared.path)?,
             };
             let result = f(&conn);
-            shared.readers.lock().expect("readers lock").push(conn);
+            let mut idle = shared.readers.lock().expect("readers lock");
+            // Bursts may open many; keep a few for reuse, close the rest.
+            if idle.len() < MAX_IDLE_READERS {
+                idle.push(conn);
+            }
             result
         })
         .await

@@ -119,11 +119,8 @@ where
     match decide(call, true).await {
         Decision::Refuse(error) => Err(error),
         Decision::Replay(entry) => replay(call, &entry),
-        Decision::Attach(flight) => {
-            let recording = flight
-                .progress()
-                .and_then(as_recording)
-                .ok_or_else(consumed)?;
+        Decision::Attach(progress) => {
+            let recording = as_recording(progress).ok_or_else(consumed)?;
             attach(call, recording);
             Ok(EventStream::handed_over())
         }
@@ -140,14 +137,14 @@ where
     T: Serialize + Send + 'static,
     F: Future<Output = Result<EventStream<T>, ErrorObjectOwned>> + Send,
 {
-    // Shared before the body runs, so a retry arriving now attaches instead of waiting.
-    let recording = Arc::new(Recording::new());
-    ticket.set_progress(recording.clone());
     let started = run_catching(&call.method, body)
         .await
         .and_then(|output| output?.take().ok_or_else(consumed));
     match started {
         Ok(events) => {
+            // Shared once there is a stream, which wakes the retries waiting to attach.
+            let recording = Arc::new(Recording::new());
+            ticket.set_progress(recording.clone());
             tokio::spawn(record(
                 events,
                 recording.clone(),
@@ -158,15 +155,12 @@ where
             call.scope.record(Outcome::Executed);
             Ok(EventStream::handed_over())
         }
-        // Failed before streaming: an ordinary JSON-RPC error, stored like any outcome.
-        Err(error) => {
-            recording.push(sse::frame(&response_bytes(&call.id, &Err(error.clone()))));
-            recording.finish();
-            Err(store_json(call, ticket, Err(error))
-                .await
-                .err()
-                .unwrap_or_else(consumed))
-        }
+        // Failed before streaming: an ordinary JSON-RPC error, stored like any outcome; the
+        // duplicates waiting meanwhile replay it as stored.
+        Err(error) => Err(store_json(call, ticket, Err(error))
+            .await
+            .err()
+            .unwrap_or_else(consumed)),
     }
 }
 

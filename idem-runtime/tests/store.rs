@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idem_runtime::{
     request_hash, Claim, IdempotencyCache, IdempotencyConfig, ManualClock, MessageId, SqliteStore,
-    Store, StoredResponse,
+    Store, StoredResponse, Waited,
 };
 
 const T0_MS: u64 = 1_800_000_000_000;
@@ -315,12 +315,12 @@ fn sixty_four_concurrent_claims_one_winner() {
                             ticket.complete(response("won")).await.unwrap();
                             "execute"
                         }
-                        Claim::InFlight(f) => match f.wait(Duration::from_secs(10)).await {
-                            Ok(Some(entry)) => {
+                        Claim::InFlight(f) => match f.wait(Duration::from_secs(10), false).await {
+                            Waited::Done(entry) => {
                                 assert_eq!(entry.response.body, b"won");
                                 "waited"
                             }
-                            other => panic!("waiter got {:?}", other.map(|e| e.is_some())),
+                            _ => panic!("a waiter saw no outcome"),
                         },
                         Claim::Cached(entry) => {
                             assert_eq!(entry.response.body, b"won");
@@ -349,9 +349,13 @@ async fn dropped_ticket_releases_the_key_to_waiters() {
     };
     assert!(waiter.matches("message/send", &hash));
     assert!(!waiter.matches("SendMessage", &hash));
-    let wait = tokio::spawn(waiter.wait(Duration::from_secs(5)));
+    let wait = tokio::spawn(waiter.wait(Duration::from_secs(5), false));
     drop(ticket);
-    assert_eq!(wait.await.unwrap(), Ok(None), "released without an outcome");
+    let waited = wait.await.unwrap();
+    assert!(
+        matches!(waited, Waited::Released),
+        "released without an outcome"
+    );
     assert!(matches!(
         cache.claim(&key(1), "message/send", &hash).await.unwrap(),
         Claim::Execute(_)
@@ -369,7 +373,68 @@ async fn wait_past_the_bound_reports_still_running() {
     let Claim::InFlight(waiter) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
         panic!()
     };
-    assert_eq!(waiter.wait(Duration::from_millis(20)).await, Err(()));
+    let waited = waiter.wait(Duration::from_millis(20), false).await;
+    assert!(matches!(waited, Waited::StillRunning));
+}
+
+#[tokio::test]
+async fn attaching_waiters_wake_on_progress_and_others_on_the_outcome() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(86_400, 100));
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::Execute(ticket) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
+    else {
+        panic!()
+    };
+    let stream_key = key(1);
+    let claim = || cache.claim(&stream_key, "message/stream", &hash);
+    let Claim::InFlight(attacher) = claim().await.unwrap() else {
+        panic!()
+    };
+    let Claim::InFlight(waiter) = claim().await.unwrap() else {
+        panic!()
+    };
+    let attaching = tokio::spawn(attacher.wait(Duration::from_secs(5), true));
+    let waiting = tokio::spawn(waiter.wait(Duration::from_secs(5), false));
+    tokio::task::yield_now().await;
+    ticket.set_progress(Arc::new(42_u32));
+    let Waited::Progressing(progress) = attaching.await.unwrap() else {
+        panic!("no progress")
+    };
+    assert_eq!(progress.downcast_ref::<u32>(), Some(&42));
+    assert!(
+        !waiting.is_finished(),
+        "a waiter that does not attach waits for the outcome"
+    );
+    ticket.complete(response("done")).await.unwrap();
+    let Waited::Done(entry) = waiting.await.unwrap() else {
+        panic!("no outcome")
+    };
+    assert_eq!(entry.response.body, b"done");
+}
+
+#[tokio::test]
+async fn quiesce_waits_for_executions_in_flight() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(86_400, 100));
+    assert!(
+        cache.quiesce(Duration::from_millis(10)).await,
+        "nothing in flight"
+    );
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::Execute(ticket) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    assert!(
+        !cache.quiesce(Duration::from_millis(20)).await,
+        "one in flight"
+    );
+    let quiet = tokio::spawn({
+        let cache = cache.clone();
+        async move { cache.quiesce(Duration::from_secs(5)).await }
+    });
+    ticket.complete(response("x")).await.unwrap();
+    assert!(quiet.await.unwrap());
 }
 
 #[tokio::test]

@@ -588,3 +588,61 @@ async fn without_the_layers_the_method_fails_loudly() {
     assert_eq!(reply.data_code(), "IDEMPOTENCY_LAYER_MISSING");
     assert_eq!(server.executions(), 0);
 }
+
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_call_does_not_cause_a_second_execution() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let body = send_with(1, "message/send", &mid, "x", json!({"delayMs": 800}));
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(&server.url)
+        .header("content-type", "application/json")
+        .header("A2A-Extensions", URI)
+        .body(body.clone())
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client hung up before the answer");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let retry = post_activated(&server.url, body).await;
+    assert!(retry.replayed(), "the call ran to its end and was stored");
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn another_payload_is_422_even_when_jsonrpsee_cannot_decode_it() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    post_activated(&server.url, send(1, &mid, "x")).await;
+    let undecodable = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"message/send","params":{{"message":{{"messageId":"{mid}","parts":[]}},"configuration":{{"historyLength":"ten"}}}}}}"#
+    );
+    let reply = post_activated(&server.url, undecodable).await;
+    assert_eq!((reply.status, reply.error_code()), (422, -32422));
+    assert_eq!(reply.json()["id"], 2);
+    assert_eq!(server.executions(), 1);
+    assert!(post_activated(&server.url, send(1, &mid, "x"))
+        .await
+        .replayed());
+}
+
+#[tokio::test]
+async fn governed_calls_over_websocket_are_refused() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let answer = websocket_call(&server.url, &send(1, &new_id(), "x")).await;
+    assert_eq!(answer["error"]["code"], -32600);
+    assert_eq!(answer["error"]["data"]["code"], "IDEMPOTENCY_HTTP_ONLY");
+    assert_eq!(server.executions(), 0);
+    let get = websocket_call(
+        &server.url,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tasks/get"}"#,
+    )
+    .await;
+    assert_eq!(get["result"], 0, "ungoverned methods are served");
+}

@@ -263,3 +263,23 @@ async fn a_stream_past_the_recording_limit_ends_with_an_error_event_stored_as_se
     assert_eq!(replay.raw, first.raw);
     assert_eq!(server.executions(), 1);
 }
+
+#[tokio::test]
+async fn duplicates_of_a_stream_that_fails_before_streaming_all_get_its_json_error() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let body = stream_request(1, &mid, "fail-early", json!({"setupMs": 300}));
+    let replies =
+        futures::future::join_all((0..5).map(|_| post_activated(&server.url, body.clone()))).await;
+    for reply in &replies {
+        assert!(reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("application/json"));
+        assert_eq!(reply.body, replies[0].body);
+        assert_eq!(reply.error_code(), -32001);
+    }
+    assert_eq!(replies.iter().filter(|r| r.replayed()).count(), 4);
+    assert_eq!(server.executions(), 1);
+}

@@ -99,7 +99,7 @@ impl TestAgentServer for Agent {
     }
 
     /// Streams `metadata.events` (default 4) events, `metadata.stepMs` (default 50) apart,
-    /// each padded with `metadata.padKiB` KiB.
+    /// each padded with `metadata.padKiB` KiB, after `metadata.setupMs` of setup.
     /// Text `fail-early` fails before streaming; `fail-mid` sends an error as the third event.
     #[idempotent]
     async fn stream(
@@ -410,4 +410,48 @@ impl SseReply {
 /// A `message/stream` request body.
 pub fn stream_request(id: u64, message_id: &str, text: &str, metadata: Value) -> String {
     send_with(id, "message/stream", message_id, text, metadata)
+}
+
+/// One JSON-RPC call over a WebSocket: the handshake and one masked text frame by hand
+/// (RFC 6455), since the tests need nothing more of a WebSocket client.
+pub async fn websocket_call(url: &str, request: &str) -> Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.strip_prefix("http://").unwrap();
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let handshake = format!(
+        "GET / HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         A2A-Extensions: {URI}\r\n\r\n"
+    );
+    socket.write_all(handshake.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(socket.read_u8().await.unwrap());
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let payload = request.as_bytes();
+    let mut frame = vec![
+        0x81,
+        0x80 | 126,
+        (payload.len() >> 8) as u8,
+        payload.len() as u8,
+    ];
+    frame.extend_from_slice(&[0, 0, 0, 0]); // a zero mask leaves the payload as it is
+    frame.extend_from_slice(payload);
+    socket.write_all(&frame).await.unwrap();
+    let (_, len) = (
+        socket.read_u8().await.unwrap(),
+        socket.read_u8().await.unwrap(),
+    );
+    let len = match len {
+        126 => socket.read_u16().await.unwrap() as usize,
+        n => n as usize,
+    };
+    let mut body = vec![0; len];
+    socket.read_exact(&mut body).await.unwrap();
+    serde_json::from_slice(&body).unwrap()
 }
