@@ -2,7 +2,7 @@
 //! (the machine is shared and noisy, so absolute figures only frame the ratios).
 //!
 //! - hashing: `request_hash` (I-JSON/number check + parse + JCS + SHA-256) against a plain
-//!   `serde_json` parse of the same 2 KB params, and our JCS writer against `serde_jcs`;
+//!   `serde_json` parse of the same 1.6 KB params, and our JCS writer against `serde_jcs`;
 //! - durability: stored entries per second with 1 writer at a time against 64 concurrent
 //!   writers, which share fsyncs through group commit.
 
@@ -60,7 +60,7 @@ fn main() {
     });
 }
 
-/// A 2 KB `message/send` params object, like a real A2A client sends.
+/// A 1.6 KB `message/send` params object, like a real A2A client sends.
 fn sample_params() -> Vec<u8> {
     let parts: Vec<_> = (0..12)
         .map(|i| json!({"kind": "text", "text": format!("step {i}: collect the telemetry and summarize anomalies"), "metadata": {"n": i, "w": 0.25}}))

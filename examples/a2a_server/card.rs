@@ -1,7 +1,7 @@
 //! The AgentCard, and the tower layer that serves it.
 //!
 //! jsonrpsee answers POST only, so `GET /.well-known/agent-card.json` is answered in front of
-//! it. One card serves both versions: the 0.3 required fields and the 1.0
+//! it; so is a request for an A2A version the agent does not speak (`version.rs`). One card serves both versions: the 0.3 required fields and the 1.0
 //! `supportedInterfaces` side by side (each version ignores the other's members).
 
 use std::future::{ready, Ready};
@@ -14,6 +14,8 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method};
 use jsonrpsee::server::{HttpBody, HttpResponse};
 use serde_json::{json, Value};
+
+use crate::version;
 
 /// Where A2A clients look for the card.
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
@@ -96,19 +98,20 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         if request.method() == Method::GET && request.uri().path() == CARD_PATH {
-            Either::Left(ready(Ok(self.card())))
+            Either::Left(ready(Ok(json_response(self.body.to_string()))))
+        } else if let Some(requested) = version::unsupported(request.headers()) {
+            let body = version::not_supported_body(&requested);
+            Either::Left(ready(Ok(json_response(body))))
         } else {
             Either::Right(self.inner.call(request))
         }
     }
 }
 
-impl<S> CardService<S> {
-    fn card(&self) -> HttpResponse {
-        let mut response = HttpResponse::new(HttpBody::from(self.body.to_string()));
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        response
-    }
+fn json_response(body: String) -> HttpResponse {
+    let mut response = HttpResponse::new(HttpBody::from(body));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }

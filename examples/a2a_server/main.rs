@@ -17,6 +17,7 @@ mod mission;
 mod model;
 mod shapes;
 mod tasks;
+mod version;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;

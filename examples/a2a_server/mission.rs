@@ -82,35 +82,34 @@ impl Missions {
         Ok(task)
     }
 
-    /// Like [`send`](Self::send), then follows the mission: the task, a status update halfway
-    /// through `durationMs`, and at its end the artifact and the final status update. The
-    /// stream completes the mission itself (the background completion, racing it, is a no-op).
+    /// Like [`send`](Self::send), then follows the mission to its end: the task, a status update
+    /// halfway to the deadline, then the artifact and the final status update. A message that
+    /// continues a task follows that task's mission the same way. The stream completes the
+    /// mission itself (the background completion, racing it, is a no-op).
     pub async fn stream(
         &self,
         message: Message,
         orders: Orders,
     ) -> RpcResult<BoxStream<'static, RpcResult<Progress>>> {
-        let continues = message.task_id.is_some();
         let task = self.begin(message, orders).await?;
+        let due_at_ms = self.store.due_at(task.id.clone()).await?;
+        let halfway = Duration::from_millis(due_at_ms.saturating_sub(clock::now_ms()) / 2);
         let first = Progress::Task(task.clone());
-        if continues {
-            // The mission keeps its own deadline; this stream reports the message was taken.
-            let last = Progress::Status { task, last: true };
-            return Ok(stream::iter([Ok(first), Ok(last)]).boxed());
-        }
-        let half = Duration::from_millis(orders.duration_ms / 2);
         let working = Progress::Status {
             task: task.clone(),
             last: false,
         };
         let missions = self.clone();
         let end = async move {
-            tokio::time::sleep(half).await;
+            tokio::time::sleep(Duration::from_millis(
+                due_at_ms.saturating_sub(clock::now_ms()),
+            ))
+            .await;
             missions.complete(task.id).await
         };
         let events = stream::iter([Ok(first)])
             .chain(stream::once(async move {
-                tokio::time::sleep(half).await;
+                tokio::time::sleep(halfway).await;
                 Ok(working)
             }))
             .chain(stream::once(end).flat_map(|ended| stream::iter(ending(ended))));

@@ -173,6 +173,16 @@ impl TaskStore {
         .await
     }
 
+    /// When the mission of a task completes (epoch ms).
+    pub async fn due_at(&self, id: String) -> RpcResult<u64> {
+        self.run(move |conn| {
+            let mut statement = conn.prepare("SELECT due_at FROM tasks WHERE id = ?1")?;
+            let due_at: i64 = statement.query_row([id], |row| row.get(0))?;
+            Ok(due_at.max(0) as u64)
+        })
+        .await
+    }
+
     /// Runs `work` on the blocking pool: SQLite calls block, async worker threads must not.
     async fn run<T: Send + 'static>(
         &self,

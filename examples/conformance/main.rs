@@ -37,7 +37,12 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("idempotency/v1 conformance harness\n{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let args = match parse_args(args.into_iter()) {
         Ok(args) => args,
         Err(message) => {
             eprintln!("{message}\n{USAGE}");
@@ -84,7 +89,6 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--url" => url = Some(value()?),
             "--restart-cmd" => restart_cmd = Some(value()?),
             "--db" => db = Some(PathBuf::from(value()?)),
-            "-h" | "--help" => return Err("idempotency/v1 conformance harness".into()),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }

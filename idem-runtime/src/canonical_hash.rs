@@ -102,7 +102,7 @@ mod tests {
 
     fn testdata(rel: &str) -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/testdata/jcs")
+            .join("tests/data/jcs")
             .join(rel)
     }
 
@@ -133,6 +133,11 @@ mod tests {
     #[test]
     fn es6_number_file_every_line() {
         let text = std::fs::read_to_string(testdata("es6testfile10k.txt")).unwrap();
+        // The checksum published with the file (tests/data/jcs/README.md): our copy is whole.
+        assert_eq!(
+            hex(&Sha256::digest(text.as_bytes())),
+            "b9f7a8e75ef22a835685a52ccba7f7d6bdc99e34b010992cbc5864cd12be6892"
+        );
         let mut lines = 0;
         for line in text.lines() {
             let (bits, expected) = line.split_once(',').unwrap();

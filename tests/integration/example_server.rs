@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::conformance::server_process::{example_binary, ServerProcess};
-use crate::support::{new_id, post, post_activated, send_with, Reply, URI};
+use crate::support::{new_id, post, post_activated, send_with, Reply, SseReply, URI};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -268,6 +268,57 @@ async fn a2a_1_0_send_and_get_have_the_1_0_shapes() {
     assert_eq!(got["id"], task["id"]);
     assert_eq!(got["status"]["state"], "TASK_STATE_WORKING", "{got}");
     assert!(!has_kind(&got), "{got}");
+}
+
+#[tokio::test]
+async fn an_unsupported_a2a_version_is_refused_before_anything_runs() {
+    let server = ServerProcess::start(&[]);
+    let message = json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": "hi"}]});
+    let body = rpc("SendMessage", json!({"message": message}));
+    let headers = [("A2A-Extensions", URI), ("A2A-Version", "9.9")];
+    let refused = post(&server.url, body.clone(), &headers).await;
+    assert_eq!(refused.error_code(), -32009);
+    assert_eq!(refused.json()["error"]["data"]["requested"], "9.9");
+    assert_eq!(count(server.db(), "SELECT COUNT(*) FROM tasks", &[]), 0);
+    let empty = [("A2A-Extensions", URI), ("A2A-Version", "")];
+    let served = post(&server.url, body, &empty).await;
+    assert_eq!(served.status, 200, "an empty A2A-Version is 0.3");
+    assert!(served.json()["result"]["task"].is_object());
+}
+
+#[tokio::test]
+async fn a_stream_that_continues_a_task_follows_it_to_its_end() {
+    let server = ServerProcess::start(&[]);
+    let first = send_with(
+        1,
+        "message/send",
+        &new_id(),
+        "first",
+        json!({"durationMs": 600}),
+    );
+    let task = post_activated(&server.url, first).await.json()["result"].clone();
+    let more = json!({"kind": "message", "messageId": new_id(), "role": "user",
+        "taskId": task["id"], "parts": [{"kind": "text", "text": "more"}]});
+    let body = rpc("message/stream", json!({"message": more}));
+    let mut stream = SseReply::open(&server.url, body, &[("A2A-Extensions", URI)]).await;
+    let events = stream.rest().await;
+    let last = &events.last().expect("events")["result"];
+    assert_eq!(last["kind"], "status-update", "{events:?}");
+    assert_eq!(
+        (last["final"].clone(), last["status"]["state"].clone()),
+        (json!(true), json!("completed"))
+    );
+    let artifact = events
+        .iter()
+        .find(|e| e["result"]["kind"] == "artifact-update")
+        .expect("an artifact");
+    let texts: Vec<_> = artifact["result"]["artifact"]["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["text"].clone())
+        .collect();
+    assert_eq!(texts, [json!("first"), json!("more")]);
 }
 
 /// Whether any object in `value` has a `kind` member (0.3 has them, 1.0 none).

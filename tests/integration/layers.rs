@@ -305,8 +305,7 @@ async fn concurrent_different_payloads_under_one_key_get_422_at_once() {
         send_with(1, "message/send", &mid, "x", json!({"delayMs": 1500})),
     );
     let slow = tokio::spawn(async move { post_activated(&url, body).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let started = std::time::Instant::now();
+    server.wait_for_executions(1).await;
     let others = join_all(
         (0..20).map(|i| post_activated(&server.url, send(1, &mid, &format!("other-{i}")))),
     )
@@ -315,7 +314,7 @@ async fn concurrent_different_payloads_under_one_key_get_422_at_once() {
         .iter()
         .all(|r| r.status == 422 && r.error_code() == -32422));
     assert!(
-        started.elapsed() < Duration::from_millis(1200),
+        !slow.is_finished(),
         "collisions do not wait for the first call"
     );
     assert_eq!(slow.await.unwrap().status, 200);
@@ -335,7 +334,7 @@ async fn waiting_past_the_bound_is_409_then_the_replay_arrives() {
     let body = send_with(1, "message/send", &mid, "x", json!({"delayMs": 1000}));
     let (url, first_body) = (server.url.clone(), body.clone());
     let first = tokio::spawn(async move { post_activated(&url, first_body).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.wait_for_executions(1).await;
     let busy = post_activated(&server.url, body.clone()).await;
     assert_eq!(busy.status, 409);
     assert_eq!(busy.data_code(), "IDEMPOTENCY_REQUEST_IN_PROGRESS");
@@ -607,7 +606,16 @@ async fn a_client_that_hangs_up_mid_call_does_not_cause_a_second_execution() {
         .send()
         .await;
     assert!(gave_up.is_err(), "the client hung up before the answer");
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    server.wait_for_executions(1).await;
+    // The call goes on without its client; once stored, the retry is its replay.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while db.row(&mid).is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call was never stored"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let retry = post_activated(&server.url, body).await;
     assert!(retry.replayed(), "the call ran to its end and was stored");
     assert_eq!(server.executions(), 1);

@@ -117,6 +117,9 @@ impl TestAgentServer for Agent {
             .as_str()
             .unwrap_or_default()
             .to_owned();
+        if let Some(ms) = metadata["setupMs"].as_u64() {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         if text == "fail-early" {
             return Err(ErrorObjectOwned::owned(
                 -32001,
@@ -203,6 +206,15 @@ impl TestServer {
 
     pub fn executions(&self) -> usize {
         self.executions.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the agent's body has started `n` times: a call is then surely in flight.
+    pub async fn wait_for_executions(&self, n: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.executions() < n {
+            assert!(std::time::Instant::now() < deadline, "no execution started");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Stops the server and waits until it has, so the store can be dropped and reopened.
