@@ -99,7 +99,23 @@ where
                 *entry = Err(BatchEntryErr::new(request.id.clone().into_owned(), error));
             }
         }
-        self.inner.batch(batch)
+        let inner = self.inner.clone();
+        async move {
+            // jsonrpsee may refuse an entry's typed params before the guard sees it, and a
+            // batch's answers cannot be amended afterwards: find the collisions first.
+            for entry in batch.iter_mut() {
+                let Ok(BatchEntry::Call(request)) = entry else {
+                    continue;
+                };
+                let Some(call) = request.extensions().get::<GovernedCall>().cloned() else {
+                    continue;
+                };
+                if let Some(error) = held_by_another(&call).await {
+                    *entry = Err(BatchEntryErr::new(call.id.clone(), error));
+                }
+            }
+            inner.batch(batch).await
+        }
     }
 
     fn notification<'a>(
@@ -188,10 +204,18 @@ impl<S> RpcService<S> {
 
 /// The 422 collision if another payload (or method) holds the call's key; else `response`.
 async fn collision_instead(call: &GovernedCall, response: MethodResponse) -> MethodResponse {
+    match held_by_another(call).await {
+        Some(error) => MethodResponse::error(call.id.clone(), error),
+        None => response,
+    }
+}
+
+/// The spec's 422 when another payload (or method) holds the call's key.
+async fn held_by_another(call: &GovernedCall) -> Option<ErrorObjectOwned> {
     match call.cache.holder(&call.key).await {
         Ok(Some((method, hash))) if method != call.method || hash != call.hash => {
-            MethodResponse::error(call.id.clone(), collision(call, &method, hash.as_str()))
+            Some(collision(call, &method, hash.as_str()))
         }
-        _ => response,
+        _ => None,
     }
 }

@@ -654,3 +654,37 @@ async fn governed_calls_over_websocket_are_refused() {
     .await;
     assert_eq!(get["result"], 0, "ungoverned methods are served");
 }
+
+#[tokio::test]
+async fn in_a_batch_an_undecodable_entry_under_a_held_key_is_422_too() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    post_activated(&server.url, send(1, &mid, "x")).await;
+    let undecodable = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"message/send","params":{{"message":{{"messageId":"{mid}","parts":[]}},"configuration":{{"historyLength":"ten"}}}}}}"#
+    );
+    let reply = post_activated(
+        &server.url,
+        format!("[{undecodable}, {}]", send(3, &mid, "x")),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let entries = reply.json();
+    let by_id = |id: u64| {
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(by_id(2)["error"]["code"], -32422);
+    assert_eq!(
+        by_id(3)["result"]["echo"],
+        "x",
+        "the original still replays"
+    );
+    assert_eq!(server.executions(), 1);
+}
