@@ -312,18 +312,27 @@ impl Reply {
 
 /// POSTs `body` with the activation header (unless `headers` says otherwise).
 pub async fn post(url: &str, body: impl Into<reqwest::Body>, headers: &[(&str, &str)]) -> Reply {
+    let response = send_request(url, body, headers).await;
+    Reply {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.bytes().await.unwrap().to_vec(),
+    }
+}
+
+/// A JSON POST with these headers; the response's body is left to read.
+async fn send_request(
+    url: &str,
+    body: impl Into<reqwest::Body>,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
     let mut request = reqwest::Client::new()
         .post(url)
         .header("content-type", "application/json");
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
-    let response = request.body(body).send().await.expect("server answers");
-    Reply {
-        status: response.status().as_u16(),
-        headers: response.headers().clone(),
-        body: response.bytes().await.unwrap().to_vec(),
-    }
+    request.body(body).send().await.expect("server answers")
 }
 
 pub const ACTIVATED: &[(&str, &str)] = &[("A2A-Extensions", URI)];
@@ -367,13 +376,7 @@ pub struct SseReply {
 
 impl SseReply {
     pub async fn open(url: &str, body: String, headers: &[(&str, &str)]) -> Self {
-        let mut request = reqwest::Client::new()
-            .post(url)
-            .header("content-type", "application/json");
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let response = request.body(body).send().await.expect("server answers");
+        let response = send_request(url, body, headers).await;
         Self {
             status: response.status().as_u16(),
             headers: response.headers().clone(),
