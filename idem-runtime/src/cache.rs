@@ -220,19 +220,18 @@ impl Ticket {
 
     /// Stores the outcome durably, then releases the key and hands the entry to the waiters.
     /// Returns only after the entry is committed.
-    pub async fn complete(self, response: StoredResponse) -> Result<Entry, StoreError> {
+    pub async fn complete(self, response: StoredResponse) -> Result<(), StoreError> {
         let cache = self.cache.upgrade().ok_or(StoreError::Closed)?;
-        let entry = Entry {
+        let entry = Arc::new(Entry {
             message_id: self.key.clone(),
             method: self.method.clone(),
             request_hash: self.request_hash.clone(),
             response,
             inserted_at: cache.store.now_seconds(),
-        };
+        });
         cache.store.put(entry.clone()).await?;
-        self.phase
-            .send_replace(Phase::Done(Arc::new(entry.clone())));
-        Ok(entry)
+        self.phase.send_replace(Phase::Done(entry));
+        Ok(())
         // Drop removes the key from the in-flight table, after the commit.
     }
 }

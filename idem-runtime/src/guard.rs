@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use futures::FutureExt;
 use jsonrpsee::types::{ErrorObjectOwned, Id, Response, ResponsePayload};
@@ -77,7 +78,7 @@ pub(crate) enum Decision {
     /// The key is ours: run the body and complete the ticket.
     Execute(Ticket),
     /// A stored outcome answers this call.
-    Replay(Entry),
+    Replay(Arc<Entry>),
     /// The same call is running and shares live progress (streams only).
     Attach(Progress),
     /// Refused (collision, 409, store failure); already recorded in the scope.
@@ -92,7 +93,7 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
         let flight = match claim {
             Err(e) => return Decision::Refuse(store_failure(call, e)),
             Ok(Claim::Execute(ticket)) => return Decision::Execute(ticket),
-            Ok(Claim::Cached(entry)) => return replay_or_collide(call, entry),
+            Ok(Claim::Cached(entry)) => return replay_or_collide(call, Arc::new(entry)),
             Ok(Claim::InFlight(flight)) => flight,
         };
         if !flight.matches(&call.method, &call.hash) {
@@ -100,7 +101,7 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
             return Decision::Refuse(collision(call, flight.method(), &original_hash));
         }
         match flight.wait(call.in_flight_wait, attach).await {
-            Waited::Done(entry) => return replay_or_collide(call, (*entry).clone()),
+            Waited::Done(entry) => return replay_or_collide(call, entry),
             Waited::Progressing(progress) => return Decision::Attach(progress),
             // The first call gave up without an outcome: claim again.
             Waited::Released => continue,
@@ -112,7 +113,7 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
     }
 }
 
-fn replay_or_collide(call: &GovernedCall, entry: Entry) -> Decision {
+fn replay_or_collide(call: &GovernedCall, entry: Arc<Entry>) -> Decision {
     if entry.matches(&call.method, &call.hash) {
         Decision::Replay(entry)
     } else {
@@ -143,9 +144,11 @@ pub(crate) async fn store_json(call: &GovernedCall, ticket: Ticket, payload: Pay
         body: response_bytes(&call.id, &payload),
     };
     match ticket.complete(response).await {
-        Ok(entry) => {
+        // The stored bytes were serialized from this very payload: answering with it is
+        // answering with what is stored.
+        Ok(()) => {
             call.scope.record(Outcome::Executed);
-            decode(&entry.response.body).unwrap_or(payload)
+            payload
         }
         Err(e) => Err(store_failure(call, e)),
     }

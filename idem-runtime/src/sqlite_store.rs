@@ -72,7 +72,7 @@ struct Shared {
 }
 
 enum Write {
-    Put(Box<Entry>, oneshot::Sender<Result<(), StoreError>>),
+    Put(Arc<Entry>, oneshot::Sender<Result<(), StoreError>>),
     Sweep(oneshot::Sender<Result<u64, StoreError>>),
 }
 
@@ -186,9 +186,9 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn put(&self, entry: Entry) -> Result<(), StoreError> {
+    async fn put(&self, entry: Arc<Entry>) -> Result<(), StoreError> {
         let (reply, done) = oneshot::channel();
-        self.send(Write::Put(Box::new(entry), reply))?;
+        self.send(Write::Put(entry, reply))?;
         done.await.map_err(|_| StoreError::Closed)?
     }
 

@@ -1,5 +1,7 @@
 //! What the guard stores: one entry per message id, and the durable `Store` that keeps them.
 
+use std::sync::Arc;
+
 use crate::canonical_hash::RequestHash;
 use crate::message_id::MessageId;
 
@@ -44,8 +46,9 @@ pub trait Store: Send + Sync + 'static {
     async fn get(&self, key: &MessageId) -> Result<Option<Entry>, StoreError>;
 
     /// Stores `entry` durably, replacing any row for its key (an expired one, AC-3).
-    /// Returns only once the transaction has committed.
-    async fn put(&self, entry: Entry) -> Result<(), StoreError>;
+    /// Returns only once the transaction has committed. Shared, not copied: the waiting
+    /// duplicates are answered from the same entry.
+    async fn put(&self, entry: Arc<Entry>) -> Result<(), StoreError>;
 
     /// Deletes expired entries; returns how many.
     async fn sweep(&self) -> Result<u64, StoreError>;
