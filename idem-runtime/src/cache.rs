@@ -268,14 +268,6 @@ impl InFlight {
         self.0.method == method && &self.0.request_hash == hash
     }
 
-    /// Live progress the executor shares, if any.
-    pub fn progress(&self) -> Option<Progress> {
-        match &*self.0.phase.borrow() {
-            Phase::Progressing(progress) => Some(progress.clone()),
-            _ => None,
-        }
-    }
-
     /// Waits, without polling, at most `bound`, for the running call to finish or, with
     /// `attach`, to share live progress.
     pub async fn wait(mut self, bound: Duration, attach: bool) -> Waited {
