@@ -2,7 +2,7 @@
 //! params, asks the missions, and renders the result in the shape of the method called.
 
 use futures::StreamExt;
-use idem::{idempotent, EventStream, Replayable};
+use idem::{idempotent, EventStream, Replayable, UnitOfWork};
 use jsonrpsee::core::{async_trait, RpcResult};
 use jsonrpsee::proc_macros::rpc;
 use jsonrpsee::Extensions;
@@ -83,9 +83,11 @@ impl Agent {
     }
 
     /// Both send methods; runs inside the idempotency guard, so everything it does (task,
-    /// outbox event, error) happens once per messageId.
+    /// outbox event, error) happens once per messageId: its writes commit in the unit of work
+    /// of the call, with its cache entry.
     async fn send(
         &self,
+        ext: &Extensions,
         shape: Shape,
         message: Value,
         configuration: Option<SendConfiguration>,
@@ -93,7 +95,8 @@ impl Agent {
     ) -> RpcResult<Replayable<Value>> {
         let orders = Orders::from_metadata(metadata.as_ref())?;
         let message = shapes::parse_message(&message).map_err(errors::invalid_params)?;
-        let task = self.missions.send(message, orders).await?;
+        let unit = UnitOfWork::of(ext)?;
+        let task = self.missions.send(&unit, message, orders).await?;
         let history_length = configuration.and_then(|c| c.history_length);
         Ok(shape.send_result(&task, history_length).into())
     }
@@ -101,13 +104,15 @@ impl Agent {
     /// Both streaming methods; the guard records the events and replays them per messageId.
     async fn stream(
         &self,
+        ext: &Extensions,
         shape: Shape,
         message: Value,
         metadata: Option<Value>,
     ) -> RpcResult<EventStream<Value>> {
         let orders = Orders::from_metadata(metadata.as_ref())?;
         let message = shapes::parse_message(&message).map_err(errors::invalid_params)?;
-        let progress = self.missions.stream(message, orders).await?;
+        let unit = UnitOfWork::of(ext)?;
+        let progress = self.missions.stream(&unit, message, orders).await?;
         let events = progress.map(move |step| step.map(|step| shape.stream_event(&step)));
         Ok(EventStream::new(events))
     }
@@ -133,7 +138,7 @@ impl A2aServer for Agent {
         configuration: Option<SendConfiguration>,
         metadata: Option<Value>,
     ) -> RpcResult<Replayable<Value>> {
-        self.send(Shape::V03, message, configuration, metadata)
+        self.send(ext, Shape::V03, message, configuration, metadata)
             .await
     }
 
@@ -145,7 +150,7 @@ impl A2aServer for Agent {
         configuration: Option<SendConfiguration>,
         metadata: Option<Value>,
     ) -> RpcResult<Replayable<Value>> {
-        self.send(Shape::V10, message, configuration, metadata)
+        self.send(ext, Shape::V10, message, configuration, metadata)
             .await
     }
 
@@ -157,7 +162,7 @@ impl A2aServer for Agent {
         _configuration: Option<SendConfiguration>,
         metadata: Option<Value>,
     ) -> RpcResult<EventStream<Value>> {
-        self.stream(Shape::V03, message, metadata).await
+        self.stream(ext, Shape::V03, message, metadata).await
     }
 
     #[idempotent]
@@ -168,7 +173,7 @@ impl A2aServer for Agent {
         _configuration: Option<SendConfiguration>,
         metadata: Option<Value>,
     ) -> RpcResult<EventStream<Value>> {
-        self.stream(Shape::V10, message, metadata).await
+        self.stream(ext, Shape::V10, message, metadata).await
     }
 
     async fn tasks_get(&self, id: String, history_length: Option<u32>) -> RpcResult<Value> {

@@ -77,9 +77,10 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(65);
 
 /// Starts the server, runs it until a signal, and stops it. Errors are startup errors.
 async fn serve(cli: Cli) -> Result<(), String> {
-    // First: the idempotency store creates the database file, with mode 0600.
+    // First: the idempotency store creates the database file, with mode 0600, and locks it.
     let idem = idempotency(&cli)?;
-    let store = TaskStore::open(cli.db.clone())
+    let database = idem.database().expect("every mode opens the store");
+    let store = TaskStore::open(database)
         .await
         .map_err(|e| format!("cannot open tables in {}: {e}", cli.db.display()))?;
     let missions = Missions::new(store);
@@ -104,16 +105,17 @@ async fn serve(cli: Cli) -> Result<(), String> {
 }
 
 /// The extension as the mode asks, configured by `AIWG_IDEMPOTENCY_*` (checked in every mode:
-/// a malformed value is a mistake even where it has no effect).
+/// a malformed value is a mistake even where it has no effect). Every mode opens the store:
+/// its writer commits the tasks, deduplicated or not.
 fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
     let config = IdempotencyConfig::from_env().map_err(|e| e.to_string())?;
-    let required = match cli.mode {
-        Mode::Required => true,
-        Mode::Optional => false,
-        Mode::Off => return Ok(Idempotency::off()),
-    };
-    Idempotency::open(&cli.db, IdempotencyConfig { required, ..config })
-        .map_err(|e| format!("cannot open database {}: {e}", cli.db.display()))
+    let required = !matches!(cli.mode, Mode::Optional);
+    let idem = Idempotency::open(&cli.db, IdempotencyConfig { required, ..config })
+        .map_err(|e| format!("cannot open database {}: {e}", cli.db.display()))?;
+    Ok(match cli.mode {
+        Mode::Off => idem.without_deduplication(),
+        Mode::Required | Mode::Optional => idem,
+    })
 }
 
 /// Binds first, because the card must name the address actually bound (`--listen :0`).

@@ -10,6 +10,8 @@ use jsonrpsee::types::ErrorObjectOwned;
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
+use idem::UnitOfWork;
+
 use crate::clock;
 use crate::errors;
 use crate::model::{Artifact, Message, Part, Task, TaskState};
@@ -75,9 +77,15 @@ impl Missions {
         Self { store }
     }
 
-    /// Assigns a mission, or continues the task the message names.
-    pub async fn send(&self, message: Message, orders: Orders) -> RpcResult<Task> {
-        let task = self.begin(message, orders).await?;
+    /// Assigns a mission, or continues the task the message names; the task and its event
+    /// commit with the call's `unit` of work.
+    pub async fn send(
+        &self,
+        unit: &UnitOfWork,
+        message: Message,
+        orders: Orders,
+    ) -> RpcResult<Task> {
+        let (task, _) = self.begin(unit, message, orders).await?;
         tokio::time::sleep(Duration::from_millis(orders.delay_ms)).await;
         Ok(task)
     }
@@ -88,11 +96,11 @@ impl Missions {
     /// mission itself (the background completion, racing it, is a no-op).
     pub async fn stream(
         &self,
+        unit: &UnitOfWork,
         message: Message,
         orders: Orders,
     ) -> RpcResult<BoxStream<'static, RpcResult<Progress>>> {
-        let task = self.begin(message, orders).await?;
-        let due_at_ms = self.store.due_at(task.id.clone()).await?;
+        let (task, due_at_ms) = self.begin(unit, message, orders).await?;
         let halfway = Duration::from_millis(due_at_ms.saturating_sub(clock::now_ms()) / 2);
         let first = Progress::Task(task.clone());
         let working = Progress::Status {
@@ -117,15 +125,21 @@ impl Missions {
     }
 
     /// The checks and effects shared by both sends: the `fail` order, then assign or continue.
-    async fn begin(&self, message: Message, orders: Orders) -> RpcResult<Task> {
+    /// Returns the task and when its mission completes (epoch ms).
+    async fn begin(
+        &self,
+        unit: &UnitOfWork,
+        message: Message,
+        orders: Orders,
+    ) -> RpcResult<(Task, u64)> {
         if message.texts().eq(["fail"]) {
             return Err(errors::mission_failed(
                 "the message asked the mission to fail",
             ));
         }
         match message.task_id.clone() {
-            Some(task_id) => self.continue_task(task_id, message).await,
-            None => self.assign(message, orders.duration_ms).await,
+            Some(task_id) => self.continue_task(unit, task_id, message).await,
+            None => self.assign(unit, message, orders.duration_ms),
         }
     }
 
@@ -155,7 +169,14 @@ impl Missions {
         Ok(working.len())
     }
 
-    async fn assign(&self, message: Message, duration_ms: u64) -> RpcResult<Task> {
+    /// Stages a new working task and its `mission.assigned` event; the mission's timer starts
+    /// once they are committed.
+    fn assign(
+        &self,
+        unit: &UnitOfWork,
+        message: Message,
+        duration_ms: u64,
+    ) -> RpcResult<(Task, u64)> {
         let task = Task::assign(message);
         let due_at_ms = clock::now_ms() + duration_ms;
         let assigned = event(
@@ -163,32 +184,40 @@ impl Missions {
             &task,
             json!({ "durationMs": duration_ms }),
         );
-        self.store.insert(task.clone(), due_at_ms, assigned).await?;
-        self.schedule(task.id.clone(), due_at_ms);
-        tracing::info!(task_id = %task.id, duration_ms, "mission assigned");
-        Ok(task)
+        self.store.stage_insert(unit, &task, due_at_ms, assigned)?;
+        let (missions, task_id) = (self.clone(), task.id.clone());
+        unit.after_commit(move || {
+            tracing::info!(%task_id, duration_ms, "mission assigned");
+            missions.schedule(task_id, due_at_ms);
+        })?;
+        Ok((task, due_at_ms))
     }
 
     /// Adds the message to a working task's history; its mission keeps its deadline.
-    async fn continue_task(&self, task_id: String, message: Message) -> RpcResult<Task> {
-        self.store
-            .update(task_id, move |task| {
-                if task.state.is_terminal() {
-                    return Err(errors::task_terminal(&task.id, task.state.name()));
-                }
-                if message
-                    .context_id
-                    .as_ref()
-                    .is_some_and(|c| *c != task.context_id)
-                {
-                    return Err(errors::invalid_params(
-                        "message.contextId differs from the contextId of message.taskId",
-                    ));
-                }
-                task.append(message);
-                Ok(None)
-            })
-            .await
+    async fn continue_task(
+        &self,
+        unit: &UnitOfWork,
+        task_id: String,
+        message: Message,
+    ) -> RpcResult<(Task, u64)> {
+        let loaded = self.store.load(task_id).await?;
+        let mut task = loaded.task.clone();
+        if task.state.is_terminal() {
+            return Err(errors::task_terminal(&task.id, task.state.name()));
+        }
+        if message
+            .context_id
+            .as_ref()
+            .is_some_and(|c| *c != task.context_id)
+        {
+            return Err(errors::invalid_params(
+                "message.contextId differs from the contextId of message.taskId",
+            ));
+        }
+        task.append(message);
+        let due_at_ms = loaded.due_at_ms;
+        self.store.stage_update(unit, loaded, &task)?;
+        Ok((task, due_at_ms))
     }
 
     fn schedule(&self, task_id: String, due_at_ms: u64) {

@@ -1,16 +1,16 @@
 //! The task store: tables `tasks` and `outbox` in the same SQLite file as the idempotency cache.
 //!
 //! A task and the outbox event it causes commit in one transaction, so the outbox never
-//! announces a task that does not exist and no task misses its event. One connection behind a
-//! mutex is plenty for an example; every use of it runs on tokio's blocking pool.
+//! announces a task that does not exist and no task misses its event. A send stages them in
+//! its call's unit of work, so they commit with the call's cache entry: a crash at any instant
+//! leaves both or neither, and a retry never creates a second task. Every other write goes
+//! through the same writer (`Database::transact`), reads go to the store's read connections:
+//! no connection of the example's own, no mutex, no blocking thread per request.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-
+use idem::{rusqlite, Database, TransactError, UnitOfWork, WriteError};
 use jsonrpsee::core::RpcResult;
 use jsonrpsee::types::ErrorObjectOwned;
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
 use crate::clock;
@@ -48,7 +48,16 @@ pub struct Event {
 /// The `tasks` and `outbox` tables.
 #[derive(Clone)]
 pub struct TaskStore {
-    conn: Arc<Mutex<Connection>>,
+    db: Database,
+}
+
+/// A task as read, with what a later change of it is checked against.
+pub struct Loaded {
+    pub task: Task,
+    /// When its mission completes (epoch ms).
+    pub due_at_ms: u64,
+    /// `task_json` as read: a staged change applies only if the row still holds it.
+    seen: String,
 }
 
 /// Why a unit of store work stopped: the store failed, or the change itself refused.
@@ -87,60 +96,89 @@ impl From<Failure> for ErrorObjectOwned {
     }
 }
 
+impl From<TransactError<Failure>> for Failure {
+    fn from(error: TransactError<Failure>) -> Self {
+        match error {
+            TransactError::Refused(failure) => failure,
+            TransactError::Store(e) => Self::Storage(e.to_string()),
+        }
+    }
+}
+
 impl TaskStore {
-    /// Opens the tables in the database file. The idempotency store normally created the file
-    /// already; with the extension off this creates it, private (0600) like the store does.
-    pub async fn open(path: PathBuf) -> Result<Self, String> {
-        let conn = tokio::task::spawn_blocking(move || connect(&path))
+    /// Creates the tables in the store's database if they are not there yet.
+    pub async fn open(db: Database) -> Result<Self, String> {
+        db.transact(|conn| conn.execute_batch(SCHEMA))
             .await
-            .map_err(|e| e.to_string())??;
-        Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            .map_err(|e| e.to_string())?;
+        Ok(Self { db })
+    }
+
+    /// Stages a new task, and the event that announces it, in the call's unit of work.
+    pub fn stage_insert(
+        &self,
+        unit: &UnitOfWork,
+        task: &Task,
+        due_at_ms: u64,
+        event: Event,
+    ) -> RpcResult<()> {
+        let task_json = serde_json::to_string(task).map_err(Failure::from)?;
+        let (id, context_id, state) = (task.id.clone(), task.context_id.clone(), task.state.name());
+        unit.stage(move |conn| {
+            conn.execute(
+                "INSERT INTO tasks (id, context_id, state, due_at, created_at, updated_at, task_json)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
+                params![id, context_id, state, due_at_ms as i64, clock::now_ms() as i64, task_json],
+            )?;
+            record(conn, &id, &event)?;
+            Ok(())
         })
     }
 
-    /// Stores a new task together with the event that announces it.
-    pub async fn insert(&self, task: Task, due_at_ms: u64, event: Event) -> RpcResult<()> {
-        self.run(move |conn| {
-            let tx = conn.transaction()?;
-            let now = clock::now_ms() as i64;
-            tx.execute(
-                "INSERT INTO tasks (id, context_id, state, due_at, created_at, updated_at, task_json)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
-                params![
-                    task.id,
-                    task.context_id,
-                    task.state.name(),
-                    due_at_ms as i64,
-                    now,
-                    serde_json::to_string(&task)?
-                ],
+    /// Stages `task`, changed from what `loaded` read, in the call's unit of work. It applies
+    /// only if the row is unchanged since: a concurrent change fails the call (uncached), and
+    /// its retry runs on the task as it is then.
+    pub fn stage_update(&self, unit: &UnitOfWork, loaded: Loaded, task: &Task) -> RpcResult<()> {
+        let task_json = serde_json::to_string(task).map_err(Failure::from)?;
+        let (id, state) = (task.id.clone(), task.state.name());
+        unit.stage(move |conn| {
+            let changed = conn.execute(
+                "UPDATE tasks SET state = ?2, updated_at = ?3, task_json = ?4
+                 WHERE id = ?1 AND task_json = ?5",
+                params![id, state, clock::now_ms() as i64, task_json, loaded.seen],
             )?;
-            record(&tx, &task.id, &event)?;
-            tx.commit()?;
-            Ok(())
+            match changed {
+                1 => Ok(()),
+                _ => Err(WriteError::from(format!(
+                    "task {id} changed while the call ran"
+                ))),
+            }
         })
-        .await
     }
 
     /// The task `id`, or -32001.
     pub async fn get(&self, id: String) -> RpcResult<Task> {
-        self.run(move |conn| load(conn, &id)).await
+        Ok(self.load(id).await?.task)
     }
 
-    /// Applies `change` to task `id` and writes the result and its event (if any) atomically.
-    /// An error from `change` leaves the task untouched.
+    /// The task `id` with its deadline, or -32001.
+    pub async fn load(&self, id: String) -> RpcResult<Loaded> {
+        self.read(move |conn| load(conn, &id)).await
+    }
+
+    /// Applies `change` to task `id` and writes the result and its event (if any) atomically,
+    /// through the store's writer. An error from `change` leaves the task untouched.
     pub async fn update(
         &self,
         id: String,
         change: impl FnOnce(&mut Task) -> Result<Option<Event>, ErrorObjectOwned> + Send + 'static,
     ) -> RpcResult<Task> {
-        self.run(move |conn| {
-            // IMMEDIATE: the read and the write must see no other writer in between.
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut task = load(&tx, &id)?;
+        let changed = self.db.transact(move |conn| {
+            // The writer's transaction holds the write lock: nothing changes between the
+            // read and the write.
+            let Loaded { mut task, .. } = load(conn, &id)?;
             let event = change(&mut task)?;
-            tx.execute(
+            conn.execute(
                 "UPDATE tasks SET state = ?2, updated_at = ?3, task_json = ?4 WHERE id = ?1",
                 params![
                     task.id,
@@ -150,17 +188,16 @@ impl TaskStore {
                 ],
             )?;
             if let Some(event) = event {
-                record(&tx, &task.id, &event)?;
+                record(conn, &task.id, &event)?;
             }
-            tx.commit()?;
-            Ok(task)
-        })
-        .await
+            Ok::<_, Failure>(task)
+        });
+        changed.await.map_err(|e| Failure::from(e).into())
     }
 
     /// Ids and deadlines of the missions still running: after a restart they are resumed.
     pub async fn working(&self) -> RpcResult<Vec<(String, u64)>> {
-        self.run(|conn| {
+        self.read(|conn| {
             let mut statement = conn.prepare("SELECT id, due_at FROM tasks WHERE state = ?1")?;
             let rows = statement.query_map(["working"], |row| {
                 Ok((
@@ -173,82 +210,34 @@ impl TaskStore {
         .await
     }
 
-    /// When the mission of a task completes (epoch ms).
-    pub async fn due_at(&self, id: String) -> RpcResult<u64> {
-        self.run(move |conn| {
-            let mut statement = conn.prepare("SELECT due_at FROM tasks WHERE id = ?1")?;
-            let due_at: i64 = statement.query_row([id], |row| row.get(0))?;
-            Ok(due_at.max(0) as u64)
-        })
-        .await
-    }
-
-    /// Runs `work` on the blocking pool: SQLite calls block, async worker threads must not.
-    async fn run<T: Send + 'static>(
+    async fn read<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&mut Connection) -> Result<T, Failure> + Send + 'static,
+        work: impl FnOnce(&Connection) -> Result<T, Failure> + Send + 'static,
     ) -> RpcResult<T> {
-        let conn = self.conn.clone();
-        let outcome = tokio::task::spawn_blocking(move || {
-            // A panic mid-transaction rolled it back; the connection is still usable.
-            let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
-            work(&mut conn)
-        })
-        .await;
-        match outcome {
-            Ok(result) => result.map_err(Into::into),
-            Err(join_error) => Err(Failure::Storage(join_error.to_string()).into()),
-        }
+        let read = self.db.read(work).await;
+        read.map_err(|e| Failure::from(e).into())
     }
 }
 
-fn connect(path: &Path) -> Result<Connection, String> {
-    create_private(path).map_err(|e| e.to_string())?;
-    open(path).map_err(|e| e.to_string())
-}
-
-/// Creates `path` with mode 0600 unless it exists: tasks hold what clients sent.
-///
-/// `create_new` never opens an existing file: closing any descriptor of a database file
-/// drops every SQLite lock this process holds on it (POSIX lock semantics), and another
-/// process could then checkpoint and delete the WAL under the idempotency store.
-fn create_private(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let created = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path);
-    match created {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
-        _ => Ok(()),
-    }
-}
-
-fn open(path: &Path) -> rusqlite::Result<Connection> {
-    let conn = Connection::open(path)?;
-    // The idempotency store writes to the same file from its own thread.
-    conn.busy_timeout(Duration::from_secs(5))?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    // A task must be as durable as the cached response that points at it.
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.execute_batch(SCHEMA)?;
-    Ok(conn)
-}
-
-fn load(conn: &Connection, id: &str) -> Result<Task, Failure> {
-    let json: Option<String> = conn
-        .query_row("SELECT task_json FROM tasks WHERE id = ?1", [id], |row| {
-            row.get(0)
-        })
+fn load(conn: &Connection, id: &str) -> Result<Loaded, Failure> {
+    let row: Option<(String, i64)> = conn
+        .query_row(
+            "SELECT task_json, due_at FROM tasks WHERE id = ?1",
+            [id],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
         .optional()?;
-    match json {
-        Some(json) => Ok(serde_json::from_str(&json)?),
+    match row {
+        Some((seen, due_at)) => Ok(Loaded {
+            task: serde_json::from_str(&seen)?,
+            due_at_ms: due_at.max(0) as u64,
+            seen,
+        }),
         None => Err(errors::task_not_found(id).into()),
     }
 }
 
-fn record(conn: &Connection, task_id: &str, event: &Event) -> Result<(), Failure> {
+fn record(conn: &Connection, task_id: &str, event: &Event) -> rusqlite::Result<()> {
     conn.execute(
         "INSERT INTO outbox (task_id, event_type, payload, created_at) VALUES (?1, ?2, ?3, ?4)",
         params![

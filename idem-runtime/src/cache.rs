@@ -15,7 +15,8 @@ use tokio::sync::watch;
 
 use crate::canonical_hash::RequestHash;
 use crate::message_id::MessageId;
-use crate::store::{Entry, Store, StoreError, StoredResponse};
+use crate::store::{Entry, Found, OpenStream, Store, StoreError, StoredResponse};
+use crate::unit_of_work::SqlWrite;
 
 /// The idempotency cache: a durable [`Store`] plus the executions in flight.
 ///
@@ -126,9 +127,24 @@ impl IdempotencyCache {
             Err(in_flight) => return Ok(Claim::InFlight(in_flight)),
         };
         // The entry may have been committed between our read and taking the key: read again.
-        match self.inner.store.get(key).await? {
-            Some(entry) => Ok(Claim::Cached(entry)),
-            None => Ok(Claim::Execute(ticket)),
+        match self.inner.store.lookup(key).await? {
+            Found::Entry(entry) => Ok(Claim::Cached(entry)),
+            Found::Nothing => Ok(Claim::Execute(ticket)),
+            // Nobody records it any more (the key is ours): a retry must never execute again,
+            // so the stream's outcome becomes what was recorded, then the interruption.
+            Found::Interrupted(stream, events) => {
+                let entry = Arc::new(Entry {
+                    message_id: stream.message_id.clone(),
+                    method: stream.method.clone(),
+                    request_hash: stream.request_hash.clone(),
+                    response: crate::stream::interrupted(&stream, events),
+                    inserted_at: stream.started_at,
+                });
+                self.inner.store.close_stream(entry.clone()).await?;
+                tracing::warn!(message_id = %key, "a stream interrupted before its end is closed as interrupted");
+                drop(ticket);
+                Ok(Claim::Cached(Arc::unwrap_or_clone(entry)))
+            }
         }
     }
 
@@ -154,6 +170,7 @@ impl IdempotencyCache {
             method: method.to_owned(),
             request_hash: hash.clone(),
             phase: phase_tx,
+            opened_at: None,
         })
     }
 
@@ -210,6 +227,8 @@ pub struct Ticket {
     method: String,
     request_hash: RequestHash,
     phase: watch::Sender<Phase>,
+    /// When its stream was opened: the `inserted_at` of the entry the stream becomes.
+    opened_at: Option<u64>,
 }
 
 impl Ticket {
@@ -221,18 +240,73 @@ impl Ticket {
     /// Stores the outcome durably, then releases the key and hands the entry to the waiters.
     /// Returns only after the entry is committed.
     pub async fn complete(self, response: StoredResponse) -> Result<(), StoreError> {
+        self.complete_with(response, Vec::new()).await
+    }
+
+    /// Like [`complete`](Self::complete), committing the call's staged `writes` in the same
+    /// transaction: both are stored or neither is.
+    pub async fn complete_with(
+        self,
+        response: StoredResponse,
+        writes: Vec<SqlWrite>,
+    ) -> Result<(), StoreError> {
+        let (store, entry) = self.entry(response)?;
+        store.put(entry.clone(), writes).await?;
+        self.phase.send_replace(Phase::Done(entry));
+        Ok(())
+        // Drop removes the key from the in-flight table, after the commit.
+    }
+
+    /// Commits a stream's staged `writes` with the durable record that it runs and its first
+    /// event. `jsonrpc_id` is the call's id as JSON text.
+    pub async fn open_stream(
+        &mut self,
+        jsonrpc_id: String,
+        first_event: bytes::Bytes,
+        writes: Vec<SqlWrite>,
+    ) -> Result<(), StoreError> {
+        let store = self.store()?;
+        let started_at = store.now_seconds();
+        let stream = OpenStream {
+            message_id: self.key.clone(),
+            method: self.method.clone(),
+            request_hash: self.request_hash.clone(),
+            jsonrpc_id,
+            started_at,
+        };
+        store.open_stream(&stream, first_event, writes).await?;
+        self.opened_at = Some(started_at);
+        Ok(())
+    }
+
+    /// Records event `seq` of the open stream durably.
+    pub async fn append_event(&self, seq: u32, event: bytes::Bytes) -> Result<(), StoreError> {
+        self.store()?.append_event(&self.key, seq, event).await
+    }
+
+    /// Stores the finished stream as the entry and drops its open record, in one transaction.
+    pub async fn close_stream(self, response: StoredResponse) -> Result<(), StoreError> {
+        let (store, entry) = self.entry(response)?;
+        store.close_stream(entry.clone()).await?;
+        self.phase.send_replace(Phase::Done(entry));
+        Ok(())
+    }
+
+    fn store(&self) -> Result<Arc<dyn Store>, StoreError> {
         let cache = self.cache.upgrade().ok_or(StoreError::Closed)?;
+        Ok(cache.store.clone())
+    }
+
+    fn entry(&self, response: StoredResponse) -> Result<(Arc<dyn Store>, Arc<Entry>), StoreError> {
+        let store = self.store()?;
         let entry = Arc::new(Entry {
             message_id: self.key.clone(),
             method: self.method.clone(),
             request_hash: self.request_hash.clone(),
             response,
-            inserted_at: cache.store.now_seconds(),
+            inserted_at: self.opened_at.unwrap_or_else(|| store.now_seconds()),
         });
-        cache.store.put(entry.clone()).await?;
-        self.phase.send_replace(Phase::Done(entry));
-        Ok(())
-        // Drop removes the key from the in-flight table, after the commit.
+        Ok((store, entry))
     }
 }
 

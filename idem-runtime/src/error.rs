@@ -37,11 +37,17 @@ pub enum ErrorCode {
     StreamTooLarge,
     /// A governed method called over WebSocket: the extension is defined for HTTP requests.
     HttpOnly,
+    /// A database write the call staged in its unit of work failed: nothing of the call was
+    /// committed, nothing is cached, and a retry executes it again.
+    WriteFailed,
+    /// The process serving a stream stopped before the stream ended: the stored events, then
+    /// this error event, are the cached outcome.
+    StreamInterrupted,
 }
 
 impl ErrorCode {
     /// Every code, in the order of `error-codes.json`.
-    pub const ALL: [ErrorCode; 10] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::KeyReusedWithDifferentPayload,
         ErrorCode::KeyMalformed,
         ErrorCode::RequestInProgress,
@@ -52,6 +58,8 @@ impl ErrorCode {
         ErrorCode::ExecutionPanicked,
         ErrorCode::StreamTooLarge,
         ErrorCode::HttpOnly,
+        ErrorCode::WriteFailed,
+        ErrorCode::StreamInterrupted,
     ];
 
     /// The numeric JSON-RPC `error.code`.
@@ -67,6 +75,8 @@ impl ErrorCode {
             Self::ExecutionPanicked => -32603,
             Self::StreamTooLarge => -32603,
             Self::HttpOnly => -32600,
+            Self::WriteFailed => -32603,
+            Self::StreamInterrupted => -32603,
         }
     }
 
@@ -83,6 +93,8 @@ impl ErrorCode {
             Self::ExecutionPanicked => "IDEMPOTENCY_EXECUTION_PANICKED",
             Self::StreamTooLarge => "IDEMPOTENCY_STREAM_TOO_LARGE",
             Self::HttpOnly => "IDEMPOTENCY_HTTP_ONLY",
+            Self::WriteFailed => "IDEMPOTENCY_WRITE_FAILED",
+            Self::StreamInterrupted => "IDEMPOTENCY_STREAM_INTERRUPTED",
         }
     }
 
@@ -99,7 +111,9 @@ impl ErrorCode {
             | Self::LayerMissing
             | Self::ExecutionPanicked
             | Self::StreamTooLarge
-            | Self::HttpOnly => 200,
+            | Self::HttpOnly
+            | Self::WriteFailed
+            | Self::StreamInterrupted => 200,
         }
     }
 
@@ -116,6 +130,8 @@ impl ErrorCode {
             Self::ExecutionPanicked => "Internal error: the method panicked",
             Self::StreamTooLarge => "The event stream exceeded the recording limit",
             Self::HttpOnly => "Idempotent methods are served over HTTP only, not WebSocket",
+            Self::WriteFailed => "The call's database writes failed; nothing was stored, retry",
+            Self::StreamInterrupted => "The event stream was interrupted before it ended",
         }
     }
 

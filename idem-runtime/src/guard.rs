@@ -20,6 +20,7 @@ use crate::cache::{Claim, Progress, Ticket, Waited};
 use crate::error::{ErrorCode, IdempotencyError};
 use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, StoreError, StoredResponse};
+use crate::unit_of_work::UnitOfWork;
 
 /// A JSON-RPC outcome in its wire form: the raw `result`, or the `error` object.
 pub type Payload = Result<Box<RawValue>, ErrorObjectOwned>;
@@ -41,6 +42,8 @@ pub struct CallContext {
     /// Set (to the call's id) when the call runs undeduplicated by design.
     pub(crate) undeduplicated_id: Option<Id<'static>>,
     pub(crate) scope: Option<HttpScope>,
+    /// The call's unit of work (none where the server has no database).
+    pub(crate) unit: Option<UnitOfWork>,
 }
 
 /// Wraps `body` (the user's method body) in the idempotency guard.
@@ -60,6 +63,7 @@ where
         governed,
         undeduplicated_id: ext.get::<Undeduplicated>().map(|u| u.0.clone()),
         scope: ext.get::<HttpScope>().cloned(),
+        unit: ext.get::<UnitOfWork>().cloned(),
     };
     F::Output::run(ctx, body)
 }
@@ -135,19 +139,30 @@ pub(crate) async fn run_catching<F: Future>(
         })
 }
 
-/// Stores a JSON-RPC response durably; answers with the stored outcome, or with the store's
-/// failure (never with an outcome that is not stored).
-pub(crate) async fn store_json(call: &GovernedCall, ticket: Ticket, payload: Payload) -> Payload {
+/// Stores a JSON-RPC response durably, with the unit's staged writes when the call succeeded
+/// (a failure discards them); answers with the stored outcome, or with the store's failure
+/// (never with an outcome that is not stored).
+pub(crate) async fn store_json(
+    call: &GovernedCall,
+    ticket: Ticket,
+    payload: Payload,
+    unit: Option<&UnitOfWork>,
+) -> Payload {
     let response = StoredResponse {
         status: 200,
         headers: vec![("content-type".into(), JSON.into())],
         body: response_bytes(&call.id, &payload),
     };
-    match ticket.complete(response).await {
+    let mut sealed = unit.map(UnitOfWork::seal).filter(|_| payload.is_ok());
+    let writes = sealed.as_mut().map(|s| s.take_writes()).unwrap_or_default();
+    match ticket.complete_with(response, writes).await {
         // The stored bytes were serialized from this very payload: answering with it is
         // answering with what is stored.
         Ok(()) => {
             call.scope.record(Outcome::Executed);
+            if let Some(sealed) = sealed {
+                sealed.committed();
+            }
             payload
         }
         Err(e) => Err(store_failure(call, e)),
@@ -205,11 +220,26 @@ fn reject(call: &GovernedCall, error: IdempotencyError) -> ErrorObjectOwned {
     error.to_error_object()
 }
 
+/// The store failed a governed call: nothing of it is cached, and the key is released.
 pub(crate) fn store_failure(call: &GovernedCall, error: StoreError) -> ErrorObjectOwned {
     tracing::error!(message_id = %call.key, error = %error, "idempotency cache failed");
-    IdempotencyError::new(ErrorCode::StoreUnavailable)
+    failure(&error)
         .with_detail("message_id", call.key.as_str())
         .into()
+}
+
+/// The staged writes of a call that is not deduplicated failed: nothing of them is stored.
+pub(crate) fn undeduplicated_failure(error: StoreError) -> ErrorObjectOwned {
+    tracing::error!(error = %error, "a call's unit of work could not be committed");
+    failure(&error).into()
+}
+
+/// A staged write that refused is the call's failure; anything else is the store's.
+fn failure(error: &StoreError) -> IdempotencyError {
+    match error {
+        StoreError::Write(_) => IdempotencyError::new(ErrorCode::WriteFailed),
+        _ => IdempotencyError::new(ErrorCode::StoreUnavailable),
+    }
 }
 
 /// The `result` or `error` of a JSON-RPC response, as raw as it was written.

@@ -73,7 +73,7 @@ where
         }
         // A server with the extension off neither reads nor echoes the activation header.
         let activated =
-            self.state.cache.is_some() && is_activated(request.headers(), EXTENSION_URI);
+            self.state.deduplicating().is_some() && is_activated(request.headers(), EXTENSION_URI);
         let scope = HttpScope::new(activated);
         request.extensions_mut().insert(scope.clone());
         // In a task of its own: a client that hangs up must not cut a governed call off

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::cache::IdempotencyCache;
 use crate::config::IdempotencyConfig;
+use crate::database::Database;
 use crate::http_layer::HttpLayer;
 use crate::rpc_layer::RpcLayer;
 use crate::sqlite_store::SqliteStore;
@@ -47,8 +48,17 @@ pub struct Idempotency {
 pub(crate) struct State {
     /// `None` when the extension is off.
     pub(crate) cache: Option<IdempotencyCache>,
+    /// `false` when the store serves units of work only and deduplicates nothing.
+    pub(crate) deduplicate: bool,
     pub(crate) config: IdempotencyConfig,
     pub(crate) governed: HashSet<String>,
+}
+
+impl State {
+    /// The cache, when calls are deduplicated.
+    pub(crate) fn deduplicating(&self) -> Option<&IdempotencyCache> {
+        self.cache.as_ref().filter(|_| self.deduplicate)
+    }
 }
 
 impl Idempotency {
@@ -77,6 +87,7 @@ impl Idempotency {
             .map(|m| m.to_string())
             .collect();
         let state = State {
+            deduplicate: cache.is_some(),
             cache,
             config,
             governed,
@@ -84,6 +95,20 @@ impl Idempotency {
         Self {
             state: Arc::new(state),
         }
+    }
+
+    /// The same store with deduplication off: governed methods run undeduplicated, no
+    /// extension header is read or sent, and the AgentCard lists no extension; their units of
+    /// work still commit through the store's writer, so the application keeps one code path.
+    pub fn without_deduplication(mut self) -> Self {
+        Arc::make_mut(&mut self.state).deduplicate = false;
+        self
+    }
+
+    /// The application's handle on the store's database: `None` with [`off`](Self::off).
+    pub fn database(&self) -> Option<Database> {
+        let cache = self.state.cache.as_ref()?;
+        Some(Database::new(cache.store().clone()))
     }
 
     /// Puts one more method in scope (spec §4.1 lets other extensions extend it).
@@ -107,7 +132,7 @@ impl Idempotency {
     /// The AgentCard `capabilities.extensions[]` entry, from the effective config; `None`
     /// when the extension is off.
     pub fn agent_card_extension(&self) -> Option<Value> {
-        self.state.cache.as_ref()?;
+        self.state.deduplicating()?;
         Some(self.state.config.agent_card_extension())
     }
 
@@ -118,7 +143,7 @@ impl Idempotency {
 
     /// The cache; `None` when the extension is off.
     pub fn cache(&self) -> Option<&IdempotencyCache> {
-        self.state.cache.as_ref()
+        self.state.deduplicating()
     }
 
     /// Waits, at most `bound`, until no execution is in flight, e.g. a stream whose client

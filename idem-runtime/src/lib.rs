@@ -10,7 +10,9 @@ mod cache;
 mod canonical_hash;
 mod clock;
 mod config;
+mod database;
 mod error;
+mod file_lock;
 mod guard;
 mod http_layer;
 mod idempotency;
@@ -22,11 +24,14 @@ mod recording;
 mod replayable;
 mod rpc_layer;
 mod scope;
+mod sqlite_readers;
 mod sqlite_store;
+mod sqlite_writer;
 mod sse;
 mod store;
 mod stream;
 mod unary;
+mod unit_of_work;
 
 pub use activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
 pub use cache::{Claim, IdempotencyCache, InFlight, Progress, Ticket, Waited};
@@ -36,6 +41,7 @@ pub use canonical_hash::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ConfigError, IdempotencyConfig, MAX_ENTRIES_ENV, TTL_ENV};
+pub use database::{Database, TransactError};
 pub use error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 pub use guard::{CallContext, Guarded, Payload};
 pub use http_layer::{HttpLayer, HttpService, IDEMPOTENT_REPLAYED};
@@ -44,10 +50,13 @@ pub use message_id::{MessageId, MessageIdError, MessageIdPolicy};
 pub use recording::MAX_RECORDED_STREAM_BYTES;
 pub use replayable::Replayable;
 pub use rpc_layer::{RpcLayer, RpcService};
+/// The SQLite crate the staged writes are written with, re-exported so versions match.
+pub use rusqlite;
 pub use sqlite_store::SqliteStore;
 pub use sse::EVENT_STREAM;
-pub use store::{Entry, Store, StoreError, StoredResponse};
+pub use store::{Entry, Found, OpenStream, ReadJob, Store, StoreError, StoredResponse};
 pub use stream::EventStream;
+pub use unit_of_work::{SqlWrite, UnitOfWork, WriteError};
 
 /// What `#[idempotent]` expands to reaches the runtime only through here. Not a public API.
 #[doc(hidden)]

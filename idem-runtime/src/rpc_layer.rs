@@ -18,6 +18,7 @@ use crate::guard::collision;
 use crate::idempotency::State;
 use crate::message_id::MessageId;
 use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated, WebSocket};
+use crate::unit_of_work::UnitOfWork;
 
 /// The tower layer that wraps jsonrpsee's RPC service (see [`crate::Idempotency::rpc_layer`]).
 #[derive(Clone)]
@@ -144,7 +145,11 @@ impl<S> RpcService<S> {
             return Err(IdempotencyError::new(ErrorCode::LayerMissing).to_error_object());
         };
         let undeduplicated = Undeduplicated(request.id.clone().into_owned());
-        let Some(cache) = &self.state.cache else {
+        if let Some(cache) = &self.state.cache {
+            let unit = UnitOfWork::new(cache.store().clone());
+            request.extensions_mut().insert(unit);
+        }
+        let Some(cache) = self.state.deduplicating() else {
             request.extensions_mut().insert(undeduplicated);
             return Ok(());
         };

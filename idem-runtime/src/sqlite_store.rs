@@ -1,9 +1,10 @@
 //! The durable [`Store`] on SQLite: one file, WAL, `synchronous=FULL`, group commit.
 //!
-//! One writer thread owns the only writing connection and commits every queued write in one
-//! transaction, so durability costs one fsync per batch instead of one per request. Reads use
-//! their own connections on tokio's blocking pool: WAL lets them run while the writer commits,
-//! and no SQLite call ever runs on an async worker thread.
+//! Writes go to one writer thread (`sqlite_writer.rs`), which commits every queued write in
+//! one transaction; reads go to a few reader threads (`sqlite_readers.rs`) with their own
+//! connections, which WAL lets run while the writer commits. No SQLite call ever runs on an
+//! async worker thread, and the thread count does not grow with the load. An OS lock
+//! (`file_lock.rs`) keeps a second process off the file.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,14 +12,18 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension};
-use tokio::sync::oneshot;
 
 use crate::canonical_hash::RequestHash;
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
+use crate::file_lock::ServingLock;
 use crate::message_id::MessageId;
-use crate::store::{Entry, Store, StoreError, StoredResponse};
+use crate::sqlite_readers::Readers;
+use crate::sqlite_writer::{Batch, Call, Job, Writer};
+use crate::store::{Entry, Found, OpenStream, ReadJob, Store, StoreError, StoredResponse};
+use crate::unit_of_work::SqlWrite;
 
 /// The table and index of spec §4.4, plus two columns the design needs.
 const SCHEMA: &str = "
@@ -36,12 +41,23 @@ CREATE TABLE IF NOT EXISTS idempotency_cache (
 );
 CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inserted_at);
 CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at ON idempotency_cache(last_used_at);
+-- Streams being recorded: their side effects are committed, their response is not finished.
+-- A row left here by a process that died is closed as interrupted by the next claim.
+CREATE TABLE IF NOT EXISTS idempotency_open_streams (
+    message_id   TEXT NOT NULL PRIMARY KEY,
+    method       TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    jsonrpc_id   TEXT NOT NULL,
+    started_at   INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency_stream_events (
+    message_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    event      BLOB NOT NULL,
+    PRIMARY KEY (message_id, seq)
+) WITHOUT ROWID;
 ";
 
-/// Read connections kept open between reads.
-const MAX_IDLE_READERS: usize = 8;
-/// Most writes committed in one transaction.
-const MAX_BATCH: usize = 512;
 /// Most expired rows one sweep step deletes, so a sweep never holds the writer for long.
 const SWEEP_CHUNK: u64 = 1000;
 
@@ -53,31 +69,24 @@ const SWEEP_CHUNK: u64 = 1000;
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = SqliteStore::open(dir.path().join("cache.db"), &IdempotencyConfig::default()).unwrap();
 /// assert_eq!(store.row_count().await.unwrap(), 0);
+/// // One process serves a file: a second store on it is refused until this one closes.
+/// assert!(SqliteStore::open(store.path(), &IdempotencyConfig::default()).is_err());
 /// # }
 /// ```
 pub struct SqliteStore {
-    shared: Arc<Shared>,
-    writer: Mutex<Option<mpsc::Sender<Write>>>,
-    writer_thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-/// What readers and the writer share.
-struct Shared {
     path: PathBuf,
     ttl_seconds: u64,
     clock: Arc<dyn Clock>,
-    readers: Mutex<Vec<Connection>>,
-    /// LRU uses noted by reads, written with the next transaction: a replay costs no fsync.
-    touches: Mutex<HashMap<String, u64>>,
-}
-
-enum Write {
-    Put(Arc<Entry>, oneshot::Sender<Result<(), StoreError>>),
-    Sweep(oneshot::Sender<Result<u64, StoreError>>),
+    touches: Arc<Mutex<HashMap<String, u64>>>,
+    readers: Readers,
+    writer: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
+    lock: Mutex<Option<ServingLock>>,
 }
 
 impl SqliteStore {
     /// Opens (or creates, with mode 0600) the database at `path`, on the system clock.
+    /// Fails with [`StoreError::InUse`] while another store (in any process) serves it.
     pub fn open(path: impl AsRef<Path>, config: &IdempotencyConfig) -> Result<Self, StoreError> {
         Self::open_with_clock(path, config, Arc::new(SystemClock))
     }
@@ -90,77 +99,73 @@ impl SqliteStore {
     ) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         create_private_file(&path)?;
+        let lock = ServingLock::acquire(&path)?;
         let conn = connect(&path)?;
         conn.execute_batch(SCHEMA)?;
-        let shared = Arc::new(Shared {
-            path,
-            ttl_seconds: config.ttl_seconds,
-            clock,
-            readers: Mutex::new(Vec::new()),
-            touches: Mutex::new(HashMap::new()),
-        });
-        let (tx, rx) = mpsc::channel();
+        let touches = Arc::new(Mutex::new(HashMap::new()));
         let writer = Writer {
             rows: count_rows(&conn)?,
             conn,
-            shared: shared.clone(),
+            clock: clock.clone(),
+            touches: touches.clone(),
             max_entries: config.max_cache_entries,
         };
+        let readers = Readers::start(&path, connect)?;
+        let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
             .spawn(move || writer.run(rx))?;
         Ok(Self {
-            shared,
+            path,
+            ttl_seconds: config.ttl_seconds,
+            clock,
+            touches,
+            readers,
             writer: Mutex::new(Some(tx)),
             writer_thread: Mutex::new(Some(thread)),
+            lock: Mutex::new(Some(lock)),
         })
     }
 
     /// The database file.
     pub fn path(&self) -> &Path {
-        &self.shared.path
+        &self.path
     }
 
-    /// Commits what is queued and stops the writer. Later calls fail with [`StoreError::Closed`].
+    /// Commits what is queued, stops the threads and releases the file. Later calls fail with
+    /// [`StoreError::Closed`].
     pub fn close(&self) {
         drop(self.writer.lock().expect("writer lock").take());
         if let Some(thread) = self.writer_thread.lock().expect("thread lock").take() {
             let _ = thread.join();
         }
-        self.shared.readers.lock().expect("readers lock").clear();
+        self.readers.close();
+        drop(self.lock.lock().expect("lock lock").take());
     }
 
-    fn send(&self, write: Write) -> Result<(), StoreError> {
-        let writer = self.writer.lock().expect("writer lock");
-        writer
+    /// Queues `work` for the writer's next batch; its value arrives once the batch committed.
+    async fn write<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection, &mut Batch) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (call, done) = Call::new(work);
+        self.writer
+            .lock()
+            .expect("writer lock")
             .as_ref()
             .ok_or(StoreError::Closed)?
-            .send(write)
-            .map_err(|_| StoreError::Closed)
+            .send(Box::new(call))
+            .map_err(|_| StoreError::Closed)?;
+        done.await.map_err(|_| StoreError::Closed)?
     }
 
-    /// Runs `f` with a read connection on the blocking pool.
-    async fn read<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || {
-            let pooled = shared.readers.lock().expect("readers lock").pop();
-            let conn = match pooled {
-                Some(conn) => conn,
-                None => connect(&shared.path)?,
-            };
-            let result = f(&conn);
-            let mut idle = shared.readers.lock().expect("readers lock");
-            // Bursts may open many; keep a few for reuse, close the rest.
-            if idle.len() < MAX_IDLE_READERS {
-                idle.push(conn);
-            }
-            result
-        })
-        .await
-        .map_err(|e| StoreError::Commit(format!("read task failed: {e}")))?
+    /// A live entry as read: `None` past its TTL, a touch for the LRU otherwise.
+    fn live(&self, entry: Option<Entry>) -> Option<Entry> {
+        let now = self.clock.now_millis();
+        let entry = entry.filter(|e| !is_expired(e.inserted_at, self.ttl_seconds, now / 1000))?;
+        let mut touches = self.touches.lock().expect("touches lock");
+        touches.insert(entry.message_id.as_str().to_owned(), now);
+        Some(entry)
     }
 }
 
@@ -174,30 +179,95 @@ impl Drop for SqliteStore {
 impl Store for SqliteStore {
     async fn get(&self, key: &MessageId) -> Result<Option<Entry>, StoreError> {
         let id = key.clone();
-        let entry = self.read(move |conn| select_entry(conn, &id)).await?;
-        let now = self.shared.clock.now_millis();
-        match entry {
-            Some(entry) if !is_expired(entry.inserted_at, self.shared.ttl_seconds, now / 1000) => {
-                let mut touches = self.shared.touches.lock().expect("touches lock");
-                touches.insert(key.as_str().to_owned(), now);
-                Ok(Some(entry))
-            }
-            _ => Ok(None),
-        }
+        let entry = self
+            .readers
+            .run(move |conn| select_entry(conn, &id))
+            .await?;
+        Ok(self.live(entry))
     }
 
-    async fn put(&self, entry: Arc<Entry>) -> Result<(), StoreError> {
-        let (reply, done) = oneshot::channel();
-        self.send(Write::Put(entry, reply))?;
-        done.await.map_err(|_| StoreError::Closed)?
+    async fn lookup(&self, key: &MessageId) -> Result<Found, StoreError> {
+        let id = key.clone();
+        let (entry, open) = self
+            .readers
+            .run(move |conn| Ok((select_entry(conn, &id)?, select_open_stream(conn, &id)?)))
+            .await?;
+        if let Some(entry) = self.live(entry) {
+            return Ok(Found::Entry(entry));
+        }
+        Ok(match open {
+            Some((stream, events)) => Found::Interrupted(stream, events),
+            None => Found::Nothing,
+        })
+    }
+
+    async fn put(&self, entry: Arc<Entry>, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
+        self.write(move |conn, batch| {
+            apply_writes(conn, writes)?;
+            batch.rows += insert_entry(conn, &entry, batch.now_ms)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn open_stream(
+        &self,
+        stream: &OpenStream,
+        first_event: Bytes,
+        writes: Vec<SqlWrite>,
+    ) -> Result<(), StoreError> {
+        let stream = stream.clone();
+        self.write(move |conn, _| {
+            apply_writes(conn, writes)?;
+            insert_open_stream(conn, &stream)?;
+            insert_event(conn, &stream.message_id, 0, &first_event)
+        })
+        .await
+    }
+
+    async fn append_event(
+        &self,
+        key: &MessageId,
+        seq: u32,
+        event: Bytes,
+    ) -> Result<(), StoreError> {
+        let key = key.clone();
+        self.write(move |conn, _| insert_event(conn, &key, seq, &event))
+            .await
+    }
+
+    async fn close_stream(&self, entry: Arc<Entry>) -> Result<(), StoreError> {
+        self.write(move |conn, batch| {
+            batch.rows += insert_entry(conn, &entry, batch.now_ms)?;
+            delete_open_stream(conn, entry.message_id.as_str())
+        })
+        .await
+    }
+
+    async fn apply(&self, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
+        self.write(move |conn, _| apply_writes(conn, writes)).await
+    }
+
+    async fn read(&self, job: ReadJob) -> Result<(), StoreError> {
+        self.readers
+            .run(move |conn| {
+                job(conn);
+                Ok(())
+            })
+            .await
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
+        let ttl = self.ttl_seconds;
         let mut total = 0;
         loop {
-            let (reply, done) = oneshot::channel();
-            self.send(Write::Sweep(reply))?;
-            let deleted = done.await.map_err(|_| StoreError::Closed)??;
+            let deleted = self
+                .write(move |conn, batch| {
+                    let n = sweep_chunk(conn, ttl, batch.now_ms / 1000)?;
+                    batch.rows = batch.rows.saturating_sub(n);
+                    Ok(n)
+                })
+                .await?;
             total += deleted;
             if deleted < SWEEP_CHUNK {
                 return Ok(total);
@@ -206,11 +276,11 @@ impl Store for SqliteStore {
     }
 
     async fn row_count(&self) -> Result<u64, StoreError> {
-        self.read(|conn| Ok(count_rows(conn)?)).await
+        self.readers.run(|conn| Ok(count_rows(conn)?)).await
     }
 
     fn now_seconds(&self) -> u64 {
-        self.shared.clock.now_seconds()
+        self.clock.now_seconds()
     }
 }
 
@@ -219,97 +289,22 @@ fn is_expired(inserted_at: u64, ttl_seconds: u64, now_seconds: u64) -> bool {
     inserted_at.saturating_add(ttl_seconds) < now_seconds
 }
 
-/// The writer thread's state.
-struct Writer {
-    conn: Connection,
-    shared: Arc<Shared>,
-    max_entries: u64,
-    /// Rows in the table, kept up to date so the bound costs no `COUNT(*)` per commit.
-    rows: u64,
-}
-
-impl Writer {
-    fn run(mut self, rx: mpsc::Receiver<Write>) {
-        while let Ok(first) = rx.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(write) => batch.push(write),
-                    Err(_) => break,
-                }
-            }
-            self.commit(batch);
-        }
-    }
-
-    /// Applies a batch in one transaction, then answers every write in it.
-    fn commit(&mut self, batch: Vec<Write>) {
-        let touches = std::mem::take(&mut *self.shared.touches.lock().expect("touches lock"));
-        let now_ms = self.shared.clock.now_millis();
-        let mut swept = Vec::new();
-        let mut rows = self.rows;
-        let result = (|| -> rusqlite::Result<()> {
-            // IMMEDIATE takes the write lock up front, waiting on busy_timeout if the
-            // application's own connection holds it. A deferred transaction that reads first
-            // would fail at once with SQLITE_BUSY when it upgrades to write.
-            let tx = self
-                .conn
-                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            apply_touches(&tx, &touches)?;
-            for write in &batch {
-                match write {
-                    Write::Put(entry, _) => rows += insert_entry(&tx, entry, now_ms)?,
-                    Write::Sweep(_) => {
-                        let n = sweep_chunk(&tx, self.shared.ttl_seconds, now_ms / 1000)?;
-                        rows = rows.saturating_sub(n);
-                        swept.push(n);
-                    }
-                }
-            }
-            rows -= evict_least_recently_used(&tx, rows, self.max_entries)?;
-            tx.commit()
-        })();
-        self.rows = match result {
-            Ok(()) => rows,
-            Err(_) => count_rows(&self.conn).unwrap_or(self.rows),
-        };
-        let mut swept = swept.into_iter();
-        for write in batch {
-            let failed = || StoreError::Commit(format!("{:?}", result.as_ref().err()));
-            match write {
-                Write::Put(_, reply) => {
-                    let _ = reply.send(result.as_ref().map(drop).map_err(|_| failed()));
-                }
-                Write::Sweep(reply) => {
-                    let n = swept.next().unwrap_or(0);
-                    let _ = reply.send(result.as_ref().map(|_| n).map_err(|_| failed()));
-                }
-            }
-        }
-    }
-}
-
-fn apply_touches(
-    tx: &rusqlite::Transaction,
-    touches: &HashMap<String, u64>,
-) -> rusqlite::Result<()> {
-    let mut stmt = tx.prepare_cached(
-        "UPDATE idempotency_cache SET last_used_at = MAX(last_used_at, ?2) WHERE message_id = ?1",
-    )?;
-    for (key, at) in touches {
-        stmt.execute(params![key, *at as i64])?;
+/// A call's staged writes, in the order it staged them.
+fn apply_writes(conn: &Connection, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
+    for write in writes {
+        write(conn).map_err(StoreError::Write)?;
     }
     Ok(())
 }
 
 /// Inserts or replaces; returns 1 when the key was new (the row count grew).
-fn insert_entry(tx: &rusqlite::Transaction, entry: &Entry, now_ms: u64) -> rusqlite::Result<u64> {
-    let existed = tx
+fn insert_entry(conn: &Connection, entry: &Entry, now_ms: u64) -> rusqlite::Result<u64> {
+    let existed = conn
         .prepare_cached("SELECT 1 FROM idempotency_cache WHERE message_id = ?1")?
         .exists([entry.message_id.as_str()])?;
     let headers = serde_json::to_vec(&headers_object(&entry.response.headers))
         .expect("a map of strings serializes");
-    tx.prepare_cached(
+    conn.prepare_cached(
         "INSERT OR REPLACE INTO idempotency_cache
            (message_id, request_hash, response_status, response_headers, response_body,
             inserted_at, method, last_used_at)
@@ -328,39 +323,112 @@ fn insert_entry(tx: &rusqlite::Transaction, entry: &Entry, now_ms: u64) -> rusql
     Ok(u64::from(!existed))
 }
 
-fn sweep_chunk(tx: &rusqlite::Transaction, ttl: u64, now: u64) -> rusqlite::Result<u64> {
-    let deleted = tx
+/// Deletes a chunk of expired entries, and open streams older than the TTL (whose retries
+/// are new requests by now); returns how many entries it deleted.
+fn sweep_chunk(conn: &Connection, ttl: u64, now: u64) -> rusqlite::Result<u64> {
+    let deleted = conn
         .prepare_cached(
             "DELETE FROM idempotency_cache WHERE rowid IN
                (SELECT rowid FROM idempotency_cache WHERE inserted_at + ?1 < ?2 LIMIT ?3)",
         )?
         .execute(params![ttl as i64, now as i64, SWEEP_CHUNK as i64])?;
+    conn.prepare_cached(
+        "DELETE FROM idempotency_stream_events WHERE message_id IN
+           (SELECT message_id FROM idempotency_open_streams WHERE started_at + ?1 < ?2)",
+    )?
+    .execute(params![ttl as i64, now as i64])?;
+    conn.prepare_cached("DELETE FROM idempotency_open_streams WHERE started_at + ?1 < ?2")?
+        .execute(params![ttl as i64, now as i64])?;
     Ok(deleted as u64)
 }
 
-/// Keeps at most `max_entries` rows, enforced in the same transaction as the inserts;
-/// returns how many rows it evicted.
-fn evict_least_recently_used(
-    tx: &rusqlite::Transaction,
-    rows: u64,
-    max_entries: u64,
-) -> rusqlite::Result<u64> {
-    if rows <= max_entries {
-        return Ok(0);
-    }
-    let evicted = tx
-        .prepare_cached(
-            "DELETE FROM idempotency_cache WHERE rowid IN
-               (SELECT rowid FROM idempotency_cache ORDER BY last_used_at, rowid LIMIT ?1)",
-        )?
-        .execute(params![(rows - max_entries) as i64])?;
-    Ok(evicted as u64)
-}
-
-fn count_rows(conn: &Connection) -> rusqlite::Result<u64> {
+pub(crate) fn count_rows(conn: &Connection) -> rusqlite::Result<u64> {
     conn.prepare_cached("SELECT COUNT(*) FROM idempotency_cache")?
         .query_row([], |row| row.get::<_, i64>(0))
         .map(|n| n as u64)
+}
+
+fn insert_open_stream(conn: &Connection, stream: &OpenStream) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO idempotency_open_streams
+           (message_id, method, request_hash, jsonrpc_id, started_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![
+        stream.message_id.as_str(),
+        stream.method,
+        stream.request_hash.as_str(),
+        stream.jsonrpc_id,
+        stream.started_at as i64,
+    ])?;
+    // Events of an earlier recording under this key (one past its TTL) are not this one's.
+    conn.prepare_cached("DELETE FROM idempotency_stream_events WHERE message_id = ?1")?
+        .execute([stream.message_id.as_str()])?;
+    Ok(())
+}
+
+fn insert_event(
+    conn: &Connection,
+    key: &MessageId,
+    seq: u32,
+    event: &[u8],
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO idempotency_stream_events (message_id, seq, event) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![key.as_str(), seq, event])?;
+    Ok(())
+}
+
+fn delete_open_stream(conn: &Connection, key: &str) -> Result<(), StoreError> {
+    conn.prepare_cached("DELETE FROM idempotency_stream_events WHERE message_id = ?1")?
+        .execute([key])?;
+    conn.prepare_cached("DELETE FROM idempotency_open_streams WHERE message_id = ?1")?
+        .execute([key])?;
+    Ok(())
+}
+
+/// An open stream and its recorded events, in order.
+fn select_open_stream(
+    conn: &Connection,
+    id: &MessageId,
+) -> Result<Option<(OpenStream, Vec<Bytes>)>, StoreError> {
+    let row = conn
+        .prepare_cached(
+            "SELECT method, request_hash, jsonrpc_id, started_at
+             FROM idempotency_open_streams WHERE message_id = ?1",
+        )?
+        .query_row([id.as_str()], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, i64>(3)?,
+            ))
+        })
+        .optional()?;
+    let Some((method, hash, jsonrpc_id, started_at)) = row else {
+        return Ok(None);
+    };
+    let request_hash = RequestHash::from_hex(&hash).ok_or_else(|| StoreError::Corrupt {
+        message_id: id.to_string(),
+        detail: "idempotency_open_streams.request_hash".into(),
+    })?;
+    let events = conn
+        .prepare_cached(
+            "SELECT event FROM idempotency_stream_events WHERE message_id = ?1 ORDER BY seq",
+        )?
+        .query_map([id.as_str()], |row| row.get::<_, Vec<u8>>(0))?
+        .map(|event| event.map(Bytes::from))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let stream = OpenStream {
+        message_id: id.clone(),
+        method,
+        request_hash,
+        jsonrpc_id,
+        started_at: started_at.max(0) as u64,
+    };
+    Ok(Some((stream, events)))
 }
 
 fn select_entry(conn: &Connection, id: &MessageId) -> Result<Option<Entry>, StoreError> {
@@ -421,7 +489,7 @@ fn headers_object(headers: &[(String, String)]) -> serde_json::Map<String, serde
         .collect()
 }
 
-fn connect(path: &Path) -> Result<Connection, StoreError> {
+pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;

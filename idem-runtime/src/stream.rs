@@ -1,10 +1,13 @@
 //! Guarding a streaming method: `RpcResult<EventStream<T>>` (`message/stream`).
 //!
-//! The response of a stream is its whole event sequence. Executing spawns a recorder that
-//! runs the stream to its end whatever the client does, sends events live, records them, and
-//! stores the recording when the stream ends (in an error event too). A replay re-emits the
-//! stored events as fast as the client reads; a retry that arrives while the stream runs
-//! attaches to the recording: every event so far, then the live ones.
+//! The response of a stream is its whole event sequence. Its side effects show while it runs
+//! (the task exists), so they commit at its start, with a durable record that the stream runs
+//! and its first event. A recorder then runs the stream to its end whatever the client does,
+//! makes each event durable before it is sent, and stores the recording as the entry when the
+//! stream ends (in an error event too). A replay re-emits the stored events as fast as the
+//! client reads; a retry that arrives while the stream runs attaches to the recording: every
+//! event so far, then the live ones. A retry after the process died mid-stream gets the
+//! recorded events and an `IDEMPOTENCY_STREAM_INTERRUPTED` event, and never executes again.
 
 use std::any::Any;
 use std::future::Future;
@@ -16,16 +19,19 @@ use futures::{FutureExt, Stream, StreamExt};
 use jsonrpsee::types::{ErrorObjectOwned, Id};
 use serde::{Serialize, Serializer};
 
+use bytes::Bytes;
+
 use crate::cache::Ticket;
 use crate::error::{ErrorCode, IdempotencyError};
 use crate::guard::{
-    decide, layer_missing, replay_json, response_bytes, run_catching, store_json, CallContext,
-    Decision, Guarded, Payload,
+    decide, layer_missing, replay_json, response_bytes, run_catching, store_failure, store_json,
+    undeduplicated_failure, CallContext, Decision, Guarded, Payload,
 };
 use crate::recording::Recording;
 use crate::scope::{GovernedCall, Outcome};
 use crate::sse;
-use crate::store::{Entry, StoredResponse};
+use crate::store::{Entry, OpenStream, StoredResponse};
+use crate::unit_of_work::{Sealed, UnitOfWork};
 
 /// What a streaming `#[idempotent]` method returns: its events, each a result or an error.
 ///
@@ -95,9 +101,13 @@ impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObje
             ));
         }
         match (ctx.governed, ctx.undeduplicated_id) {
-            (Some(call), _) => run_governed(&call, body).await,
+            (Some(call), _) => run_governed(&call, body, ctx.unit).await,
             (None, Some(id)) => {
                 let events = body.await?.take().ok_or_else(consumed)?;
+                // Not deduplicated: the side effects still commit, on their own, at the start.
+                if let Some(unit) = ctx.unit {
+                    unit.commit_alone().await.map_err(undeduplicated_failure)?;
+                }
                 let recording = Arc::new(Recording::new());
                 tokio::spawn(record(events, recording.clone(), id, None));
                 scope.set_stream(recording, None);
@@ -111,6 +121,7 @@ impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObje
 async fn run_governed<T, F>(
     call: &GovernedCall,
     body: F,
+    unit: Option<UnitOfWork>,
 ) -> Result<EventStream<T>, ErrorObjectOwned>
 where
     T: Serialize + Send + 'static,
@@ -124,14 +135,17 @@ where
             attach(call, recording);
             Ok(EventStream::handed_over())
         }
-        Decision::Execute(ticket) => execute(call, ticket, body).await,
+        Decision::Execute(ticket) => execute(call, ticket, body, unit).await,
     }
 }
 
+/// Runs the body; commits its staged writes with the durable record of the stream and its
+/// first event before anything is sent, then records the rest in a task of its own.
 async fn execute<T, F>(
     call: &GovernedCall,
-    ticket: Ticket,
+    mut ticket: Ticket,
     body: F,
+    unit: Option<UnitOfWork>,
 ) -> Result<EventStream<T>, ErrorObjectOwned>
 where
     T: Serialize + Send + 'static,
@@ -140,10 +154,26 @@ where
     let started = run_catching(&call.method, body)
         .await
         .and_then(|output| output?.take().ok_or_else(consumed));
-    match started {
-        Ok(events) => {
-            // Shared once there is a stream, which wakes the retries waiting to attach.
-            let recording = Arc::new(Recording::new());
+    let mut events = match started {
+        Ok(events) => events,
+        // Failed before streaming: an ordinary JSON-RPC error, stored like any outcome; the
+        // duplicates waiting meanwhile replay it as stored.
+        Err(error) => {
+            let stored = store_json(call, ticket, Err(error), unit.as_ref()).await;
+            return Err(stored.err().unwrap_or_else(consumed));
+        }
+    };
+    let mut sealed = unit.as_ref().map(UnitOfWork::seal);
+    let writes = sealed.as_mut().map(Sealed::take_writes).unwrap_or_default();
+    let recording = Arc::new(Recording::new());
+    match next_frame(&mut events, &call.id, &recording).await {
+        Next::Event(first) => {
+            let id = serde_json::to_string(&call.id).expect("a JSON-RPC id serializes");
+            if let Err(e) = ticket.open_stream(id, first.clone(), writes).await {
+                return Err(store_failure(call, e));
+            }
+            recording.push(first);
+            // Shared once the first event is durable, which wakes the retries waiting to attach.
             ticket.set_progress(recording.clone());
             tokio::spawn(record(
                 events,
@@ -151,68 +181,146 @@ where
                 call.id.clone(),
                 Some(ticket),
             ));
-            call.scope.set_stream(recording, None);
-            call.scope.record(Outcome::Executed);
-            Ok(EventStream::handed_over())
         }
-        // Failed before streaming: an ordinary JSON-RPC error, stored like any outcome; the
-        // duplicates waiting meanwhile replay it as stored.
-        Err(error) => Err(store_json(call, ticket, Err(error))
-            .await
-            .err()
-            .unwrap_or_else(consumed)),
+        // The first item already ended it: the whole outcome is known, stored in one go.
+        ended => {
+            drop(events);
+            let last = match ended {
+                Next::Last(frame) => Some(frame),
+                _ => None,
+            };
+            let body = last.as_deref().map(<[u8]>::to_vec).unwrap_or_default();
+            if let Err(e) = ticket.complete_with(event_stream(body), writes).await {
+                return Err(store_failure(call, e));
+            }
+            if let Some(last) = last {
+                recording.push(last);
+            }
+            recording.finish();
+        }
+    }
+    if let Some(sealed) = sealed {
+        sealed.committed();
+    }
+    call.scope.set_stream(recording, None);
+    call.scope.record(Outcome::Executed);
+    Ok(EventStream::handed_over())
+}
+
+/// The next item of a stream, framed as an SSE event.
+enum Next {
+    /// An event; more may follow.
+    Event(Bytes),
+    /// The event that ends the stream (an error, or the recording limit reached).
+    Last(Bytes),
+    /// The stream ended after its last event.
+    End,
+}
+
+async fn next_frame<T: Serialize>(
+    events: &mut Events<T>,
+    id: &Id<'static>,
+    recording: &Recording,
+) -> Next {
+    let payload: Payload = match AssertUnwindSafe(events.next()).catch_unwind().await {
+        Ok(None) => return Next::End,
+        Ok(Some(item)) => item.and_then(|event| {
+            serde_json::value::to_raw_value(&event).map_err(|e| {
+                ErrorObjectOwned::owned(
+                    -32603,
+                    format!("event does not serialize: {e}"),
+                    None::<()>,
+                )
+            })
+        }),
+        Err(_panic) => Err(IdempotencyError::new(ErrorCode::ExecutionPanicked).into()),
+    };
+    let frame = sse::frame(&response_bytes(id, &payload));
+    if !recording.fits(&frame) {
+        return Next::Last(error_frame(id, too_large()));
+    }
+    match payload {
+        Ok(_) => Next::Event(frame),
+        Err(_) => Next::Last(frame),
     }
 }
 
-/// Runs the stream to its end, recording every event; stores the recording, then finishes it,
-/// so the HTTP stream ends only after the entry is durable.
+/// Runs the stream to its end, recording every event; with a ticket, each event is durable
+/// before it is sent, and the finished recording is stored before the HTTP stream ends.
 async fn record<T: Serialize>(
     mut events: Events<T>,
     recording: Arc<Recording>,
     id: Id<'static>,
     ticket: Option<Ticket>,
 ) {
-    loop {
-        let next = AssertUnwindSafe(events.next()).catch_unwind().await;
-        let payload: Payload = match next {
-            Ok(None) => break,
-            Ok(Some(item)) => item.and_then(|event| {
-                serde_json::value::to_raw_value(&event).map_err(|e| {
-                    ErrorObjectOwned::owned(
-                        -32603,
-                        format!("event does not serialize: {e}"),
-                        None::<()>,
-                    )
-                })
-            }),
-            Err(_panic) => Err(IdempotencyError::new(ErrorCode::ExecutionPanicked).into()),
-        };
-        let ends = payload.is_err();
-        let event = sse::frame(&response_bytes(&id, &payload));
-        if !recording.fits(&event) {
-            recording.push(sse::frame(&response_bytes(&id, &Err(too_large()))));
-            break;
+    let mut seq = 1;
+    let last = loop {
+        match next_frame(&mut events, &id, &recording).await {
+            Next::Event(frame) => {
+                if let Some(ticket) = &ticket {
+                    if let Err(e) = ticket.append_event(seq, frame.clone()).await {
+                        // The key is released with what was recorded: the next claim closes it
+                        // as interrupted, and nothing executes again.
+                        tracing::error!(error = %e, "a stream's event could not be recorded; the stream ends");
+                        recording.push(error_frame(&id, unavailable()));
+                        recording.finish();
+                        return;
+                    }
+                }
+                seq += 1;
+                recording.push(frame);
+            }
+            Next::Last(frame) => break Some(frame),
+            Next::End => break None,
         }
-        recording.push(event);
-        if ends {
-            break;
-        }
-    }
+    };
     drop(events);
     if let Some(ticket) = ticket {
-        let response = StoredResponse {
-            status: 200,
-            headers: vec![("content-type".into(), sse::EVENT_STREAM.into())],
-            body: recording.concat(),
-        };
-        if let Err(e) = ticket.complete(response).await {
-            tracing::error!(error = %e, "a finished stream could not be stored; a retry will execute again");
+        let mut body = recording.concat();
+        body.extend_from_slice(last.as_deref().unwrap_or_default());
+        if let Err(e) = ticket.close_stream(event_stream(body)).await {
+            tracing::error!(error = %e, "a finished stream could not be stored; a retry gets it as interrupted");
             // Tell the client, which would otherwise take the stream for stored.
-            let unavailable = IdempotencyError::new(ErrorCode::StoreUnavailable).into();
-            recording.push(sse::frame(&response_bytes(&id, &Err(unavailable))));
+            recording.push(error_frame(&id, unavailable()));
+            recording.finish();
+            return;
         }
     }
+    if let Some(last) = last {
+        recording.push(last);
+    }
     recording.finish();
+}
+
+/// The cached outcome of a stream that stopped before its end: the events recorded durably,
+/// then an `IDEMPOTENCY_STREAM_INTERRUPTED` error event under the call's id.
+pub(crate) fn interrupted(stream: &OpenStream, events: Vec<Bytes>) -> StoredResponse {
+    let id = serde_json::from_str::<Id<'_>>(&stream.jsonrpc_id)
+        .map(Id::into_owned)
+        .unwrap_or(Id::Null);
+    let error = IdempotencyError::new(ErrorCode::StreamInterrupted)
+        .with_detail("message_id", stream.message_id.as_str())
+        .into();
+    let mut body = events.concat();
+    body.extend_from_slice(&error_frame(&id, error));
+    event_stream(body)
+}
+
+/// A recorded stream as a stored response.
+fn event_stream(body: Vec<u8>) -> StoredResponse {
+    StoredResponse {
+        status: 200,
+        headers: vec![("content-type".into(), sse::EVENT_STREAM.into())],
+        body,
+    }
+}
+
+fn error_frame(id: &Id<'_>, error: ErrorObjectOwned) -> Bytes {
+    sse::frame(&response_bytes(id, &Err(error)))
+}
+
+fn unavailable() -> ErrorObjectOwned {
+    IdempotencyError::new(ErrorCode::StoreUnavailable).into()
 }
 
 fn replay<T>(call: &GovernedCall, entry: &Entry) -> Result<EventStream<T>, ErrorObjectOwned> {

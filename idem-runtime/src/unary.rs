@@ -9,8 +9,8 @@ use jsonrpsee::types::ErrorObjectOwned;
 use serde::Serialize;
 
 use crate::guard::{
-    decide, layer_missing, replay_json, run_catching, store_json, CallContext, Decision, Guarded,
-    Payload,
+    decide, layer_missing, replay_json, run_catching, store_json, undeduplicated_failure,
+    CallContext, Decision, Guarded, Payload,
 };
 use crate::replayable::Replayable;
 
@@ -20,9 +20,18 @@ impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjec
         F: Future<Output = Self> + Send,
     {
         let Some(call) = ctx.governed else {
-            return match ctx.undeduplicated_id {
-                Some(_) => body.await,
-                None => Err(layer_missing()),
+            return match (ctx.undeduplicated_id, ctx.unit) {
+                (None, _) => Err(layer_missing()),
+                (Some(_), None) => body.await,
+                // Not deduplicated: the staged writes still commit, on their own.
+                (Some(_), Some(unit)) => {
+                    let output = body.await;
+                    match &output {
+                        Ok(_) => unit.commit_alone().await.map_err(undeduplicated_failure)?,
+                        Err(_) => unit.discard(),
+                    }
+                    output
+                }
             };
         };
         let payload = match decide(&call, false).await {
@@ -33,7 +42,7 @@ impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjec
                 let payload = run_catching(&call.method, body)
                     .await
                     .and_then(into_payload);
-                store_json(&call, ticket, payload).await
+                store_json(&call, ticket, payload, ctx.unit.as_ref()).await
             }
         };
         payload.map(Replayable::stored)

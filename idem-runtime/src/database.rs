@@ -1,0 +1,139 @@
+//! The application's own access to the store's database file: writes through the store's one
+//! writer (so they never contend with it for SQLite's single write lock, and ride its group
+//! commit), reads on its read connections. For work that does not belong to one call: a timer
+//! that completes a task, a resume at startup, a read-only method.
+
+use std::sync::{Arc, Mutex};
+
+use crate::store::{Store, StoreError};
+use crate::unit_of_work::SqlWrite;
+
+/// A handle on the database the store lives in; see [`crate::Idempotency::database`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idem_runtime::{Idempotency, IdempotencyConfig, TransactError};
+/// let dir = tempfile::tempdir().unwrap();
+/// let idem = Idempotency::open(dir.path().join("a2a.db"), IdempotencyConfig::default()).unwrap();
+/// let db = idem.database().unwrap();
+/// db.transact(|conn| conn.execute_batch("CREATE TABLE notes (text TEXT)"))
+///     .await
+///     .unwrap();
+/// let added = db
+///     .transact(|conn| conn.execute("INSERT INTO notes VALUES ('hello')", []))
+///     .await
+///     .unwrap();
+/// assert_eq!(added, 1);
+/// let count: i64 = db
+///     .read(|conn| conn.query_row("SELECT COUNT(*) FROM notes", [], |row| row.get(0)))
+///     .await
+///     .unwrap();
+/// assert_eq!(count, 1);
+/// // An error from the closure rolls its writes back and comes back as `Refused`.
+/// let refused = db
+///     .transact(|conn| {
+///         conn.execute("INSERT INTO notes VALUES ('lost')", [])?;
+///         conn.execute("INSERT INTO nowhere VALUES (1)", [])
+///     })
+///     .await;
+/// assert!(matches!(refused, Err(TransactError::Refused(_))));
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Database {
+    store: Arc<dyn Store>,
+}
+
+/// Why [`Database::transact`] or [`Database::read`] did not return a value.
+#[derive(Debug, thiserror::Error)]
+pub enum TransactError<E> {
+    /// The closure returned this error; its writes were rolled back.
+    #[error("{0}")]
+    Refused(E),
+    /// The store failed (closed, disk full, I/O): nothing of the closure was committed.
+    #[error("{0}")]
+    Store(StoreError),
+}
+
+impl Database {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        Self { store }
+    }
+
+    /// Runs `work` in the writer's next transaction, under a savepoint of its own; returns its
+    /// value once the transaction has committed.
+    pub async fn transact<T, E>(
+        &self,
+        work: impl FnOnce(&rusqlite::Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, TransactError<E>>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        let slot = Slot::default();
+        let filled = slot.clone();
+        let write: SqlWrite = Box::new(move |conn| {
+            let result = work(conn);
+            let refused = result.is_err();
+            filled.fill(result);
+            match refused {
+                true => Err("refused by the application".into()),
+                false => Ok(()),
+            }
+        });
+        let committed = self.store.apply(vec![write]).await;
+        let result = slot.take();
+        match (committed, result) {
+            (Ok(()), Some(Ok(value))) => Ok(value),
+            (Err(StoreError::Write(_)), Some(Err(refused))) => Err(TransactError::Refused(refused)),
+            (Err(failure), _) => Err(TransactError::Store(failure)),
+            (Ok(()), _) => Err(TransactError::Store(StoreError::Commit(
+                "the transaction committed without running its work".into(),
+            ))),
+        }
+    }
+
+    /// Runs `work` on one of the store's read connections.
+    pub async fn read<T, E>(
+        &self,
+        work: impl FnOnce(&rusqlite::Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, TransactError<E>>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        let slot = Slot::default();
+        let filled = slot.clone();
+        let job = Box::new(move |conn: &rusqlite::Connection| filled.fill(work(conn)));
+        self.store.read(job).await.map_err(TransactError::Store)?;
+        match slot.take() {
+            Some(result) => result.map_err(TransactError::Refused),
+            None => Err(TransactError::Store(StoreError::Closed)),
+        }
+    }
+}
+
+/// Where a closure run on a store thread leaves its result for the caller.
+struct Slot<T>(Arc<Mutex<Option<T>>>);
+
+impl<T> Default for Slot<T> {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(None)))
+    }
+}
+
+impl<T> Clone for Slot<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T> Slot<T> {
+    fn fill(&self, value: T) {
+        *self.0.lock().expect("slot lock") = Some(value);
+    }
+
+    fn take(&self) -> Option<T> {
+        self.0.lock().expect("slot lock").take()
+    }
+}

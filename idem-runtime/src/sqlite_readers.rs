@@ -1,0 +1,83 @@
+//! The SQLite store's readers: a fixed number of threads, each with its own connection.
+//!
+//! A fixed pool keeps the thread count flat under any load (tokio's blocking pool grows with
+//! the number of reads waiting), and WAL lets every reader run while the writer commits.
+
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::store::{ReadJob, StoreError};
+
+/// Reader threads (the machine's cores are few; reads are short).
+const READER_THREADS: usize = 4;
+
+pub(crate) struct Readers {
+    jobs: Mutex<Option<mpsc::Sender<ReadJob>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Readers {
+    /// Opens the connections first, so that a file that cannot be read fails here.
+    pub(crate) fn start(
+        path: &Path,
+        connect: fn(&Path) -> Result<Connection, StoreError>,
+    ) -> Result<Self, StoreError> {
+        let (tx, rx) = mpsc::channel::<ReadJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = Vec::with_capacity(READER_THREADS);
+        for n in 0..READER_THREADS {
+            let conn = connect(path)?;
+            let rx = rx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("idem-sqlite-reader-{n}"))
+                .spawn(move || serve(&conn, &rx))?;
+            threads.push(thread);
+        }
+        Ok(Self {
+            jobs: Mutex::new(Some(tx)),
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Runs `read` on a reader thread and returns what it returned.
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (reply, done) = oneshot::channel();
+        let job: ReadJob = Box::new(move |conn| drop(reply.send(read(conn))));
+        self.jobs
+            .lock()
+            .expect("readers lock")
+            .as_ref()
+            .ok_or(StoreError::Closed)?
+            .send(job)
+            .map_err(|_| StoreError::Closed)?;
+        done.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Lets the threads finish the queued reads, then joins them.
+    pub(crate) fn close(&self) {
+        drop(self.jobs.lock().expect("readers lock").take());
+        for thread in self.threads.lock().expect("readers lock").drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve(conn: &Connection, jobs: &Mutex<mpsc::Receiver<ReadJob>>) {
+    loop {
+        let next = jobs.lock().expect("reader queue lock").recv();
+        match next {
+            // A panicking job must not take the reader (and its queue) down with it.
+            Ok(job) => {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(conn)));
+            }
+            Err(_closed) => return,
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! The SQLite store's writer: one thread owns the only writing connection and commits every
+//! queued write in one transaction (group commit), so durability costs one fsync per batch
+//! instead of one per call, and the application never contends with the store for SQLite's
+//! single write lock.
+//!
+//! Each write runs under a savepoint of its own: a write that fails (a constraint in a call's
+//! staged writes, say) is rolled back alone and answered with its error, while the rest of the
+//! batch commits. A failure that costs SQLite the whole transaction (disk full, I/O error)
+//! fails every write in the batch: nothing of any of them is stored.
+
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc, Mutex};
+
+use rusqlite::{params, Connection};
+use tokio::sync::oneshot;
+
+use crate::clock::Clock;
+use crate::store::StoreError;
+
+/// Most writes committed in one transaction.
+const MAX_BATCH: usize = 512;
+
+/// What every write of one batch shares.
+pub(crate) struct Batch {
+    /// The batch's clock reading, in epoch milliseconds.
+    pub(crate) now_ms: u64,
+    /// Rows in `idempotency_cache`, as the writes so far left it.
+    pub(crate) rows: u64,
+}
+
+/// A write: applied inside the batch's transaction, then told whether the batch committed.
+pub(crate) trait Job: Send {
+    fn apply(&mut self, conn: &Connection, batch: &mut Batch) -> Result<(), StoreError>;
+    fn finish(self: Box<Self>, outcome: Result<(), StoreError>);
+}
+
+/// A write whose caller awaits its value, delivered only once the batch has committed.
+pub(crate) struct Call<F, T> {
+    work: Option<F>,
+    value: Option<T>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<F, T> Call<F, T>
+where
+    F: FnOnce(&Connection, &mut Batch) -> Result<T, StoreError> + Send,
+    T: Send,
+{
+    pub(crate) fn new(work: F) -> (Self, oneshot::Receiver<Result<T, StoreError>>) {
+        let (reply, done) = oneshot::channel();
+        let call = Self {
+            work: Some(work),
+            value: None,
+            reply,
+        };
+        (call, done)
+    }
+}
+
+impl<F, T> Job for Call<F, T>
+where
+    F: FnOnce(&Connection, &mut Batch) -> Result<T, StoreError> + Send,
+    T: Send,
+{
+    fn apply(&mut self, conn: &Connection, batch: &mut Batch) -> Result<(), StoreError> {
+        let work = self.work.take().expect("a job is applied once");
+        self.value = Some(work(conn, batch)?);
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, outcome: Result<(), StoreError>) {
+        let Self { value, reply, .. } = *self;
+        let answer = outcome.map(|()| value.expect("an applied job has its value"));
+        let _ = reply.send(answer);
+    }
+}
+
+/// The writer thread's state.
+pub(crate) struct Writer {
+    pub(crate) conn: Connection,
+    pub(crate) clock: Arc<dyn Clock>,
+    /// LRU uses noted by reads, written with the next batch: a replay costs no fsync.
+    pub(crate) touches: Arc<Mutex<HashMap<String, u64>>>,
+    pub(crate) max_entries: u64,
+    /// Rows in the table, kept up to date so the bound costs no `COUNT(*)` per commit.
+    pub(crate) rows: u64,
+}
+
+impl Writer {
+    pub(crate) fn run(mut self, jobs: mpsc::Receiver<Box<dyn Job>>) {
+        while let Ok(first) = jobs.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match jobs.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.commit(batch);
+        }
+    }
+
+    /// Applies a batch in one transaction, then answers every write in it.
+    fn commit(&mut self, mut jobs: Vec<Box<dyn Job>>) {
+        let outcomes = match self.transaction(&mut jobs) {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                let failure = e.to_string();
+                if !self.conn.is_autocommit() {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
+                self.rows = crate::sqlite_store::count_rows(&self.conn).unwrap_or(self.rows);
+                let failed = || Err(StoreError::Commit(failure.clone()));
+                jobs.iter().map(|_| failed()).collect()
+            }
+        };
+        for (job, outcome) in jobs.into_iter().zip(outcomes) {
+            job.finish(outcome);
+        }
+    }
+
+    /// The batch's transaction; `Err` when it is lost as a whole.
+    fn transaction(
+        &mut self,
+        jobs: &mut [Box<dyn Job>],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        let touches = std::mem::take(&mut *self.touches.lock().expect("touches lock"));
+        // IMMEDIATE takes the write lock up front, waiting on busy_timeout if another
+        // connection holds it. A deferred transaction that reads first would fail at once
+        // with SQLITE_BUSY when it upgrades to write.
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let mut batch = Batch {
+            now_ms: self.clock.now_millis(),
+            rows: self.rows,
+        };
+        apply_touches(&self.conn, &touches)?;
+        let mut outcomes = Vec::with_capacity(jobs.len());
+        for job in jobs.iter_mut() {
+            outcomes.push(self.apply_alone(job.as_mut(), &mut batch)?);
+        }
+        batch.rows -= evict_least_recently_used(&self.conn, batch.rows, self.max_entries)?;
+        self.conn.execute_batch("COMMIT")?;
+        self.rows = batch.rows;
+        Ok(outcomes)
+    }
+
+    /// One job under its own savepoint, so that its failure undoes its own writes only.
+    fn apply_alone(
+        &self,
+        job: &mut dyn Job,
+        batch: &mut Batch,
+    ) -> Result<Result<(), StoreError>, StoreError> {
+        let rows = batch.rows;
+        self.conn.execute_batch("SAVEPOINT job")?;
+        match job.apply(&self.conn, batch) {
+            Ok(()) => {
+                self.conn.execute_batch("RELEASE job")?;
+                Ok(Ok(()))
+            }
+            Err(error) => {
+                batch.rows = rows;
+                if self.conn.is_autocommit() {
+                    // SQLite rolled the whole transaction back (disk full, I/O error).
+                    return Err(StoreError::Commit(format!("transaction lost: {error}")));
+                }
+                self.conn.execute_batch("ROLLBACK TO job; RELEASE job")?;
+                Ok(Err(error))
+            }
+        }
+    }
+}
+
+fn apply_touches(conn: &Connection, touches: &HashMap<String, u64>) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "UPDATE idempotency_cache SET last_used_at = MAX(last_used_at, ?2) WHERE message_id = ?1",
+    )?;
+    for (key, at) in touches {
+        stmt.execute(params![key, *at as i64])?;
+    }
+    Ok(())
+}
+
+/// Keeps at most `max_entries` rows, enforced in the same transaction as the inserts;
+/// returns how many rows it evicted.
+fn evict_least_recently_used(
+    conn: &Connection,
+    rows: u64,
+    max_entries: u64,
+) -> rusqlite::Result<u64> {
+    if rows <= max_entries {
+        return Ok(0);
+    }
+    let evicted = conn
+        .prepare_cached(
+            "DELETE FROM idempotency_cache WHERE rowid IN
+               (SELECT rowid FROM idempotency_cache ORDER BY last_used_at, rowid LIMIT ?1)",
+        )?
+        .execute(params![(rows - max_entries) as i64])?;
+    Ok(evicted as u64)
+}

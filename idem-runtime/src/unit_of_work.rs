@@ -1,0 +1,164 @@
+//! The unit of work: the database writes of one call, committed in the very transaction that
+//! stores its cache entry, so that a call's side effects and its cached response are durable
+//! together or not at all (spec §6.1: a replay never re-executes a side effect, even after a
+//! crash).
+//!
+//! The RPC layer gives every governed call a unit in its `Extensions`; the body stages writes
+//! into it; the guard commits them. A write cannot run earlier: the writer thread applies it in
+//! its next group-committed batch, under a savepoint of the call's own, so one call's failing
+//! write never touches another's.
+
+use std::sync::{Arc, Mutex};
+
+use jsonrpsee::types::ErrorObjectOwned;
+use jsonrpsee::Extensions;
+
+use crate::error::{ErrorCode, IdempotencyError};
+use crate::store::{Store, StoreError};
+
+/// Why a staged write refused to commit: any error, `rusqlite::Error` included (so `?` works).
+pub type WriteError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One staged write: runs on the store's writer thread, inside the commit's transaction.
+pub type SqlWrite = Box<dyn FnOnce(&rusqlite::Connection) -> Result<(), WriteError> + Send>;
+
+type Hook = Box<dyn FnOnce() + Send>;
+
+/// The writes a call stages, committed with its cache entry (or, where the call is not
+/// deduplicated, on their own through the same writer).
+///
+/// `Ok` from the body commits them; an `Err` or a panic discards them (the error is still
+/// cached, spec §4.3). A staged write that fails fails the whole call: nothing of it is
+/// committed, the client gets `IDEMPOTENCY_WRITE_FAILED`, nothing is cached, and a retry runs.
+///
+/// ```
+/// use idem_runtime::UnitOfWork;
+/// use jsonrpsee::{core::RpcResult, Extensions};
+///
+/// /// Called from an `#[idempotent]` body with the `ext` it receives.
+/// fn assign(ext: &Extensions, task_id: String) -> RpcResult<()> {
+///     let unit = UnitOfWork::of(ext)?;
+///     unit.stage(move |db| {
+///         db.execute("INSERT INTO tasks (id) VALUES (?1)", [&task_id])?;
+///         Ok(())
+///     })?;
+///     unit.after_commit(|| println!("the task is durable"))
+/// }
+///
+/// // Outside a governed call there is no unit of work: a clear error, not a silent no-op.
+/// assert!(assign(&Extensions::new(), "t-1".into()).is_err());
+/// ```
+#[derive(Clone)]
+pub struct UnitOfWork {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    staged: Mutex<Staged>,
+}
+
+#[derive(Default)]
+struct Staged {
+    sealed: bool,
+    writes: Vec<SqlWrite>,
+    hooks: Vec<Hook>,
+}
+
+/// The writes taken out of a unit for one commit, and what runs once it is durable.
+pub(crate) struct Sealed {
+    pub(crate) writes: Vec<SqlWrite>,
+    hooks: Vec<Hook>,
+}
+
+impl UnitOfWork {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                staged: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The unit of work of the governed call whose `Extensions` these are.
+    pub fn of(ext: &Extensions) -> Result<Self, ErrorObjectOwned> {
+        ext.get::<Self>().cloned().ok_or_else(|| {
+            tracing::error!(
+                "no unit of work: the method is not governed, the idempotency layers are \
+                 missing, or the server has no database (Idempotency::off)"
+            );
+            IdempotencyError::new(ErrorCode::LayerMissing).into()
+        })
+    }
+
+    /// Stages `write`: it runs when the call commits, in the transaction of its cache entry.
+    pub fn stage(
+        &self,
+        write: impl FnOnce(&rusqlite::Connection) -> Result<(), WriteError> + Send + 'static,
+    ) -> Result<(), ErrorObjectOwned> {
+        self.with_open(|staged| staged.writes.push(Box::new(write)))
+    }
+
+    /// Runs `hook` once the unit has committed (never if it did not): the place to start work
+    /// that needs the staged rows to exist, such as a timer over a new task.
+    pub fn after_commit(
+        &self,
+        hook: impl FnOnce() + Send + 'static,
+    ) -> Result<(), ErrorObjectOwned> {
+        self.with_open(|staged| staged.hooks.push(Box::new(hook)))
+    }
+
+    fn with_open(&self, add: impl FnOnce(&mut Staged)) -> Result<(), ErrorObjectOwned> {
+        let mut staged = self.inner.staged.lock().expect("unit of work lock");
+        if staged.sealed {
+            let error = IdempotencyError::new(ErrorCode::WriteFailed).with_detail(
+                "reason",
+                "staged after the call's unit of work was committed",
+            );
+            return Err(error.into());
+        }
+        add(&mut staged);
+        Ok(())
+    }
+
+    /// Takes what is staged for the commit; later stages are refused.
+    pub(crate) fn seal(&self) -> Sealed {
+        let mut staged = self.inner.staged.lock().expect("unit of work lock");
+        staged.sealed = true;
+        Sealed {
+            writes: std::mem::take(&mut staged.writes),
+            hooks: std::mem::take(&mut staged.hooks),
+        }
+    }
+
+    /// Drops what is staged (the body failed): nothing of it is ever written.
+    pub(crate) fn discard(&self) {
+        drop(self.seal());
+    }
+
+    /// Commits the staged writes on their own, for a call that is not deduplicated.
+    pub(crate) async fn commit_alone(&self) -> Result<(), StoreError> {
+        let mut sealed = self.seal();
+        let writes = sealed.take_writes();
+        if !writes.is_empty() {
+            self.inner.store.apply(writes).await?;
+        }
+        sealed.committed();
+        Ok(())
+    }
+}
+
+impl Sealed {
+    /// Splits off the writes for the store; the hooks stay to run after the commit.
+    pub(crate) fn take_writes(&mut self) -> Vec<SqlWrite> {
+        std::mem::take(&mut self.writes)
+    }
+
+    /// The commit is durable: run what waited for it.
+    pub(crate) fn committed(self) {
+        for hook in self.hooks {
+            hook();
+        }
+    }
+}
