@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # Load against the example server (release build) with wrk (`apt-get install wrk`): replays,
 # fresh executions with the extension, and fresh executions with it off, in one run so the
-# ratios compare like with like. Each server gets a fresh database in a temp dir.
+# ratios compare like with like. Each server gets a fresh database in a temp dir; the most
+# threads each server process had while under load is sampled from /proc.
+#   CONNECTIONS (default 64), DURATION (seconds, default 10)
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/idem-target}"
+connections=${CONNECTIONS:-64}
+duration=${DURATION:-10}
 cargo build --quiet --release --example a2a_server
 bin="$CARGO_TARGET_DIR/release/examples/a2a_server"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 command -v wrk >/dev/null || { echo "run.sh needs wrk: apt-get install wrk" >&2; exit 1; }
 
-run() {
+# Prints "REQ_PER_SEC MAX_THREADS" for one load.
+load() {
   local mode=$1 script=$2
   local out="$dir/$mode-$script.out" url=""
   "$bin" --listen 127.0.0.1:0 --db "$dir/$mode-$script.db" --idempotency "$mode" >"$out" 2>"$dir/stderr" &
@@ -22,12 +27,29 @@ run() {
     sleep 0.1
   done
   [ -n "$url" ] || { echo "the server did not start:" >&2; cat "$dir/stderr" >&2; exit 1; }
-  printf '%-9s %-11s ' "$mode" "$script"
-  wrk -t2 -c32 -d8s -s "$script" "$url/" | awk '/Requests\/sec/ {print $2 " req/s"}'
+  (while kill -0 "$pid" 2>/dev/null; do
+     awk '/^Threads:/ {print $2}' "/proc/$pid/status" 2>/dev/null
+     sleep 0.2
+   done) >"$dir/threads" &
+  local sampler=$!
+  local rps
+  rps=$(wrk -t2 -c"$connections" -d"${duration}s" -s "$script" "$url/" | awk '/Requests\/sec/ {print $2}')
   kill -TERM "$pid"
   wait "$pid"
+  wait "$sampler" || true
+  echo "$rps $(sort -n "$dir/threads" | tail -1)"
 }
 
-run required replay.lua
-run required fresh.lua
-run off fresh.lua
+report() {
+  printf '%-9s %-11s %10s req/s  %4s threads\n' "$1" "$2" $3 $4
+}
+
+printf '%s connections, %s s each\n' "$connections" "$duration"
+read -r replay_rps replay_threads < <(load required replay.lua)
+report required replay.lua "$replay_rps" "$replay_threads"
+read -r fresh_rps fresh_threads < <(load required fresh.lua)
+report required fresh.lua "$fresh_rps" "$fresh_threads"
+read -r off_rps off_threads < <(load off fresh.lua)
+report off fresh.lua "$off_rps" "$off_threads"
+awk -v f="$fresh_rps" -v o="$off_rps" -v r="$replay_rps" \
+  'BEGIN { printf "fresh with the extension / off = %.2f; replay / fresh = %.1f\n", f / o, r / f }'

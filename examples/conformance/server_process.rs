@@ -67,6 +67,11 @@ impl ServerProcess {
         }
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn db(&self) -> &Path {
         &self.launch.db
     }

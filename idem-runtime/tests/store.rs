@@ -475,3 +475,169 @@ async fn a_write_waits_for_the_applications_write_lock_instead_of_failing() {
     holder.join().unwrap();
     assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"during");
 }
+
+#[tokio::test]
+async fn a_second_store_on_the_same_file_is_refused_until_the_first_closes() {
+    let fx = Fixture::new();
+    let first = SqliteStore::open_with_clock(&fx.path, &config(60, 10), fx.clock.clone()).unwrap();
+    let refused = SqliteStore::open(&fx.path, &config(60, 10)).err().unwrap();
+    let message = refused.to_string();
+    assert!(
+        matches!(refused, idem_runtime::StoreError::InUse { .. }),
+        "{message}"
+    );
+    assert!(
+        message.contains(&fx.path.display().to_string()),
+        "{message}"
+    );
+    assert!(
+        message.contains(&std::process::id().to_string()),
+        "{message}"
+    );
+    first.close();
+    SqliteStore::open(&fx.path, &config(60, 10)).expect("free once the first closed");
+}
+
+/// A staged write that inserts `name` into `effects` (unique names).
+fn effect(name: &str) -> idem_runtime::SqlWrite {
+    let name = name.to_owned();
+    Box::new(move |db| {
+        db.execute("INSERT INTO effects (name) VALUES (?1)", [name])?;
+        Ok(())
+    })
+}
+
+fn effects(path: &std::path::Path) -> Vec<String> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut names = conn
+        .prepare("SELECT name FROM effects ORDER BY name")
+        .unwrap();
+    let names = names.query_map([], |r| r.get(0)).unwrap();
+    names.collect::<Result<_, _>>().unwrap()
+}
+
+#[tokio::test]
+async fn staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(86_400, 100));
+    let store = cache.store().clone();
+    store
+        .apply(vec![Box::new(|db| {
+            db.execute_batch("CREATE TABLE effects (name TEXT PRIMARY KEY)")?;
+            Ok(())
+        })])
+        .await
+        .unwrap();
+    let hash = request_hash(b"{}").unwrap();
+    let mut tickets = Vec::new();
+    for n in 0..20 {
+        let Claim::Execute(ticket) = cache.claim(&key(n), "message/send", &hash).await.unwrap()
+        else {
+            panic!()
+        };
+        tickets.push(ticket);
+    }
+    // Concurrent completions share the writer's batches; call 7 writes a name twice.
+    let completions = tickets.into_iter().enumerate().map(|(n, ticket)| {
+        let mut writes = vec![effect(&format!("row-{n:02}"))];
+        if n == 7 {
+            writes.push(effect("row-07"));
+        }
+        ticket.complete_with(response(&format!("body-{n}")), writes)
+    });
+    let outcomes = futures::future::join_all(completions).await;
+    for (n, outcome) in outcomes.iter().enumerate() {
+        match n {
+            7 => assert!(matches!(outcome, Err(idem_runtime::StoreError::Write(_)))),
+            _ => assert!(outcome.is_ok(), "{n}: {outcome:?}"),
+        }
+    }
+    let expected: Vec<String> = (0..20)
+        .filter(|n| *n != 7)
+        .map(|n| format!("row-{n:02}"))
+        .collect();
+    assert_eq!(
+        effects(&fx.path),
+        expected,
+        "call 7's first row was undone with it"
+    );
+    assert!(cached_body(&cache, &key(7)).await.is_none());
+    assert_eq!(cached_body(&cache, &key(8)).await.unwrap(), b"body-8");
+    // Its key was released: a retry claims it and executes.
+    assert!(matches!(
+        cache.claim(&key(7), "message/send", &hash).await.unwrap(),
+        Claim::Execute(_)
+    ));
+}
+
+#[tokio::test]
+async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_the_next_claim() {
+    let fx = Fixture::new();
+    let hash = request_hash(br#"{"s":1}"#).unwrap();
+    {
+        let cache = fx.cache(&config(86_400, 100));
+        let Claim::Execute(mut ticket) =
+            cache.claim(&key(1), "message/stream", &hash).await.unwrap()
+        else {
+            panic!()
+        };
+        let first = bytes_of("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":0}\n\n");
+        ticket
+            .open_stream("5".into(), first, Vec::new())
+            .await
+            .unwrap();
+        let second = bytes_of("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":1}\n\n");
+        ticket.append_event(1, second).await.unwrap();
+        // The process "dies": the ticket is never completed; the store is closed under it.
+        std::mem::forget(ticket);
+    }
+    let cache = fx.cache(&config(86_400, 100));
+    assert!(cache.store().get(&key(1)).await.unwrap().is_none());
+    let Claim::Cached(entry) = cache.claim(&key(1), "message/stream", &hash).await.unwrap() else {
+        panic!("an interrupted stream must never execute again")
+    };
+    let body = String::from_utf8(entry.response.body.clone()).unwrap();
+    let events: Vec<&str> = body.split_terminator("\n\n").collect();
+    assert_eq!(events.len(), 3, "{body}");
+    assert_eq!(
+        events[0],
+        "data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":0}"
+    );
+    assert_eq!(
+        events[1],
+        "data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":1}"
+    );
+    assert!(events[2].contains("\"id\":5"), "{body}");
+    assert!(
+        events[2].contains("IDEMPOTENCY_STREAM_INTERRUPTED"),
+        "{body}"
+    );
+    assert_eq!(
+        entry.inserted_at,
+        T0_MS / 1000,
+        "counted from the stream's start"
+    );
+    assert_eq!(
+        entry.response.headers,
+        vec![("content-type".into(), "text/event-stream".into())]
+    );
+    // From now on this is the cached outcome, and the open record is gone.
+    let again = cache.store().get(&key(1)).await.unwrap().unwrap();
+    assert_eq!(again.response.body, entry.response.body);
+    let conn = rusqlite::Connection::open(&fx.path).unwrap();
+    let open: i64 = conn
+        .query_row("SELECT COUNT(*) FROM idempotency_open_streams", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    let events: i64 = conn
+        .query_row("SELECT COUNT(*) FROM idempotency_stream_events", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!((open, events), (0, 0));
+}
+
+fn bytes_of(text: &str) -> bytes::Bytes {
+    bytes::Bytes::copy_from_slice(text.as_bytes())
+}

@@ -60,6 +60,36 @@ fn an_unusable_db_exits_2_naming_it() {
 }
 
 #[tokio::test]
+async fn a_second_server_on_the_same_database_is_refused_naming_the_file_and_the_first() {
+    let server = ServerProcess::start(&[]);
+    let output = Command::new(example_binary("a2a_server"))
+        .args(["--listen", "127.0.0.1:0", "--db"])
+        .arg(server.db())
+        .output()
+        .expect("run a second example server");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(output.stdout.is_empty(), "{stderr}");
+    assert!(
+        stderr.contains(&server.db().display().to_string()),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("already served by process {}", server.pid())),
+        "{stderr}"
+    );
+    // The first one serves on, undisturbed.
+    let message = json!({"kind": "message", "messageId": new_id(), "role": "user",
+                         "parts": [{"kind": "text", "text": "still here"}]});
+    let reply = post_activated(
+        &server.url,
+        rpc("message/send", json!({"message": message})),
+    )
+    .await;
+    assert_eq!(reply.json()["result"]["status"]["state"], "working");
+}
+
+#[tokio::test]
 async fn listen_on_port_0_prints_one_line_with_the_bound_address() {
     let mut server = ServerProcess::start(&[]);
     let url = server.url.clone();

@@ -2,9 +2,11 @@
 
 mod a2a_sdk;
 mod conformance;
+mod crash;
 mod example_server;
 mod http_files;
 mod layers;
 mod streams;
 mod support;
 mod ui;
+mod unit_of_work;

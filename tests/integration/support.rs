@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idem::{
     idempotent, EventStream, Idempotency, IdempotencyCache, IdempotencyConfig, ManualClock,
-    Replayable, SqliteStore,
+    Replayable, SqliteStore, UnitOfWork,
 };
 use jsonrpsee::core::{async_trait, RpcResult};
 use jsonrpsee::proc_macros::rpc;
@@ -75,6 +75,9 @@ impl TestAgentServer for Agent {
         metadata: Option<Value>,
     ) -> RpcResult<Replayable<Value>> {
         let n = self.executions.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(name) = metadata.as_ref().and_then(|m| m["effect"].as_str()) {
+            stage_effect(&UnitOfWork::of(ext)?, name)?;
+        }
         if let Some(ms) = metadata.as_ref().and_then(|m| m["delayMs"].as_u64()) {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
@@ -155,6 +158,23 @@ impl TestAgentServer for Agent {
     }
 }
 
+/// The table the test agent's side effects go to: `name` is unique, so a test can make a
+/// staged write fail by inserting the name first.
+pub const EFFECTS: &str = "CREATE TABLE IF NOT EXISTS effects (name TEXT NOT NULL PRIMARY KEY)";
+
+/// Stages two rows, `before:NAME` then `NAME`: a failure of the second must undo the first.
+fn stage_effect(unit: &UnitOfWork, name: &str) -> RpcResult<()> {
+    let name = name.to_owned();
+    unit.stage(move |db| {
+        db.execute(
+            "INSERT INTO effects (name) VALUES (?1)",
+            [format!("before:{name}")],
+        )?;
+        db.execute("INSERT INTO effects (name) VALUES (?1)", [&name])?;
+        Ok(())
+    })
+}
+
 pub struct TestServer {
     pub url: String,
     pub executions: Arc<AtomicUsize>,
@@ -167,6 +187,11 @@ impl TestServer {
     pub async fn start(db: &Path, config: IdempotencyConfig, clock: Arc<ManualClock>) -> Self {
         let store = SqliteStore::open_with_clock(db, &config, clock).expect("open store");
         let idem = Idempotency::new(IdempotencyCache::new(store), config);
+        let database = idem.database().expect("a store");
+        database
+            .transact(|db| db.execute_batch(EFFECTS))
+            .await
+            .expect("effects table");
         let server = Server::builder()
             .set_http_middleware(tower::ServiceBuilder::new().layer(idem.http_layer()))
             .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))
@@ -245,6 +270,16 @@ impl Db {
         TestServer::start(&self.path, config, self.clock.clone()).await
     }
 
+    /// The names in the test agent's `effects` table, sorted.
+    pub fn effects(&self) -> Vec<String> {
+        let conn = rusqlite::Connection::open(&self.path).unwrap();
+        let mut names = conn
+            .prepare("SELECT name FROM effects ORDER BY name")
+            .unwrap();
+        let names = names.query_map([], |r| r.get(0)).unwrap();
+        names.collect::<Result<_, _>>().unwrap()
+    }
+
     /// Rows of `idempotency_cache` for `message_id`: (request_hash, response_body, inserted_at).
     pub fn row(&self, message_id: &str) -> Option<(String, Vec<u8>, i64)> {
         let conn = rusqlite::Connection::open(&self.path).unwrap();
@@ -312,12 +347,21 @@ impl Reply {
 
 /// POSTs `body` with the activation header (unless `headers` says otherwise).
 pub async fn post(url: &str, body: impl Into<reqwest::Body>, headers: &[(&str, &str)]) -> Reply {
-    let response = send_request(url, body, headers).await;
-    Reply {
+    try_post(url, body, headers).await.expect("server answers")
+}
+
+/// Like [`post`], for a server that may die mid-request: the transport error, if any.
+pub async fn try_post(
+    url: &str,
+    body: impl Into<reqwest::Body>,
+    headers: &[(&str, &str)],
+) -> Result<Reply, reqwest::Error> {
+    let response = try_send_request(url, body, headers).await?;
+    Ok(Reply {
         status: response.status().as_u16(),
         headers: response.headers().clone(),
-        body: response.bytes().await.unwrap().to_vec(),
-    }
+        body: response.bytes().await?.to_vec(),
+    })
 }
 
 /// A JSON POST with these headers; the response's body is left to read.
@@ -326,13 +370,23 @@ async fn send_request(
     body: impl Into<reqwest::Body>,
     headers: &[(&str, &str)],
 ) -> reqwest::Response {
+    try_send_request(url, body, headers)
+        .await
+        .expect("server answers")
+}
+
+async fn try_send_request(
+    url: &str,
+    body: impl Into<reqwest::Body>,
+    headers: &[(&str, &str)],
+) -> Result<reqwest::Response, reqwest::Error> {
     let mut request = reqwest::Client::new()
         .post(url)
         .header("content-type", "application/json");
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
-    request.body(body).send().await.expect("server answers")
+    request.body(body).send().await
 }
 
 pub const ACTIVATED: &[(&str, &str)] = &[("A2A-Extensions", URI)];

@@ -1,0 +1,230 @@
+//! Exactly-once across crashes: the example server, under concurrent load, killed with SIGKILL
+//! at random instants and restarted on the same database; then every request ever sent is
+//! retried. No messageId may have two tasks or two `mission.assigned` events, and every answer
+//! a client received before a kill must replay byte-for-byte.
+//!
+//! `IDEM_CRASH_CYCLES` sets the number of kills (default 20) for a longer soak, and
+//! `IDEM_CRASH_SEED` replays the instants of a failed run (the seed is printed).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::conformance::server_process::ServerProcess;
+use crate::support::{new_id, send_with, try_post, Reply, SseReply, ACTIVATED};
+
+const CLIENTS: usize = 16;
+
+/// One request a client sent, and the answer it got before the kill, if any.
+struct Sent {
+    message_id: String,
+    body: String,
+    answer: Option<Reply>,
+}
+
+/// A small deterministic generator (xorshift), so a failing run can be replayed by its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn from_env() -> Self {
+        let seed = std::env::var("IDEM_CRASH_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+                nanos.unwrap().as_nanos() as u64 | 1
+            });
+        eprintln!("crash test seed: IDEM_CRASH_SEED={seed}");
+        Self(seed)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn cycles() -> usize {
+    std::env::var("IDEM_CRASH_CYCLES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20)
+}
+
+/// Sends fresh `message/send` calls one after another until `stop`, keeping what came back.
+async fn client(url: String, stop: Arc<AtomicBool>, duration_ms: u64) -> Vec<Sent> {
+    let mut sent = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let message_id = new_id();
+        let metadata = json!({"durationMs": duration_ms});
+        let body = send_with(1, "message/send", &message_id, "crash", metadata);
+        let answer = try_post(&url, body.clone(), ACTIVATED).await.ok();
+        let stopped = answer.is_none();
+        sent.push(Sent {
+            message_id,
+            body,
+            answer,
+        });
+        if stopped {
+            break; // the server is gone; the next cycle has a new address
+        }
+    }
+    sent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_instants_never_creates_a_second_task() {
+    let mut server = ServerProcess::start(&[]);
+    let mut rng = Rng::from_env();
+    let mut sent = Vec::new();
+    for _ in 0..cycles() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                // Missions that end within the cycle complete through the writer meanwhile.
+                let duration_ms = rng.below(400);
+                tokio::spawn(client(server.url.clone(), stop.clone(), duration_ms))
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50 + rng.below(250))).await;
+        server.restart(); // SIGKILL, whatever is in flight
+        stop.store(true, Ordering::Relaxed);
+        for client in clients {
+            sent.extend(client.await.unwrap());
+        }
+    }
+    let unanswered = sent.iter().filter(|s| s.answer.is_none()).count();
+    assert!(unanswered > 0, "no kill caught a call in flight");
+
+    let url = server.url.clone();
+    let retries =
+        futures::future::join_all(sent.chunks(sent.len().div_ceil(CLIENTS)).map(|chunk| {
+            let url = url.clone();
+            async move {
+                let mut replies = Vec::new();
+                for s in chunk {
+                    let reply = try_post(&url, s.body.clone(), ACTIVATED).await;
+                    replies.push(reply.expect("the last server answers every retry"));
+                }
+                replies
+            }
+        }))
+        .await;
+    for (s, retry) in sent.iter().zip(retries.into_iter().flatten()) {
+        assert_eq!(
+            retry.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&retry.body)
+        );
+        assert!(retry.json()["result"]["id"].is_string(), "{}", retry.json());
+        if let Some(answer) = &s.answer {
+            assert!(
+                retry.replayed(),
+                "an answered call replays: {}",
+                s.message_id
+            );
+            assert_eq!(retry.body, answer.body, "byte-for-byte: {}", s.message_id);
+        }
+    }
+    let (tasks, assigned) = side_effects(server.db());
+    for s in &sent {
+        assert_eq!(
+            tasks.get(&s.message_id),
+            Some(&1),
+            "tasks of {}",
+            s.message_id
+        );
+        assert_eq!(
+            assigned.get(&s.message_id),
+            Some(&1),
+            "mission.assigned of {}",
+            s.message_id
+        );
+    }
+    eprintln!(
+        "{} calls over {} kills, {unanswered} cut off by a kill",
+        sent.len(),
+        cycles()
+    );
+}
+
+/// Per messageId: how many tasks hold it as their first message, and how many
+/// `mission.assigned` events those tasks have.
+fn side_effects(db: &Path) -> (HashMap<String, i64>, HashMap<String, i64>) {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let per_message = |sql: &str| {
+        let mut statement = conn.prepare(sql).unwrap();
+        let rows = statement
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        rows.collect::<Result<HashMap<String, i64>, _>>().unwrap()
+    };
+    let tasks = per_message(
+        "SELECT json_extract(task_json, '$.history[0].message_id') AS m, COUNT(*)
+         FROM tasks GROUP BY m",
+    );
+    let assigned = per_message(
+        "SELECT json_extract(t.task_json, '$.history[0].message_id') AS m, COUNT(*)
+         FROM outbox o JOIN tasks t ON t.id = o.task_id
+         WHERE o.event_type = 'mission.assigned' GROUP BY m",
+    );
+    (tasks, assigned)
+}
+
+#[tokio::test]
+async fn a_stream_killed_after_its_first_event_is_never_executed_again() {
+    let mut server = ServerProcess::start(&[]);
+    let mid = new_id();
+    let body = send_with(1, "message/stream", &mid, "go", json!({"durationMs": 4000}));
+    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    let task = first.next_event().await.expect("the first event");
+    let task_id = task["result"]["id"].as_str().unwrap().to_owned();
+    let received = first.raw.clone();
+
+    let url = server.restart(); // SIGKILL mid-stream: the next event was 2 s away
+    let mut retry = SseReply::open(&url, body.clone(), ACTIVATED).await;
+    assert_eq!(retry.status, 200);
+    assert_eq!(retry.content_type(), "text/event-stream");
+    assert!(retry.replayed());
+    let events = retry.rest().await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(
+        retry.raw.starts_with(&received),
+        "the recorded event, byte-for-byte"
+    );
+    assert_eq!(events[0], task);
+    assert_eq!(events[1]["id"], 1);
+    assert_eq!(
+        events[1]["error"]["data"]["code"], "IDEMPOTENCY_STREAM_INTERRUPTED",
+        "{events:?}"
+    );
+
+    let mut again = SseReply::open(&url, body, ACTIVATED).await;
+    again.rest().await;
+    assert!(again.replayed());
+    assert_eq!(
+        again.raw, retry.raw,
+        "the interrupted outcome is what is cached"
+    );
+
+    let (tasks, assigned) = side_effects(server.db());
+    assert_eq!((tasks.get(&mid), assigned.get(&mid)), (Some(&1), Some(&1)));
+    // The mission itself was resumed by the restart and still completes.
+    let get = json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task_id}});
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = try_post(&url, get.to_string(), &[]).await.unwrap();
+        if reply.json()["result"]["status"]["state"] == "completed" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", reply.json());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

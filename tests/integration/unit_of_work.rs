@@ -1,0 +1,150 @@
+//! The unit of work through a real server: a call's staged writes commit with its cache entry
+//! or not at all, a failing write fails its own call only (uncached, the retry runs), and a
+//! call that is not deduplicated still commits its writes, on its own.
+
+use idem::IdempotencyConfig;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn with_effect(id: u64, message_id: &str, text: &str, effect: &str) -> String {
+    send_with(
+        id,
+        "message/send",
+        message_id,
+        text,
+        json!({"effect": effect}),
+    )
+}
+
+/// Inserts `name` into the test agent's table beside the server, as another writer would.
+async fn insert_effect(server: &TestServer, name: &str) {
+    let name = name.to_owned();
+    let db = server.idem.database().unwrap();
+    db.transact(move |db| db.execute("INSERT INTO effects (name) VALUES (?1)", [name]))
+        .await
+        .unwrap();
+}
+
+async fn delete_effect(server: &TestServer, name: &str) {
+    let name = name.to_owned();
+    let db = server.idem.database().unwrap();
+    db.transact(move |db| db.execute("DELETE FROM effects WHERE name = ?1", [name]))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_failing_staged_write_commits_nothing_caches_nothing_and_the_retry_runs() {
+    let db = Db::new();
+    let server = db.server(IdempotencyConfig::default()).await;
+    insert_effect(&server, "taken").await;
+    let mid = new_id();
+    let body = with_effect(1, &mid, "go", "taken");
+
+    let failed = post_activated(&server.url, body.clone()).await;
+    assert_eq!(failed.status, 200);
+    assert_eq!(failed.error_code(), -32603);
+    assert_eq!(failed.data_code(), "IDEMPOTENCY_WRITE_FAILED");
+    assert!(!failed.replayed());
+    assert!(
+        db.row(&mid).is_none(),
+        "a failed unit of work is not cached"
+    );
+    assert_eq!(
+        db.effects(),
+        ["taken"],
+        "the first staged row was rolled back too"
+    );
+
+    delete_effect(&server, "taken").await;
+    let retried = post_activated(&server.url, body.clone()).await;
+    assert_eq!(
+        retried.json()["result"]["execution"],
+        2,
+        "the retry executed"
+    );
+    assert!(!retried.replayed());
+    assert_eq!(db.effects(), ["before:taken", "taken"]);
+    assert!(db.row(&mid).is_some());
+
+    let replay = post_activated(&server.url, body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, retried.body);
+    assert_eq!(server.executions(), 2);
+    assert_eq!(
+        db.effects(),
+        ["before:taken", "taken"],
+        "a replay writes nothing"
+    );
+}
+
+#[tokio::test]
+async fn one_failing_call_in_a_batch_leaves_the_others_committed() {
+    let db = Db::new();
+    let server = db.server(IdempotencyConfig::default()).await;
+    insert_effect(&server, "b").await;
+    let ids = [new_id(), new_id(), new_id()];
+    let calls: Vec<Value> = ids
+        .iter()
+        .zip(["a", "b", "c"])
+        .enumerate()
+        .map(|(n, (mid, effect))| {
+            serde_json::from_str(&with_effect(n as u64, mid, "go", effect)).unwrap()
+        })
+        .collect();
+    let reply = post_activated(&server.url, Value::Array(calls).to_string()).await;
+    assert_eq!(reply.status, 200);
+    let answers = reply.json();
+    let by_id = |n: u64| {
+        answers
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["id"] == n)
+            .unwrap()
+            .clone()
+    };
+    assert!(by_id(0)["result"].is_object(), "{answers}");
+    assert_eq!(
+        by_id(1)["error"]["data"]["code"],
+        "IDEMPOTENCY_WRITE_FAILED"
+    );
+    assert!(by_id(2)["result"].is_object(), "{answers}");
+    assert_eq!(db.effects(), ["a", "b", "before:a", "before:c", "c"]);
+    assert!(db.row(&ids[0]).is_some() && db.row(&ids[2]).is_some());
+    assert!(db.row(&ids[1]).is_none());
+}
+
+#[tokio::test]
+async fn an_error_from_the_body_is_cached_and_its_staged_writes_are_discarded() {
+    let db = Db::new();
+    let server = db.server(IdempotencyConfig::default()).await;
+    let mid = new_id();
+    let body = with_effect(1, &mid, "fail", "never");
+    let first = post_activated(&server.url, body.clone()).await;
+    assert_eq!(first.error_code(), -32000);
+    assert!(db.effects().is_empty(), "an Err discards the unit of work");
+    let replay = post_activated(&server.url, body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+}
+
+#[tokio::test]
+async fn calls_that_are_not_deduplicated_commit_their_writes_on_their_own() {
+    let db = Db::new();
+    let optional = IdempotencyConfig {
+        required: false,
+        ..IdempotencyConfig::default()
+    };
+    let server = db.server(optional).await;
+    let mid = new_id();
+    let ok = post(&server.url, with_effect(1, &mid, "go", "free"), &[]).await;
+    assert!(ok.json()["result"].is_object(), "{}", ok.json());
+    assert_eq!(db.effects(), ["before:free", "free"]);
+    assert!(db.row(&mid).is_none(), "not deduplicated, not cached");
+
+    let refused = post(&server.url, with_effect(2, &new_id(), "go", "free"), &[]).await;
+    assert_eq!(refused.data_code(), "IDEMPOTENCY_WRITE_FAILED");
+    assert_eq!(db.effects(), ["before:free", "free"]);
+}
