@@ -3,14 +3,15 @@
 # fresh executions with the extension, and fresh executions with it off, in one run so the
 # ratios compare like with like. Each server gets a fresh database in a temp dir; the most
 # threads each server process had while under load is sampled from /proc.
-#   CONNECTIONS (default 64), DURATION (seconds, default 10)
+#   CONNECTIONS (default 64), DURATION (seconds, default 10), A2A_SERVER_BIN (see below)
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/idem-target}"
 connections=${CONNECTIONS:-64}
 duration=${DURATION:-10}
-cargo build --quiet --release --example a2a_server
-bin="$CARGO_TARGET_DIR/release/examples/a2a_server"
+# A2A_SERVER_BIN: measure that binary instead (e.g. an older build, for a before/after).
+bin="${A2A_SERVER_BIN:-$CARGO_TARGET_DIR/release/examples/a2a_server}"
+[ -n "${A2A_SERVER_BIN:-}" ] || cargo build --quiet --release --example a2a_server
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 command -v wrk >/dev/null || { echo "run.sh needs wrk: apt-get install wrk" >&2; exit 1; }

@@ -41,9 +41,27 @@ pub struct IdempotencyCache {
 
 struct Inner {
     store: Arc<dyn Store>,
-    in_flight: Mutex<HashMap<MessageId, Flight>>,
+    in_flight: Mutex<Table>,
     /// How many executions are in flight, for [`IdempotencyCache::quiesce`].
     running: watch::Sender<usize>,
+}
+
+/// The executions in flight.
+struct Table {
+    flights: HashMap<MessageId, Flight>,
+    /// How many executions have ended, per slot of keys. A claim that read the store, then
+    /// took the key and finds its slot unchanged, knows that no execution of the key committed
+    /// in between (entries are committed only by the ticket holder, before it releases), so
+    /// its read still holds: a miss costs one read, not two. Another key of the same slot
+    /// only costs a second read.
+    releases: Vec<u64>,
+}
+
+const RELEASE_SLOTS: usize = 4096;
+
+fn slot(key: &MessageId) -> usize {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(key) as usize % RELEASE_SLOTS
 }
 
 /// An execution in flight, as the table holds it.
@@ -100,7 +118,10 @@ impl IdempotencyCache {
         Self {
             inner: Arc::new(Inner {
                 store,
-                in_flight: Mutex::new(HashMap::new()),
+                in_flight: Mutex::new(Table {
+                    flights: HashMap::new(),
+                    releases: vec![0; RELEASE_SLOTS],
+                }),
                 running: watch::Sender::new(0),
             }),
         }
@@ -119,15 +140,22 @@ impl IdempotencyCache {
         hash: &RequestHash,
     ) -> Result<Claim, StoreError> {
         // Most duplicates are retries of finished calls: answer them without touching the table.
-        if let Some(entry) = self.inner.store.get(key).await? {
+        let seen = self.releases(key);
+        let found = self.inner.store.lookup(key).await?;
+        if let Found::Entry(entry) = found {
             return Ok(Claim::Cached(entry));
         }
-        let ticket = match self.take(key, method, hash) {
-            Ok(ticket) => ticket,
+        let (ticket, unchanged) = match self.take(key, method, hash, seen) {
+            Ok(taken) => taken,
             Err(in_flight) => return Ok(Claim::InFlight(in_flight)),
         };
-        // The entry may have been committed between our read and taking the key: read again.
-        match self.inner.store.lookup(key).await? {
+        // An execution of the key may have committed its entry between our read and taking
+        // the key: read again, unless none of the key's slot ended meanwhile.
+        let found = match found {
+            Found::Nothing if unchanged => Found::Nothing,
+            _ => self.inner.store.lookup(key).await?,
+        };
+        match found {
             Found::Entry(entry) => Ok(Claim::Cached(entry)),
             Found::Nothing => Ok(Claim::Execute(ticket)),
             // Nobody records it any more (the key is ours): a retry must never execute again,
@@ -148,14 +176,28 @@ impl IdempotencyCache {
         }
     }
 
+    /// How many executions of keys in `key`'s slot have ended so far.
+    fn releases(&self, key: &MessageId) -> u64 {
+        let table = self.inner.in_flight.lock().expect("in-flight lock");
+        table.releases[slot(key)]
+    }
+
     /// Takes the key in the in-flight table, or reports who holds it. Atomic under the mutex.
-    fn take(&self, key: &MessageId, method: &str, hash: &RequestHash) -> Result<Ticket, InFlight> {
+    /// With the ticket: whether the key's slot saw no release since `seen`.
+    fn take(
+        &self,
+        key: &MessageId,
+        method: &str,
+        hash: &RequestHash,
+        seen: u64,
+    ) -> Result<(Ticket, bool), InFlight> {
         let mut table = self.inner.in_flight.lock().expect("in-flight lock");
-        if let Some(flight) = table.get(key) {
+        if let Some(flight) = table.flights.get(key) {
             return Err(InFlight(flight.clone()));
         }
+        let unchanged = table.releases[slot(key)] == seen;
         let (phase_tx, phase) = watch::channel(Phase::Running);
-        table.insert(
+        table.flights.insert(
             key.clone(),
             Flight {
                 method: method.to_owned(),
@@ -164,14 +206,15 @@ impl IdempotencyCache {
             },
         );
         self.inner.running.send_modify(|n| *n += 1);
-        Ok(Ticket {
+        let ticket = Ticket {
             cache: Arc::downgrade(&self.inner),
             key: key.clone(),
             method: method.to_owned(),
             request_hash: hash.clone(),
             phase: phase_tx,
             opened_at: None,
-        })
+        };
+        Ok((ticket, unchanged))
     }
 
     /// Who holds `key`: the method and request hash of the call in flight, or of the live
@@ -185,6 +228,7 @@ impl IdempotencyCache {
             .in_flight
             .lock()
             .expect("in-flight lock")
+            .flights
             .get(key)
             .cloned();
         if let Some(flight) = running {
@@ -313,11 +357,10 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(cache) = self.cache.upgrade() {
-            cache
-                .in_flight
-                .lock()
-                .expect("in-flight lock")
-                .remove(&self.key);
+            let mut table = cache.in_flight.lock().expect("in-flight lock");
+            table.flights.remove(&self.key);
+            table.releases[slot(&self.key)] += 1;
+            drop(table);
             cache.running.send_modify(|n| *n -= 1);
         }
     }

@@ -1,7 +1,8 @@
 //! Runtime of the A2A extension `idempotency/v1`.
 //!
 //! Everything that runs: the canonical request hash, the message-id check, the durable SQLite
-//! store, the jsonrpsee HTTP and RPC layers, and the guard that `#[idempotent]` expands to.
+//! store, the jsonrpsee HTTP and RPC layers, the guard that `#[idempotent]` expands to, and the
+//! unit of work through which a call's database writes commit with its cache entry.
 
 #![warn(missing_docs)]
 

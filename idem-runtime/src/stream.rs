@@ -30,8 +30,8 @@ use crate::guard::{
 use crate::recording::Recording;
 use crate::scope::{GovernedCall, Outcome};
 use crate::sse;
-use crate::store::{Entry, OpenStream, StoredResponse};
-use crate::unit_of_work::{Sealed, UnitOfWork};
+use crate::store::{Entry, OpenStream, StoreError, StoredResponse};
+use crate::unit_of_work::{Sealed, SqlWrite, UnitOfWork};
 
 /// What a streaming `#[idempotent]` method returns: its events, each a result or an error.
 ///
@@ -143,7 +143,7 @@ where
 /// first event before anything is sent, then records the rest in a task of its own.
 async fn execute<T, F>(
     call: &GovernedCall,
-    mut ticket: Ticket,
+    ticket: Ticket,
     body: F,
     unit: Option<UnitOfWork>,
 ) -> Result<EventStream<T>, ErrorObjectOwned>
@@ -166,45 +166,55 @@ where
     let mut sealed = unit.as_ref().map(UnitOfWork::seal);
     let writes = sealed.as_mut().map(Sealed::take_writes).unwrap_or_default();
     let recording = Arc::new(Recording::new());
-    match next_frame(&mut events, &call.id, &recording).await {
-        Next::Event(first) => {
-            let id = serde_json::to_string(&call.id).expect("a JSON-RPC id serializes");
-            if let Err(e) = ticket.open_stream(id, first.clone(), writes).await {
-                return Err(store_failure(call, e));
-            }
-            recording.push(first);
-            // Shared once the first event is durable, which wakes the retries waiting to attach.
-            ticket.set_progress(recording.clone());
-            tokio::spawn(record(
-                events,
-                recording.clone(),
-                call.id.clone(),
-                Some(ticket),
-            ));
-        }
+    let stored = match next_frame(&mut events, &call.id, &recording).await {
+        Next::Event(first) => open(call, ticket, events, first, writes, &recording).await,
         // The first item already ended it: the whole outcome is known, stored in one go.
-        ended => {
-            drop(events);
-            let last = match ended {
-                Next::Last(frame) => Some(frame),
-                _ => None,
-            };
-            let body = last.as_deref().map(<[u8]>::to_vec).unwrap_or_default();
-            if let Err(e) = ticket.complete_with(event_stream(body), writes).await {
-                return Err(store_failure(call, e));
-            }
-            if let Some(last) = last {
-                recording.push(last);
-            }
-            recording.finish();
-        }
-    }
+        Next::Last(last) => store_whole(ticket, Some(last), writes, &recording).await,
+        Next::End => store_whole(ticket, None, writes, &recording).await,
+    };
+    stored.map_err(|e| store_failure(call, e))?;
     if let Some(sealed) = sealed {
         sealed.committed();
     }
     call.scope.set_stream(recording, None);
     call.scope.record(Outcome::Executed);
     Ok(EventStream::handed_over())
+}
+
+/// Commits the writes with the open stream and its first event, then hands the rest of the
+/// stream to a recorder of its own.
+async fn open<T: Serialize + Send + 'static>(
+    call: &GovernedCall,
+    mut ticket: Ticket,
+    events: Events<T>,
+    first: Bytes,
+    writes: Vec<SqlWrite>,
+    recording: &Arc<Recording>,
+) -> Result<(), StoreError> {
+    let id = serde_json::to_string(&call.id).expect("a JSON-RPC id serializes");
+    ticket.open_stream(id, first.clone(), writes).await?;
+    recording.push(first);
+    // Shared once the first event is durable, which wakes the retries waiting to attach.
+    ticket.set_progress(recording.clone());
+    let recorder = record(events, recording.clone(), call.id.clone(), Some(ticket));
+    tokio::spawn(recorder);
+    Ok(())
+}
+
+/// Stores a stream that ended with its first item (`last`, if it sent one) with the writes.
+async fn store_whole(
+    ticket: Ticket,
+    last: Option<Bytes>,
+    writes: Vec<SqlWrite>,
+    recording: &Recording,
+) -> Result<(), StoreError> {
+    let body = last.as_deref().map(<[u8]>::to_vec).unwrap_or_default();
+    ticket.complete_with(event_stream(body), writes).await?;
+    if let Some(last) = last {
+        recording.push(last);
+    }
+    recording.finish();
+    Ok(())
 }
 
 /// The next item of a stream, framed as an SSE event.
