@@ -187,10 +187,19 @@ impl Store for SqliteStore {
     }
 
     async fn lookup(&self, key: &MessageId) -> Result<Found, StoreError> {
-        let id = key.clone();
+        let (id, ttl, now) = (key.clone(), self.ttl_seconds, self.clock.now_seconds());
         let (entry, open) = self
             .readers
-            .run(move |conn| Ok((select_entry(conn, &id)?, select_open_stream(conn, &id)?)))
+            .run(move |conn| {
+                let entry = select_entry(conn, &id)?;
+                // While an entry is live no stream of its key can be open: a replay costs one
+                // query.
+                let open = match &entry {
+                    Some(e) if !is_expired(e.inserted_at, ttl, now) => None,
+                    _ => select_open_stream(conn, &id)?,
+                };
+                Ok((entry, open))
+            })
             .await?;
         if let Some(entry) = self.live(entry) {
             return Ok(Found::Entry(entry));
@@ -492,6 +501,8 @@ fn headers_object(headers: &[(String, String)]) -> serde_json::Map<String, serde
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    // The writer's statements (transaction control, entries, streams, sweep) all stay prepared.
+    conn.set_prepared_statement_cache_capacity(64);
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     Ok(conn)

@@ -128,7 +128,7 @@ impl Writer {
         // IMMEDIATE takes the write lock up front, waiting on busy_timeout if another
         // connection holds it. A deferred transaction that reads first would fail at once
         // with SQLITE_BUSY when it upgrades to write.
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        run(&self.conn, "BEGIN IMMEDIATE")?;
         let mut batch = Batch {
             now_ms: self.clock.now_millis(),
             rows: self.rows,
@@ -139,7 +139,7 @@ impl Writer {
             outcomes.push(self.apply_alone(job.as_mut(), &mut batch)?);
         }
         batch.rows -= evict_least_recently_used(&self.conn, batch.rows, self.max_entries)?;
-        self.conn.execute_batch("COMMIT")?;
+        run(&self.conn, "COMMIT")?;
         self.rows = batch.rows;
         Ok(outcomes)
     }
@@ -151,10 +151,10 @@ impl Writer {
         batch: &mut Batch,
     ) -> Result<Result<(), StoreError>, StoreError> {
         let rows = batch.rows;
-        self.conn.execute_batch("SAVEPOINT job")?;
+        run(&self.conn, "SAVEPOINT job")?;
         match job.apply(&self.conn, batch) {
             Ok(()) => {
-                self.conn.execute_batch("RELEASE job")?;
+                run(&self.conn, "RELEASE job")?;
                 Ok(Ok(()))
             }
             Err(error) => {
@@ -163,11 +163,18 @@ impl Writer {
                     // SQLite rolled the whole transaction back (disk full, I/O error).
                     return Err(StoreError::Commit(format!("transaction lost: {error}")));
                 }
-                self.conn.execute_batch("ROLLBACK TO job; RELEASE job")?;
+                run(&self.conn, "ROLLBACK TO job")?;
+                run(&self.conn, "RELEASE job")?;
                 Ok(Err(error))
             }
         }
     }
+}
+
+/// A statement without results, prepared once: the writer runs these for every write.
+fn run(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
 }
 
 fn apply_touches(conn: &Connection, touches: &HashMap<String, u64>) -> rusqlite::Result<()> {
