@@ -161,6 +161,8 @@ impl IdempotencyCache {
             // Nobody records it any more (the key is ours): a retry must never execute again,
             // so the stream's outcome becomes what was recorded, then the interruption.
             Found::Interrupted(stream, events) => {
+                // Bound to the stream's own method and hash, not this claim's (which may be
+                // the 422 the replay decides): not `ticket.close_stream`.
                 let entry = Arc::new(Entry {
                     message_id: stream.message_id.clone(),
                     method: stream.method.clone(),

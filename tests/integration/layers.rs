@@ -525,16 +525,7 @@ async fn batch_entries_each_get_their_own_answer() {
     assert_eq!(reply.status, 200, "a batch keeps HTTP 200");
     assert!(!reply.replayed(), "no Idempotent-Replayed on a batch");
     assert!(reply.echoes_extension());
-    let entries = reply.json();
-    let by_id = |id: u64| {
-        entries
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["id"] == id)
-            .unwrap()
-            .clone()
-    };
+    let by_id = |id: u64| reply.batch_answer(id);
     assert_eq!(by_id(10)["result"]["echo"], "a", "replayed entry");
     assert_eq!(by_id(10)["result"]["execution"], 1);
     assert_eq!(by_id(11)["result"]["echo"], "b", "executed entry");
@@ -670,16 +661,7 @@ async fn in_a_batch_an_undecodable_entry_under_a_held_key_is_422_too() {
     )
     .await;
     assert_eq!(reply.status, 200);
-    let entries = reply.json();
-    let by_id = |id: u64| {
-        entries
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["id"] == id)
-            .unwrap()
-            .clone()
-    };
+    let by_id = |id: u64| reply.batch_answer(id);
     assert_eq!(by_id(2)["error"]["code"], -32422);
     assert_eq!(
         by_id(3)["result"]["echo"],

@@ -312,6 +312,16 @@ impl Reply {
             .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
     }
 
+    /// The answer with JSON-RPC id `id` in a batch reply.
+    pub fn batch_answer(&self, id: u64) -> Value {
+        let answers = self.json();
+        let answers = answers.as_array().expect("a batch reply is an array");
+        let answer = answers.iter().find(|a| a["id"] == id);
+        answer
+            .unwrap_or_else(|| panic!("no answer {id} in {answers:?}"))
+            .clone()
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(|v| v.to_str().unwrap())
     }

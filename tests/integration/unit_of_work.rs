@@ -17,21 +17,21 @@ fn with_effect(id: u64, message_id: &str, text: &str, effect: &str) -> String {
     )
 }
 
-/// Inserts `name` into the test agent's table beside the server, as another writer would.
-async fn insert_effect(server: &TestServer, name: &str) {
+/// Runs `sql` with `name` on the test agent's table beside the server, as another writer would.
+async fn change_effects(server: &TestServer, sql: &'static str, name: &str) {
     let name = name.to_owned();
     let db = server.idem.database().unwrap();
-    db.transact(move |db| db.execute("INSERT INTO effects (name) VALUES (?1)", [name]))
+    db.transact(move |db| db.execute(sql, [name]))
         .await
         .unwrap();
 }
 
+async fn insert_effect(server: &TestServer, name: &str) {
+    change_effects(server, "INSERT INTO effects (name) VALUES (?1)", name).await;
+}
+
 async fn delete_effect(server: &TestServer, name: &str) {
-    let name = name.to_owned();
-    let db = server.idem.database().unwrap();
-    db.transact(move |db| db.execute("DELETE FROM effects WHERE name = ?1", [name]))
-        .await
-        .unwrap();
+    change_effects(server, "DELETE FROM effects WHERE name = ?1", name).await;
 }
 
 #[tokio::test]
@@ -96,15 +96,7 @@ async fn one_failing_call_in_a_batch_leaves_the_others_committed() {
     let reply = post_activated(&server.url, Value::Array(calls).to_string()).await;
     assert_eq!(reply.status, 200);
     let answers = reply.json();
-    let by_id = |n: u64| {
-        answers
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|a| a["id"] == n)
-            .unwrap()
-            .clone()
-    };
+    let by_id = |id: u64| reply.batch_answer(id);
     assert!(by_id(0)["result"].is_object(), "{answers}");
     assert_eq!(
         by_id(1)["error"]["data"]["code"],
