@@ -125,11 +125,11 @@ impl TaskStore {
         let task_json = serde_json::to_string(task).map_err(Failure::from)?;
         let (id, context_id, state) = (task.id.clone(), task.context_id.clone(), task.state.name());
         unit.stage(move |conn| {
-            conn.execute(
+            conn.prepare_cached(
                 "INSERT INTO tasks (id, context_id, state, due_at, created_at, updated_at, task_json)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
-                params![id, context_id, state, due_at_ms as i64, clock::now_ms() as i64, task_json],
-            )?;
+            )?
+            .execute(params![id, context_id, state, due_at_ms as i64, clock::now_ms() as i64, task_json])?;
             record(conn, &id, &event)?;
             Ok(())
         })
@@ -142,11 +142,18 @@ impl TaskStore {
         let task_json = serde_json::to_string(task).map_err(Failure::from)?;
         let (id, state) = (task.id.clone(), task.state.name());
         unit.stage(move |conn| {
-            let changed = conn.execute(
-                "UPDATE tasks SET state = ?2, updated_at = ?3, task_json = ?4
-                 WHERE id = ?1 AND task_json = ?5",
-                params![id, state, clock::now_ms() as i64, task_json, loaded.seen],
-            )?;
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE tasks SET state = ?2, updated_at = ?3, task_json = ?4
+                     WHERE id = ?1 AND task_json = ?5",
+                )?
+                .execute(params![
+                    id,
+                    state,
+                    clock::now_ms() as i64,
+                    task_json,
+                    loaded.seen
+                ])?;
             match changed {
                 1 => Ok(()),
                 _ => Err(WriteError::from(format!(
@@ -178,15 +185,15 @@ impl TaskStore {
             // read and the write.
             let Loaded { mut task, .. } = load(conn, &id)?;
             let event = change(&mut task)?;
-            conn.execute(
+            conn.prepare_cached(
                 "UPDATE tasks SET state = ?2, updated_at = ?3, task_json = ?4 WHERE id = ?1",
-                params![
-                    task.id,
-                    task.state.name(),
-                    clock::now_ms() as i64,
-                    serde_json::to_string(&task)?
-                ],
-            )?;
+            )?
+            .execute(params![
+                task.id,
+                task.state.name(),
+                clock::now_ms() as i64,
+                serde_json::to_string(&task)?
+            ])?;
             if let Some(event) = event {
                 record(conn, &task.id, &event)?;
             }
@@ -221,11 +228,8 @@ impl TaskStore {
 
 fn load(conn: &Connection, id: &str) -> Result<Loaded, Failure> {
     let row: Option<(String, i64)> = conn
-        .query_row(
-            "SELECT task_json, due_at FROM tasks WHERE id = ?1",
-            [id],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
+        .prepare_cached("SELECT task_json, due_at FROM tasks WHERE id = ?1")?
+        .query_row([id], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?;
     match row {
         Some((seen, due_at)) => Ok(Loaded {
@@ -238,14 +242,14 @@ fn load(conn: &Connection, id: &str) -> Result<Loaded, Failure> {
 }
 
 fn record(conn: &Connection, task_id: &str, event: &Event) -> rusqlite::Result<()> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO outbox (task_id, event_type, payload, created_at) VALUES (?1, ?2, ?3, ?4)",
-        params![
-            task_id,
-            event.event_type,
-            event.payload.to_string(),
-            clock::now_ms() as i64
-        ],
-    )?;
+    )?
+    .execute(params![
+        task_id,
+        event.event_type,
+        event.payload.to_string(),
+        clock::now_ms() as i64
+    ])?;
     Ok(())
 }

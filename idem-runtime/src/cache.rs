@@ -60,8 +60,7 @@ struct Table {
 const RELEASE_SLOTS: usize = 4096;
 
 fn slot(key: &MessageId) -> usize {
-    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-    BuildHasherDefault::<DefaultHasher>::default().hash_one(key) as usize % RELEASE_SLOTS
+    key.slot(RELEASE_SLOTS)
 }
 
 /// An execution in flight, as the table holds it.
@@ -102,7 +101,7 @@ pub enum Claim {
     /// The key is ours: run the call, then [`Ticket::complete`].
     Execute(Ticket),
     /// A live entry holds the key (it may answer another hash or method: the caller decides).
-    Cached(Entry),
+    Cached(Arc<Entry>),
     /// Another call holds the key and is running.
     InFlight(InFlight),
 }
@@ -173,7 +172,7 @@ impl IdempotencyCache {
                 self.inner.store.close_stream(entry.clone()).await?;
                 tracing::warn!(message_id = %key, "a stream interrupted before its end is closed as interrupted");
                 drop(ticket);
-                Ok(Claim::Cached(Arc::unwrap_or_clone(entry)))
+                Ok(Claim::Cached(entry))
             }
         }
     }

@@ -43,6 +43,21 @@ impl fmt::Display for RequestHash {
     }
 }
 
+/// SHA-256 of raw `params` bytes, exactly as received: equal spellings are equal params, so
+/// they have one request hash, which a cache can answer without computing it.
+pub type Spelling = [u8; 32];
+
+/// The [`Spelling`] of raw `params` bytes.
+///
+/// ```
+/// use idem_runtime::spelling;
+/// assert_eq!(spelling(br#"{"a":1}"#), spelling(br#"{"a":1}"#));
+/// assert_ne!(spelling(br#"{"a":1}"#), spelling(br#"{ "a":1}"#)); // same hash, other spelling
+/// ```
+pub fn spelling(raw_params: &[u8]) -> Spelling {
+    Sha256::digest(raw_params).into()
+}
+
 /// Hashes raw JSON-RPC `params` bytes per spec §4.3.
 pub fn request_hash(raw_params: &[u8]) -> Result<RequestHash, HashError> {
     hash_params(parse_params(raw_params)?)

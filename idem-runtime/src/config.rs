@@ -33,6 +33,9 @@ pub struct IdempotencyConfig {
     pub message_id_policy: MessageIdPolicy,
     /// How often the background sweep deletes expired entries.
     pub sweep_interval: Duration,
+    /// Bytes of stored entries kept in memory, so that replays need no disk read (0 turns
+    /// the memory tier off). Each entry costs its response bytes plus about 400 bytes.
+    pub memory_tier_bytes: usize,
 }
 
 impl Default for IdempotencyConfig {
@@ -44,6 +47,7 @@ impl Default for IdempotencyConfig {
             in_flight_wait: Duration::from_secs(30),
             message_id_policy: MessageIdPolicy::Shape,
             sweep_interval: Duration::from_secs(60),
+            memory_tier_bytes: 64 << 20,
         }
     }
 }

@@ -97,7 +97,7 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
         let flight = match claim {
             Err(e) => return Decision::Refuse(store_failure(call, e)),
             Ok(Claim::Execute(ticket)) => return Decision::Execute(ticket),
-            Ok(Claim::Cached(entry)) => return replay_or_collide(call, Arc::new(entry)),
+            Ok(Claim::Cached(entry)) => return replay_or_collide(call, entry),
             Ok(Claim::InFlight(flight)) => flight,
         };
         if !flight.matches(&call.method, &call.hash) {
@@ -160,6 +160,7 @@ pub(crate) async fn store_json(
         // answering with what is stored.
         Ok(()) => {
             call.scope.record(Outcome::Executed);
+            call.cache.store().note_spelling(&call.key, call.spelling);
             if let Some(sealed) = sealed {
                 sealed.committed();
             }
@@ -185,6 +186,7 @@ pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
     match decode(&entry.response.body) {
         Some(payload) => {
             call.scope.record(Outcome::Replayed);
+            call.cache.store().note_spelling(&call.key, call.spelling);
             payload
         }
         None => Err(corrupt(call)),

@@ -19,12 +19,15 @@ mod http_layer;
 mod idempotency;
 mod jcs;
 mod json_check;
+mod key_index;
+mod memory_tier;
 mod message_id;
 mod number_exactness;
 mod recording;
 mod replayable;
 mod rpc_layer;
 mod scope;
+mod sqlite_checkpointer;
 mod sqlite_readers;
 mod sqlite_store;
 mod sqlite_writer;
@@ -37,8 +40,8 @@ mod unit_of_work;
 pub use activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
 pub use cache::{Claim, IdempotencyCache, InFlight, Progress, Ticket, Waited};
 pub use canonical_hash::{
-    canonical_json, canonical_params, hash_params, parse_params, request_hash, HashError,
-    RequestHash,
+    canonical_json, canonical_params, hash_params, parse_params, request_hash, spelling, HashError,
+    RequestHash, Spelling,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{ConfigError, IdempotencyConfig, MAX_ENTRIES_ENV, TTL_ENV};

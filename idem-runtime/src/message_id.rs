@@ -101,6 +101,17 @@ impl MessageId {
         Ok(id)
     }
 
+    /// A key read back from the store, which only ever holds keys parsed here.
+    pub(crate) fn from_stored(key: String) -> Self {
+        MessageId(key)
+    }
+
+    /// Which of `slots` slots the key falls in, for counters kept per group of keys.
+    pub(crate) fn slot(&self, slots: usize) -> usize {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(self) as usize % slots
+    }
+
     /// The normalized lowercase form.
     pub fn as_str(&self) -> &str {
         &self.0

@@ -3,18 +3,22 @@
 //! It refuses what the extension must refuse (not activated, malformed messageId, params the
 //! hash cannot bind) without running the method, and hands the guard the key and the hash of
 //! the raw params. Batches do not go through `call()`, so `batch()` checks each entry too.
+//!
+//! A single call that resends the very bytes of an answered call is answered here, from the
+//! store's memory, before jsonrpsee decodes its params: the same bytes are the same key and
+//! the same request hash, so nothing needs parsing or hashing canonically.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use jsonrpsee::core::middleware::{Batch, BatchEntry, BatchEntryErr, Notification, RpcServiceT};
 use jsonrpsee::types::{ErrorObjectOwned, Request};
-use jsonrpsee::MethodResponse;
+use jsonrpsee::{MethodResponse, ResponsePayload};
 
 use crate::cache::IdempotencyCache;
-use crate::canonical_hash::{hash_params, parse_params};
+use crate::canonical_hash::{hash_params, parse_params, spelling, Spelling};
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
-use crate::guard::collision;
+use crate::guard::{collision, decode, Payload};
 use crate::idempotency::State;
 use crate::message_id::MessageId;
 use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated, WebSocket};
@@ -69,12 +73,18 @@ where
         &self,
         mut request: Request<'a>,
     ) -> impl Future<Output = MethodResponse> + Send + 'a {
-        let checked = self.admit(&mut request);
+        let checked = self.admit(&mut request, true);
         let governed = request.extensions().get::<GovernedCall>().cloned();
         let inner = self.inner.clone();
         async move {
-            if let Err(error) = checked {
-                return MethodResponse::error(request.id, error);
+            match checked {
+                Err(error) => return MethodResponse::error(request.id, error),
+                Ok(Some(Ok(result))) => {
+                    let result = ResponsePayload::success(result);
+                    return MethodResponse::response(request.id, result, usize::MAX);
+                }
+                Ok(Some(Err(error))) => return MethodResponse::error(request.id, error),
+                Ok(None) => {}
             }
             let response = inner.call(request).await;
             match governed {
@@ -96,7 +106,7 @@ where
             if let Some(scope) = request.extensions().get::<HttpScope>() {
                 scope.mark_batch();
             }
-            if let Err(error) = self.admit(request) {
+            if let Err(error) = self.admit(request, false) {
                 *entry = Err(BatchEntryErr::new(request.id.clone().into_owned(), error));
             }
         }
@@ -130,9 +140,15 @@ where
 
 impl<S> RpcService<S> {
     /// Checks a call; for a governed one, puts what the guard needs into its extensions.
-    fn admit(&self, request: &mut Request<'_>) -> Result<(), ErrorObjectOwned> {
+    /// With `spelled`, a resend of an answered call's very bytes comes back as the stored
+    /// payload that answers it.
+    fn admit(
+        &self,
+        request: &mut Request<'_>,
+        spelled: bool,
+    ) -> Result<Option<Payload>, ErrorObjectOwned> {
         if !self.state.governed.contains(request.method_name()) {
-            return Ok(());
+            return Ok(None);
         }
         if request.extensions().get::<WebSocket>().is_some() {
             return Err(IdempotencyError::new(ErrorCode::HttpOnly).to_error_object());
@@ -145,13 +161,10 @@ impl<S> RpcService<S> {
             return Err(IdempotencyError::new(ErrorCode::LayerMissing).to_error_object());
         };
         let undeduplicated = Undeduplicated(request.id.clone().into_owned());
-        if let Some(cache) = &self.state.cache {
-            let unit = UnitOfWork::new(cache.store().clone());
-            request.extensions_mut().insert(unit);
-        }
         let Some(cache) = self.state.deduplicating() else {
+            self.give_unit_of_work(request);
             request.extensions_mut().insert(undeduplicated);
-            return Ok(());
+            return Ok(None);
         };
         if !scope.activated() {
             if self.state.config.required {
@@ -160,13 +173,23 @@ impl<S> RpcService<S> {
                     .with_detail("extension", EXTENSION_URI);
                 return Err(error.to_error_object());
             }
+            self.give_unit_of_work(request);
             request.extensions_mut().insert(undeduplicated);
-            return Ok(());
+            return Ok(None);
         }
-        match self.governed_call(request, cache, &scope) {
+        let raw = request.params.as_ref().map_or("null", |p| p.get());
+        let spelling = spelling(raw.as_bytes());
+        if spelled {
+            if let Some(payload) = replay_spelled(cache, &spelling, request.method_name()) {
+                scope.record(Outcome::Replayed);
+                return Ok(Some(payload));
+            }
+        }
+        match self.governed_call(request, cache, &scope, spelling) {
             Ok(call) => {
+                self.give_unit_of_work(request);
                 request.extensions_mut().insert(call);
-                Ok(())
+                Ok(None)
             }
             Err(error) => {
                 scope.record(Outcome::Rejected(error.code));
@@ -175,11 +198,20 @@ impl<S> RpcService<S> {
         }
     }
 
+    /// The unit of work the method's body stages its writes in (where there is a store).
+    fn give_unit_of_work(&self, request: &mut Request<'_>) {
+        if let Some(cache) = &self.state.cache {
+            let unit = UnitOfWork::new(cache.store().clone());
+            request.extensions_mut().insert(unit);
+        }
+    }
+
     fn governed_call(
         &self,
         request: &Request<'_>,
         cache: &IdempotencyCache,
         scope: &HttpScope,
+        spelling: Spelling,
     ) -> Result<GovernedCall, IdempotencyError> {
         let raw = request.params.as_ref().map_or("null", |p| p.get());
         let params = parse_params(raw.as_bytes()).map_err(|e| {
@@ -202,9 +234,20 @@ impl<S> RpcService<S> {
             method: request.method_name().to_owned(),
             key,
             hash,
+            spelling,
             reached: Default::default(),
         })
     }
+}
+
+/// The stored JSON-RPC payload that answers a resend of these very params, if the store
+/// holds it in memory. Streams are replayed by the guard (their answer is not one payload).
+fn replay_spelled(cache: &IdempotencyCache, spelling: &Spelling, method: &str) -> Option<Payload> {
+    let entry = cache.store().spelled(spelling, method)?;
+    if crate::stream::is_event_stream(&entry) {
+        return None;
+    }
+    decode(&entry.response.body)
 }
 
 /// The 422 collision if another payload (or method) holds the call's key; else `response`.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use jsonrpsee::types::Id;
 
 use crate::cache::IdempotencyCache;
-use crate::canonical_hash::RequestHash;
+use crate::canonical_hash::{RequestHash, Spelling};
 use crate::error::ErrorCode;
 use crate::message_id::MessageId;
 use crate::recording::Recording;
@@ -110,6 +110,9 @@ pub(crate) struct GovernedCall {
     pub(crate) method: String,
     pub(crate) key: MessageId,
     pub(crate) hash: RequestHash,
+    /// The raw params' spelling: once the call is answered, a resend of these very bytes
+    /// is recognised without hashing.
+    pub(crate) spelling: Spelling,
     /// Set when the guard takes the call: jsonrpsee decoded its params.
     pub(crate) reached: Arc<AtomicBool>,
 }

@@ -4,7 +4,9 @@
 //! one transaction; reads go to a few reader threads (`sqlite_readers.rs`) with their own
 //! connections, which WAL lets run while the writer commits. No SQLite call ever runs on an
 //! async worker thread, and the thread count does not grow with the load. An OS lock
-//! (`file_lock.rs`) keeps a second process off the file.
+//! (`file_lock.rs`) keeps a second process off the file, which is what lets this process keep
+//! what the file holds in memory: the keys (`key_index.rs`: a fresh key reads nothing) and the
+//! recent entries (`memory_tier.rs`: a replay reads nothing).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,13 +17,16 @@ use std::thread::JoinHandle;
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::canonical_hash::RequestHash;
+use crate::canonical_hash::{RequestHash, Spelling};
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::file_lock::ServingLock;
+use crate::key_index::KeyIndex;
+use crate::memory_tier::MemoryTier;
 use crate::message_id::MessageId;
+use crate::sqlite_checkpointer::Checkpointer;
 use crate::sqlite_readers::Readers;
-use crate::sqlite_writer::{Batch, Call, Job, Writer};
+use crate::sqlite_writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{Entry, Found, OpenStream, ReadJob, Store, StoreError, StoredResponse};
 use crate::unit_of_work::SqlWrite;
 
@@ -78,9 +83,12 @@ pub struct SqliteStore {
     ttl_seconds: u64,
     clock: Arc<dyn Clock>,
     touches: Arc<Mutex<HashMap<String, u64>>>,
+    tier: Arc<MemoryTier>,
+    index: Arc<KeyIndex>,
     readers: Readers,
     writer: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
+    checkpointer: Mutex<Option<Checkpointer>>,
     lock: Mutex<Option<ServingLock>>,
 }
 
@@ -102,13 +110,20 @@ impl SqliteStore {
         let lock = ServingLock::acquire(&path)?;
         let conn = connect(&path)?;
         conn.execute_batch(SCHEMA)?;
+        // The checkpointer's thread copies the log back, never the writer (see there).
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        let checkpointer = Checkpointer::start(&path, connect)?;
         let touches = Arc::new(Mutex::new(HashMap::new()));
+        let tier = Arc::new(MemoryTier::new(config.memory_tier_bytes));
+        let index = Arc::new(stored_keys(&conn)?);
         let writer = Writer {
             rows: count_rows(&conn)?,
             conn,
             clock: clock.clone(),
             touches: touches.clone(),
             max_entries: config.max_cache_entries,
+            tier: tier.clone(),
+            index: index.clone(),
         };
         let readers = Readers::start(&path, connect)?;
         let (tx, rx) = mpsc::channel();
@@ -120,9 +135,12 @@ impl SqliteStore {
             ttl_seconds: config.ttl_seconds,
             clock,
             touches,
+            tier,
+            index,
             readers,
             writer: Mutex::new(Some(tx)),
             writer_thread: Mutex::new(Some(thread)),
+            checkpointer: Mutex::new(Some(checkpointer)),
             lock: Mutex::new(Some(lock)),
         })
     }
@@ -138,6 +156,9 @@ impl SqliteStore {
         drop(self.writer.lock().expect("writer lock").take());
         if let Some(thread) = self.writer_thread.lock().expect("thread lock").take() {
             let _ = thread.join();
+        }
+        if let Some(checkpointer) = self.checkpointer.lock().expect("checkpointer lock").take() {
+            checkpointer.stop();
         }
         self.readers.close();
         drop(self.lock.lock().expect("lock lock").take());
@@ -160,12 +181,39 @@ impl SqliteStore {
     }
 
     /// A live entry as read: `None` past its TTL, a touch for the LRU otherwise.
-    fn live(&self, entry: Option<Entry>) -> Option<Entry> {
+    fn live(&self, entry: Option<Arc<Entry>>) -> Option<Arc<Entry>> {
         let now = self.clock.now_millis();
         let entry = entry.filter(|e| !is_expired(e.inserted_at, self.ttl_seconds, now / 1000))?;
         let mut touches = self.touches.lock().expect("touches lock");
         touches.insert(entry.message_id.as_str().to_owned(), now);
         Some(entry)
+    }
+
+    /// The live entry of `key` without leaving this thread: from the memory tier, or
+    /// `Ok(None)` when the key index knows the file holds no row of it. `Err(())`: ask the
+    /// file.
+    fn in_memory(&self, key: &MessageId) -> Result<Option<Arc<Entry>>, ()> {
+        if let Some(entry) = self.live(self.tier.get(key, |_| true)) {
+            return Ok(Some(entry));
+        }
+        match self.index.may_hold(key.as_str()) {
+            true => Err(()),
+            false => Ok(None),
+        }
+    }
+
+    /// Reads `key`'s entry from the file, keeping it in the memory tier if it is live.
+    async fn read_entry(&self, key: &MessageId) -> Result<Option<Arc<Entry>>, StoreError> {
+        let (id, deletions) = (key.clone(), self.tier.deletions(key));
+        let entry = self
+            .readers
+            .run(move |conn| select_entry(conn, &id))
+            .await?;
+        let entry = self.live(entry.map(Arc::new));
+        if let Some(entry) = &entry {
+            self.tier.fill(entry.clone(), deletions);
+        }
+        Ok(entry)
     }
 }
 
@@ -178,15 +226,20 @@ impl Drop for SqliteStore {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn get(&self, key: &MessageId) -> Result<Option<Entry>, StoreError> {
-        let id = key.clone();
-        let entry = self
-            .readers
-            .run(move |conn| select_entry(conn, &id))
-            .await?;
-        Ok(self.live(entry))
+        let entry = match self.in_memory(key) {
+            Ok(entry) => entry,
+            Err(()) => self.read_entry(key).await?,
+        };
+        Ok(entry.map(Arc::unwrap_or_clone))
     }
 
     async fn lookup(&self, key: &MessageId) -> Result<Found, StoreError> {
+        match self.in_memory(key) {
+            Ok(Some(entry)) => return Ok(Found::Entry(entry)),
+            Ok(None) => return Ok(Found::Nothing),
+            Err(()) => {}
+        }
+        let deletions = self.tier.deletions(key);
         let (id, ttl, now) = (key.clone(), self.ttl_seconds, self.clock.now_seconds());
         let (entry, open) = self
             .readers
@@ -201,7 +254,8 @@ impl Store for SqliteStore {
                 Ok((entry, open))
             })
             .await?;
-        if let Some(entry) = self.live(entry) {
+        if let Some(entry) = self.live(entry.map(Arc::new)) {
+            self.tier.fill(entry.clone(), deletions);
             return Ok(Found::Entry(entry));
         }
         Ok(match open {
@@ -213,8 +267,7 @@ impl Store for SqliteStore {
     async fn put(&self, entry: Arc<Entry>, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
         self.write(move |conn, batch| {
             apply_writes(conn, writes)?;
-            batch.rows += insert_entry(conn, &entry, batch.now_ms)?;
-            Ok(())
+            store_entry(conn, batch, entry)
         })
         .await
     }
@@ -226,9 +279,13 @@ impl Store for SqliteStore {
         writes: Vec<SqlWrite>,
     ) -> Result<(), StoreError> {
         let stream = stream.clone();
-        self.write(move |conn, _| {
+        self.write(move |conn, batch| {
             apply_writes(conn, writes)?;
-            insert_open_stream(conn, &stream)?;
+            if insert_open_stream(conn, &stream)? {
+                batch
+                    .changes
+                    .push(Change::Opened(stream.message_id.clone()));
+            }
             insert_event(conn, &stream.message_id, 0, &first_event)
         })
         .await
@@ -247,8 +304,13 @@ impl Store for SqliteStore {
 
     async fn close_stream(&self, entry: Arc<Entry>) -> Result<(), StoreError> {
         self.write(move |conn, batch| {
-            batch.rows += insert_entry(conn, &entry, batch.now_ms)?;
-            delete_open_stream(conn, entry.message_id.as_str())
+            let key = entry.message_id.clone();
+            store_entry(conn, batch, entry)?;
+            // After the entry: the key index never misses the key between the two changes.
+            if delete_open_stream(conn, key.as_str())? {
+                batch.changes.push(Change::Closed(key));
+            }
+            Ok(())
         })
         .await
     }
@@ -272,7 +334,7 @@ impl Store for SqliteStore {
         loop {
             let deleted = self
                 .write(move |conn, batch| {
-                    let n = sweep_chunk(conn, ttl, batch.now_ms / 1000)?;
+                    let n = sweep_chunk(conn, ttl, batch.now_ms / 1000, &mut batch.changes)?;
                     batch.rows = batch.rows.saturating_sub(n);
                     Ok(n)
                 })
@@ -291,6 +353,35 @@ impl Store for SqliteStore {
     fn now_seconds(&self) -> u64 {
         self.clock.now_seconds()
     }
+
+    fn spelled(&self, spelling: &Spelling, method: &str) -> Option<Arc<Entry>> {
+        let entry = self.tier.get_spelled(spelling, |e| e.method == method);
+        self.live(entry)
+    }
+
+    fn note_spelling(&self, key: &MessageId, spelling: Spelling) {
+        self.tier.add_spelling(key, spelling);
+    }
+}
+
+/// The keys of the rows the file holds, as the key index starts with them.
+fn stored_keys(conn: &Connection) -> rusqlite::Result<KeyIndex> {
+    let mut keys = conn.prepare(
+        "SELECT message_id FROM idempotency_cache
+         UNION ALL SELECT message_id FROM idempotency_open_streams",
+    )?;
+    let keys = keys
+        .query_map([], |row| row.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(KeyIndex::new(keys.iter().map(String::as_str)))
+}
+
+/// Stores `entry` in the batch, counting its row if it is new.
+fn store_entry(conn: &Connection, batch: &mut Batch, entry: Arc<Entry>) -> Result<(), StoreError> {
+    let new = insert_entry(conn, &entry, batch.now_ms)?;
+    batch.rows += u64::from(new);
+    batch.changes.push(Change::Stored { entry, new });
+    Ok(())
 }
 
 /// Spec §4.4: expired when `inserted_at + ttl_seconds < now`.
@@ -306,8 +397,8 @@ fn apply_writes(conn: &Connection, writes: Vec<SqlWrite>) -> Result<(), StoreErr
     Ok(())
 }
 
-/// Inserts or replaces; returns 1 when the key was new (the row count grew).
-fn insert_entry(conn: &Connection, entry: &Entry, now_ms: u64) -> rusqlite::Result<u64> {
+/// Inserts or replaces; returns whether the key was new (the row count grew).
+fn insert_entry(conn: &Connection, entry: &Entry, now_ms: u64) -> rusqlite::Result<bool> {
     let existed = conn
         .prepare_cached("SELECT 1 FROM idempotency_cache WHERE message_id = ?1")?
         .exists([entry.message_id.as_str()])?;
@@ -329,26 +420,49 @@ fn insert_entry(conn: &Connection, entry: &Entry, now_ms: u64) -> rusqlite::Resu
         entry.method,
         now_ms as i64,
     ])?;
-    Ok(u64::from(!existed))
+    Ok(!existed)
 }
 
 /// Deletes a chunk of expired entries, and open streams older than the TTL (whose retries
 /// are new requests by now); returns how many entries it deleted.
-fn sweep_chunk(conn: &Connection, ttl: u64, now: u64) -> rusqlite::Result<u64> {
-    let deleted = conn
-        .prepare_cached(
-            "DELETE FROM idempotency_cache WHERE rowid IN
-               (SELECT rowid FROM idempotency_cache WHERE inserted_at + ?1 < ?2 LIMIT ?3)",
-        )?
-        .execute(params![ttl as i64, now as i64, SWEEP_CHUNK as i64])?;
+fn sweep_chunk(
+    conn: &Connection,
+    ttl: u64,
+    now: u64,
+    changes: &mut Vec<Change>,
+) -> rusqlite::Result<u64> {
+    let deleted = deleted_keys(
+        conn,
+        "DELETE FROM idempotency_cache WHERE rowid IN
+           (SELECT rowid FROM idempotency_cache WHERE inserted_at + ?1 < ?2 LIMIT ?3)
+         RETURNING message_id",
+        params![ttl as i64, now as i64, SWEEP_CHUNK as i64],
+    )?;
+    let count = deleted.len() as u64;
+    changes.extend(deleted.into_iter().map(Change::Deleted));
     conn.prepare_cached(
         "DELETE FROM idempotency_stream_events WHERE message_id IN
            (SELECT message_id FROM idempotency_open_streams WHERE started_at + ?1 < ?2)",
     )?
     .execute(params![ttl as i64, now as i64])?;
-    conn.prepare_cached("DELETE FROM idempotency_open_streams WHERE started_at + ?1 < ?2")?
-        .execute(params![ttl as i64, now as i64])?;
-    Ok(deleted as u64)
+    let closed = deleted_keys(
+        conn,
+        "DELETE FROM idempotency_open_streams WHERE started_at + ?1 < ?2 RETURNING message_id",
+        params![ttl as i64, now as i64],
+    )?;
+    changes.extend(closed.into_iter().map(Change::Closed));
+    Ok(count)
+}
+
+/// Runs a `DELETE ... RETURNING message_id`; returns the deleted rows' keys.
+pub(crate) fn deleted_keys(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<Vec<MessageId>> {
+    let mut delete = conn.prepare_cached(sql)?;
+    let keys = delete.query_map(params, |row| row.get::<_, String>(0))?;
+    keys.map(|key| key.map(MessageId::from_stored)).collect()
 }
 
 pub(crate) fn count_rows(conn: &Connection) -> rusqlite::Result<u64> {
@@ -357,7 +471,11 @@ pub(crate) fn count_rows(conn: &Connection) -> rusqlite::Result<u64> {
         .map(|n| n as u64)
 }
 
-fn insert_open_stream(conn: &Connection, stream: &OpenStream) -> rusqlite::Result<()> {
+/// Returns whether the row is new.
+fn insert_open_stream(conn: &Connection, stream: &OpenStream) -> rusqlite::Result<bool> {
+    let existed = conn
+        .prepare_cached("SELECT 1 FROM idempotency_open_streams WHERE message_id = ?1")?
+        .exists([stream.message_id.as_str()])?;
     conn.prepare_cached(
         "INSERT OR REPLACE INTO idempotency_open_streams
            (message_id, method, request_hash, jsonrpc_id, started_at)
@@ -373,7 +491,7 @@ fn insert_open_stream(conn: &Connection, stream: &OpenStream) -> rusqlite::Resul
     // Events of an earlier recording under this key (one past its TTL) are not this one's.
     conn.prepare_cached("DELETE FROM idempotency_stream_events WHERE message_id = ?1")?
         .execute([stream.message_id.as_str()])?;
-    Ok(())
+    Ok(!existed)
 }
 
 fn insert_event(
@@ -389,12 +507,14 @@ fn insert_event(
     Ok(())
 }
 
-fn delete_open_stream(conn: &Connection, key: &str) -> Result<(), StoreError> {
+/// Returns whether there was an open-stream row to delete.
+fn delete_open_stream(conn: &Connection, key: &str) -> Result<bool, StoreError> {
     conn.prepare_cached("DELETE FROM idempotency_stream_events WHERE message_id = ?1")?
         .execute([key])?;
-    conn.prepare_cached("DELETE FROM idempotency_open_streams WHERE message_id = ?1")?
+    let deleted = conn
+        .prepare_cached("DELETE FROM idempotency_open_streams WHERE message_id = ?1")?
         .execute([key])?;
-    Ok(())
+    Ok(deleted > 0)
 }
 
 /// An open stream and its recorded events, in order.

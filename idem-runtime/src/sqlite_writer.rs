@@ -15,7 +15,10 @@ use rusqlite::{params, Connection};
 use tokio::sync::oneshot;
 
 use crate::clock::Clock;
-use crate::store::StoreError;
+use crate::key_index::KeyIndex;
+use crate::memory_tier::MemoryTier;
+use crate::message_id::MessageId;
+use crate::store::{Entry, StoreError};
 
 /// Most writes committed in one transaction.
 const MAX_BATCH: usize = 512;
@@ -26,6 +29,21 @@ pub(crate) struct Batch {
     pub(crate) now_ms: u64,
     /// Rows in `idempotency_cache`, as the writes so far left it.
     pub(crate) rows: u64,
+    /// What the writes so far changed, in order: the memory tier and the key index learn it
+    /// once the batch has committed.
+    pub(crate) changes: Vec<Change>,
+}
+
+/// One change to the rows of the store's own tables.
+pub(crate) enum Change {
+    /// An entry was stored; `new` when no row of its key was there before.
+    Stored { entry: Arc<Entry>, new: bool },
+    /// An entry's row was deleted (swept, evicted).
+    Deleted(MessageId),
+    /// An open-stream row was added.
+    Opened(MessageId),
+    /// An open-stream row was deleted (the stream closed, or was swept).
+    Closed(MessageId),
 }
 
 /// A write: applied inside the batch's transaction, then told whether the batch committed.
@@ -84,6 +102,8 @@ pub(crate) struct Writer {
     pub(crate) max_entries: u64,
     /// Rows in the table, kept up to date so the bound costs no `COUNT(*)` per commit.
     pub(crate) rows: u64,
+    pub(crate) tier: Arc<MemoryTier>,
+    pub(crate) index: Arc<KeyIndex>,
 }
 
 impl Writer {
@@ -132,16 +152,43 @@ impl Writer {
         let mut batch = Batch {
             now_ms: self.clock.now_millis(),
             rows: self.rows,
+            changes: Vec::new(),
         };
         apply_touches(&self.conn, &touches)?;
         let mut outcomes = Vec::with_capacity(jobs.len());
         for job in jobs.iter_mut() {
             outcomes.push(self.apply_alone(job.as_mut(), &mut batch)?);
         }
-        batch.rows -= evict_least_recently_used(&self.conn, batch.rows, self.max_entries)?;
+        let evicted = evict_least_recently_used(&self.conn, batch.rows, self.max_entries)?;
+        batch.rows -= evicted.len() as u64;
+        batch
+            .changes
+            .extend(evicted.into_iter().map(Change::Deleted));
         run(&self.conn, "COMMIT")?;
         self.rows = batch.rows;
+        self.publish(batch.changes);
         Ok(outcomes)
+    }
+
+    /// Tells the memory tier and the key index what the committed batch changed, before any
+    /// of its writers is answered.
+    fn publish(&self, changes: Vec<Change>) {
+        for change in changes {
+            match change {
+                Change::Stored { entry, new } => {
+                    if new {
+                        self.index.added([entry.message_id.as_str()]);
+                    }
+                    self.tier.insert(entry);
+                }
+                Change::Deleted(key) => {
+                    self.index.removed([key.as_str()]);
+                    self.tier.deleted([&key]);
+                }
+                Change::Opened(key) => self.index.added([key.as_str()]),
+                Change::Closed(key) => self.index.removed([key.as_str()]),
+            }
+        }
     }
 
     /// One job under its own savepoint, so that its failure undoes its own writes only.
@@ -150,7 +197,7 @@ impl Writer {
         job: &mut dyn Job,
         batch: &mut Batch,
     ) -> Result<Result<(), StoreError>, StoreError> {
-        let rows = batch.rows;
+        let (rows, changes) = (batch.rows, batch.changes.len());
         run(&self.conn, "SAVEPOINT job")?;
         match job.apply(&self.conn, batch) {
             Ok(()) => {
@@ -159,6 +206,7 @@ impl Writer {
             }
             Err(error) => {
                 batch.rows = rows;
+                batch.changes.truncate(changes);
                 if self.conn.is_autocommit() {
                     // SQLite rolled the whole transaction back (disk full, I/O error).
                     return Err(StoreError::Commit(format!("transaction lost: {error}")));
@@ -188,20 +236,20 @@ fn apply_touches(conn: &Connection, touches: &HashMap<String, u64>) -> rusqlite:
 }
 
 /// Keeps at most `max_entries` rows, enforced in the same transaction as the inserts;
-/// returns how many rows it evicted.
+/// returns the keys it evicted.
 fn evict_least_recently_used(
     conn: &Connection,
     rows: u64,
     max_entries: u64,
-) -> rusqlite::Result<u64> {
+) -> rusqlite::Result<Vec<MessageId>> {
     if rows <= max_entries {
-        return Ok(0);
+        return Ok(Vec::new());
     }
-    let evicted = conn
-        .prepare_cached(
-            "DELETE FROM idempotency_cache WHERE rowid IN
-               (SELECT rowid FROM idempotency_cache ORDER BY last_used_at, rowid LIMIT ?1)",
-        )?
-        .execute(params![(rows - max_entries) as i64])?;
-    Ok(evicted as u64)
+    crate::sqlite_store::deleted_keys(
+        conn,
+        "DELETE FROM idempotency_cache WHERE rowid IN
+           (SELECT rowid FROM idempotency_cache ORDER BY last_used_at, rowid LIMIT ?1)
+         RETURNING message_id",
+        params![(rows - max_entries) as i64],
+    )
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::canonical_hash::RequestHash;
+use crate::canonical_hash::{RequestHash, Spelling};
 use crate::message_id::MessageId;
 use crate::unit_of_work::{SqlWrite, WriteError};
 
@@ -63,7 +63,7 @@ pub struct OpenStream {
 #[derive(Debug)]
 pub enum Found {
     /// A live entry.
-    Entry(Entry),
+    Entry(Arc<Entry>),
     /// A stream whose recording stopped before it ended (its process died, or its store write
     /// failed): these events were recorded durably, in order.
     Interrupted(OpenStream, Vec<Bytes>),
@@ -121,6 +121,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Now, in Unix epoch seconds, by the store's clock (the `inserted_at` of a new entry).
     fn now_seconds(&self) -> u64;
+
+    /// The live entry of `method` last answered to exactly these raw params, if this store
+    /// keeps it in memory: a byte-identical retry, recognised without hashing canonically.
+    /// Counts as a use, as [`get`](Self::get) does. Never waits.
+    fn spelled(&self, _spelling: &Spelling, _method: &str) -> Option<Arc<Entry>> {
+        None
+    }
+
+    /// Remembers that raw params spelled `spelling` ask for `key`'s entry (their request hash
+    /// is the entry's).
+    fn note_spelling(&self, _key: &MessageId, _spelling: Spelling) {}
 }
 
 /// The store failed; the guard answers -32603 rather than pretend an outcome is cached.

@@ -333,13 +333,17 @@ fn unavailable() -> ErrorObjectOwned {
     IdempotencyError::new(ErrorCode::StoreUnavailable).into()
 }
 
-fn replay<T>(call: &GovernedCall, entry: &Entry) -> Result<EventStream<T>, ErrorObjectOwned> {
-    let is_stream = entry
+/// Whether `entry` is a recorded event stream (not a stored JSON-RPC response).
+pub(crate) fn is_event_stream(entry: &Entry) -> bool {
+    entry
         .response
         .headers
         .iter()
-        .any(|(name, value)| name == "content-type" && value == sse::EVENT_STREAM);
-    if !is_stream {
+        .any(|(name, value)| name == "content-type" && value == sse::EVENT_STREAM)
+}
+
+fn replay<T>(call: &GovernedCall, entry: &Entry) -> Result<EventStream<T>, ErrorObjectOwned> {
+    if !is_event_stream(entry) {
         // A stored failure from before the stream started.
         return Err(replay_json(call, entry).err().unwrap_or_else(consumed));
     }

@@ -641,3 +641,111 @@ async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_the_ne
 fn bytes_of(text: &str) -> bytes::Bytes {
     bytes::Bytes::copy_from_slice(text.as_bytes())
 }
+
+/// The memory tier holds entries, never answers: whatever it holds, the answers are the file's.
+/// `spelled` is the one answer only the tier gives (a resend of the very same bytes).
+#[tokio::test]
+async fn the_memory_tier_never_answers_what_the_store_would_not() {
+    let fx = Fixture::new();
+    let cache = fx.cache(&config(60, 2));
+    let store = cache.store().clone();
+    let (a, b, c) = (key(1), key(2), key(3));
+    let spelled_a = idem_runtime::spelling(br#"{"v":"a"}"#);
+    execute(&cache, &a, r#"{"v":"a"}"#, "A").await;
+    store.note_spelling(&a, spelled_a);
+    let entry = store
+        .spelled(&spelled_a, "message/send")
+        .expect("a resend of the same bytes");
+    assert_eq!(entry.response.body, b"A");
+    assert!(
+        store.spelled(&spelled_a, "message/stream").is_none(),
+        "the same bytes under another method are the guard's 422, not a replay"
+    );
+    let other = idem_runtime::spelling(br#"{"v":"b"}"#);
+    assert!(
+        store.spelled(&other, "message/send").is_none(),
+        "other bytes: hash them"
+    );
+
+    // The LRU bound: a, then b and c; a is the least recently used and leaves everywhere.
+    fx.clock.advance(Duration::from_millis(10));
+    execute(&cache, &b, "{}", "B").await;
+    fx.clock.advance(Duration::from_millis(10));
+    execute(&cache, &c, "{}", "C").await;
+    assert!(
+        store.spelled(&spelled_a, "message/send").is_none(),
+        "evicted from the file"
+    );
+    assert!(cached_body(&cache, &a).await.is_none());
+    let hash_a = request_hash(br#"{"v":"a"}"#).unwrap();
+    assert!(matches!(
+        cache.claim(&a, "message/send", &hash_a).await.unwrap(),
+        Claim::Execute(_)
+    ));
+
+    // The TTL, by the store's own rule (live at exactly ttl, gone one second later).
+    let spelled_b = idem_runtime::spelling(b"{}");
+    store.note_spelling(&b, spelled_b);
+    fx.clock.advance(Duration::from_secs(60));
+    assert!(store.spelled(&spelled_b, "message/send").is_some());
+    fx.clock.advance(Duration::from_secs(1));
+    assert!(
+        store.spelled(&spelled_b, "message/send").is_none(),
+        "past the TTL"
+    );
+    assert!(cached_body(&cache, &b).await.is_none());
+
+    // The sweep deletes them; the key index forgets them with the rows.
+    assert_eq!(store.sweep().await.unwrap(), 2);
+    let hash = request_hash(b"{}").unwrap();
+    for k in [&b, &c] {
+        assert!(matches!(
+            cache.claim(k, "message/send", &hash).await.unwrap(),
+            Claim::Execute(_)
+        ));
+    }
+}
+
+#[tokio::test]
+async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
+    let fx = Fixture::new();
+    let spelled = idem_runtime::spelling(br#"{"v":1}"#);
+    {
+        let cache = fx.cache(&config(86_400, 100));
+        execute(&cache, &key(1), r#"{"v":1}"#, "one").await;
+        cache.store().note_spelling(&key(1), spelled);
+        assert!(cache.store().spelled(&spelled, "message/send").is_some());
+    }
+    let cache = fx.cache(&config(86_400, 100));
+    assert!(
+        cache.store().spelled(&spelled, "message/send").is_none(),
+        "nothing in memory survives the process"
+    );
+    // The key index is rebuilt from the file: the key is not taken for new.
+    let hash = request_hash(br#"{"v":1}"#).unwrap();
+    let Claim::Cached(entry) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!("the file still holds the entry");
+    };
+    assert_eq!(entry.response.body, b"one");
+    // Read once, it is in memory again; the bytes it was asked with are learnt anew.
+    cache.store().note_spelling(&key(1), spelled);
+    let again = cache.store().spelled(&spelled, "message/send").unwrap();
+    assert_eq!(*again, *entry);
+}
+
+#[tokio::test]
+async fn with_the_tier_off_every_answer_is_the_same() {
+    let fx = Fixture::new();
+    let off = IdempotencyConfig {
+        memory_tier_bytes: 0,
+        ..config(60, 2)
+    };
+    let cache = fx.cache(&off);
+    execute(&cache, &key(1), "{}", "one").await;
+    let spelled = idem_runtime::spelling(b"{}");
+    cache.store().note_spelling(&key(1), spelled);
+    assert!(cache.store().spelled(&spelled, "message/send").is_none());
+    assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"one");
+    fx.clock.advance(Duration::from_secs(61));
+    assert!(cached_body(&cache, &key(1)).await.is_none());
+}

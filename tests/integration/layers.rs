@@ -101,6 +101,48 @@ async fn ac2_other_payload_is_422_and_the_original_entry_is_untouched() {
     assert_eq!(server.executions(), 1);
 }
 
+/// Resends of the very same bytes are answered from memory before any parsing; nothing about
+/// the answer may differ from the hashed path: the body, the header, the 422 and its hashes.
+#[tokio::test]
+async fn resends_of_the_same_bytes_answer_exactly_as_hashed_ones() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let original = send(1, &mid, "same bytes");
+    let first = post_activated(&server.url, original.clone()).await;
+    for _ in 0..3 {
+        let resend = post_activated(&server.url, original.clone()).await;
+        assert!(resend.replayed());
+        assert!(resend.echoes_extension());
+        assert_eq!(resend.body, first.body, "byte-for-byte");
+    }
+    // The same params under another JSON-RPC id: the same result, this call's id.
+    let other_id = post_activated(&server.url, send(9, &mid, "same bytes")).await;
+    assert!(other_id.replayed());
+    assert_eq!(other_id.json()["id"], 9);
+    assert_eq!(other_id.json()["result"], first.json()["result"]);
+    // Other params under the key: the 422, with both hashes as the spec computes them.
+    let changed = send(2, &mid, "other bytes");
+    let collision = post_activated(&server.url, changed.clone()).await;
+    assert_eq!(collision.status, 422);
+    let data = &collision.json()["error"]["data"];
+    assert_eq!(data["original_request_hash"], independent_hash(&original));
+    assert_eq!(data["submitted_request_hash"], independent_hash(&changed));
+    assert_eq!(server.executions(), 1);
+
+    // A restart empties the memory: the file gives the same answers.
+    server.stop().await;
+    let server = db.server(config()).await;
+    let after = post_activated(&server.url, original.clone()).await;
+    assert!(after.replayed());
+    assert_eq!(after.body, first.body);
+    let again = post_activated(&server.url, original).await;
+    assert_eq!(again.body, first.body);
+    let collision_after = post_activated(&server.url, changed).await;
+    assert_eq!(collision_after.body, collision.body);
+    assert_eq!(server.executions(), 0, "this process executed nothing");
+}
+
 #[tokio::test]
 async fn ac2_metadata_change_is_a_collision_too() {
     let db = Db::new();

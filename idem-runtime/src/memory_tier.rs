@@ -1,0 +1,305 @@
+//! The memory tier: stored entries kept in memory, so that a replay needs neither a disk read
+//! nor another thread.
+//!
+//! It never answers what the store would not. It is filled after a commit (by the writer) and
+//! after a read; what the store deletes (TTL sweep, the `max_cache_entries` bound) leaves it in
+//! the same step, right after the delete commits; an entry past its TTL is never answered from
+//! it (the store's own TTL rule is applied to it). A restart starts it empty and loses
+//! nothing: the store stays the source of truth.
+//!
+//! Bounded by bytes ([`crate::IdempotencyConfig::memory_tier_bytes`]): when full, the entries
+//! not used since the clock hand last passed leave first (CLOCK, an LRU approximation that
+//! costs no reordering on a hit).
+//!
+//! It also remembers the raw params each resident was asked with (their SHA-256, a
+//! [`Spelling`]): a retry that resends the very same bytes is the same key with the same
+//! request hash, so it is recognised without parsing or canonicalizing anything.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use crate::canonical_hash::Spelling;
+use crate::message_id::MessageId;
+use crate::store::Entry;
+
+/// The spellings one resident keeps at most: retries resend one spelling, rarely more.
+const SPELLINGS_PER_ENTRY: usize = 4;
+
+/// Slots of deletion counters (see [`MemoryTier::fill`]).
+const DELETION_SLOTS: usize = 256;
+
+pub(crate) struct MemoryTier {
+    budget: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    residents: HashMap<MessageId, Resident>,
+    spellings: HashMap<Spelling, MessageId>,
+    /// Keys in the order the clock hand visits them.
+    hand: VecDeque<MessageId>,
+    bytes: usize,
+    /// Deletions so far, per slot of keys.
+    deletions: Vec<u64>,
+}
+
+struct Resident {
+    entry: Arc<Entry>,
+    spellings: Vec<Spelling>,
+    used: bool,
+    bytes: usize,
+}
+
+impl MemoryTier {
+    /// A tier of at most `budget` bytes (0 turns it off).
+    pub(crate) fn new(budget: usize) -> Self {
+        let state = State {
+            deletions: vec![0; DELETION_SLOTS],
+            ..State::default()
+        };
+        Self {
+            budget,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// The resident entry of `key`, if any and `live` says it is live.
+    pub(crate) fn get(&self, key: &MessageId, live: impl Fn(&Entry) -> bool) -> Option<Arc<Entry>> {
+        let mut state = self.state();
+        let resident = state.residents.get_mut(key)?;
+        if !live(&resident.entry) {
+            state.remove(key);
+            return None;
+        }
+        resident.used = true;
+        Some(resident.entry.clone())
+    }
+
+    /// The resident entry last asked with exactly these raw params, if it is `live`.
+    pub(crate) fn get_spelled(
+        &self,
+        spelling: &Spelling,
+        live: impl Fn(&Entry) -> bool,
+    ) -> Option<Arc<Entry>> {
+        let key = self.state().spellings.get(spelling)?.clone();
+        self.get(&key, live)
+    }
+
+    /// Remembers that `spelling` asks for the resident `key` (whose request hash it has).
+    pub(crate) fn add_spelling(&self, key: &MessageId, spelling: Spelling) {
+        let mut state = self.state();
+        let Some(resident) = state.residents.get_mut(key) else {
+            return;
+        };
+        if resident.spellings.len() >= SPELLINGS_PER_ENTRY || resident.spellings.contains(&spelling)
+        {
+            return;
+        }
+        resident.spellings.push(spelling);
+        resident.bytes += SPELLING_BYTES;
+        state.bytes += SPELLING_BYTES;
+        state.spellings.insert(spelling, key.clone());
+        self.shrink(&mut state);
+    }
+
+    /// An entry was committed (a new one, or one replacing an expired row).
+    pub(crate) fn insert(&self, entry: Arc<Entry>) {
+        if self.budget == 0 {
+            return;
+        }
+        let mut state = self.state();
+        state.remove(&entry.message_id);
+        state.admit(entry);
+        self.shrink(&mut state);
+    }
+
+    /// The deletion count of `key`'s slot: taken before a read, handed to [`fill`](Self::fill).
+    pub(crate) fn deletions(&self, key: &MessageId) -> u64 {
+        self.state().deletions[slot(key)]
+    }
+
+    /// Keeps an entry just read from the store, unless a row of its slot was deleted since
+    /// `deletions` was taken (the read may have seen the row before its delete committed)
+    /// or a newer entry of the key is resident already.
+    pub(crate) fn fill(&self, entry: Arc<Entry>, deletions: u64) {
+        if self.budget == 0 {
+            return;
+        }
+        let mut state = self.state();
+        if state.deletions[slot(&entry.message_id)] != deletions
+            || state.residents.contains_key(&entry.message_id)
+        {
+            return;
+        }
+        state.admit(entry);
+        self.shrink(&mut state);
+    }
+
+    /// The store committed the deletion of these keys' rows.
+    pub(crate) fn deleted<'a>(&self, keys: impl IntoIterator<Item = &'a MessageId>) {
+        let mut state = self.state();
+        for key in keys {
+            state.deletions[slot(key)] += 1;
+            state.remove(key);
+        }
+    }
+
+    /// Bytes held (for tests and the documentation of the bound).
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
+        self.state().bytes
+    }
+
+    /// Evicts until the tier fits its budget.
+    fn shrink(&self, state: &mut State) {
+        while state.bytes > self.budget {
+            let Some(key) = state.hand.pop_front() else {
+                return;
+            };
+            let Some(resident) = state.residents.get_mut(&key) else {
+                continue; // removed already; the hand drops its stale place
+            };
+            if std::mem::take(&mut resident.used) {
+                state.hand.push_back(key); // a second chance
+            } else {
+                state.remove(&key);
+            }
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("memory tier lock")
+    }
+}
+
+impl State {
+    fn admit(&mut self, entry: Arc<Entry>) {
+        let bytes = entry_bytes(&entry);
+        let key = entry.message_id.clone();
+        self.bytes += bytes;
+        self.hand.push_back(key.clone());
+        let resident = Resident {
+            entry,
+            spellings: Vec::new(),
+            used: false,
+            bytes,
+        };
+        self.residents.insert(key, resident);
+    }
+
+    fn remove(&mut self, key: &MessageId) {
+        if let Some(resident) = self.residents.remove(key) {
+            self.bytes -= resident.bytes;
+            for spelling in &resident.spellings {
+                self.spellings.remove(spelling);
+            }
+        }
+        // Its place in the hand goes when the hand reaches it; a key that comes back before
+        // then has two places, which only gives it one more second chance.
+        if self.hand.len() > 2 * self.residents.len() + 64 {
+            let residents = &self.residents;
+            self.hand.retain(|key| residents.contains_key(key));
+        }
+    }
+}
+
+/// What one spelling costs: its digest in the resident and in the spelling map.
+const SPELLING_BYTES: usize = 2 * 32 + 48;
+
+/// What a resident costs: the entry's bytes, plus the maps' and the hand's share.
+fn entry_bytes(entry: &Entry) -> usize {
+    let headers: usize = entry
+        .response
+        .headers
+        .iter()
+        .map(|(name, value)| name.len() + value.len() + 48)
+        .sum();
+    let key = entry.message_id.as_str().len();
+    // Entry and Resident structs, the key in the map and in the hand, the map slot.
+    3 * key + entry.method.len() + 64 + entry.response.body.len() + headers + 256
+}
+
+fn slot(key: &MessageId) -> usize {
+    key.slot(DELETION_SLOTS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::canonical_hash::request_hash;
+    use crate::store::StoredResponse;
+
+    fn entry(n: u32, body_bytes: usize) -> Arc<Entry> {
+        Arc::new(Entry {
+            message_id: MessageId::parse_str(&format!("9b2e7c1a-3f4d-4e5a-8b6c-{n:012x}")).unwrap(),
+            method: "message/send".into(),
+            request_hash: request_hash(b"{}").unwrap(),
+            response: StoredResponse {
+                status: 200,
+                headers: vec![],
+                body: vec![b'x'; body_bytes],
+            },
+            inserted_at: 0,
+        })
+    }
+
+    #[test]
+    fn stays_within_its_byte_budget_and_keeps_what_is_used() {
+        let tier = MemoryTier::new(10_000);
+        let first = entry(0, 1_000);
+        tier.insert(first.clone());
+        for n in 1..100 {
+            // The first entry is used between inserts: the clock hand spares it.
+            assert!(tier.get(&first.message_id, |_| true).is_some(), "at {n}");
+            tier.insert(entry(n, 1_000));
+            assert!(tier.bytes() <= 10_000, "{} bytes", tier.bytes());
+        }
+        assert!(
+            tier.get(&entry(1, 0).message_id, |_| true).is_none(),
+            "unused: evicted"
+        );
+        assert!(
+            tier.get(&entry(99, 0).message_id, |_| true).is_some(),
+            "newest: kept"
+        );
+    }
+
+    #[test]
+    fn an_entry_larger_than_the_budget_is_not_kept() {
+        let tier = MemoryTier::new(500);
+        tier.insert(entry(1, 1_000));
+        assert!(tier.get(&entry(1, 0).message_id, |_| true).is_none());
+        assert_eq!(tier.bytes(), 0);
+    }
+
+    #[test]
+    fn a_read_that_raced_a_delete_is_not_kept() {
+        let tier = MemoryTier::new(1 << 20);
+        let e = entry(1, 10);
+        let before = tier.deletions(&e.message_id);
+        tier.deleted([&e.message_id]); // committed while the read ran
+        tier.fill(e.clone(), before);
+        assert!(tier.get(&e.message_id, |_| true).is_none());
+        tier.fill(e.clone(), tier.deletions(&e.message_id));
+        assert!(tier.get(&e.message_id, |_| true).is_some());
+    }
+
+    #[test]
+    fn spellings_leave_with_their_entry() {
+        let tier = MemoryTier::new(1 << 20);
+        let e = entry(1, 10);
+        tier.insert(e.clone());
+        tier.add_spelling(&e.message_id, [7; 32]);
+        assert!(tier.get_spelled(&[7; 32], |_| true).is_some());
+        assert!(
+            tier.get_spelled(&[7; 32], |_| false).is_none(),
+            "not live: not answered"
+        );
+        assert!(tier.get(&e.message_id, |_| true).is_none(), "and gone");
+        tier.insert(e.clone());
+        tier.add_spelling(&e.message_id, [7; 32]);
+        tier.deleted([&e.message_id]);
+        assert!(tier.get_spelled(&[7; 32], |_| true).is_none());
+    }
+}
