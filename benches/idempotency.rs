@@ -1,8 +1,9 @@
 //! `cargo bench`: the costs that matter on the request path, as ratios measured in one run
 //! (the machine is shared and noisy, so absolute figures only frame the ratios).
 //!
-//! - hashing: `request_hash` (I-JSON/number check + parse + JCS + SHA-256) against a plain
-//!   `serde_json` parse of the same 1.6 KB params, and our JCS writer against `serde_jcs`;
+//! - hashing: `request_hash` (I-JSON/number check + JCS + SHA-256, one pass over the raw
+//!   bytes) against a plain `serde_json` parse of the same 1.6 KB params, the `spelling` that
+//!   recognises a byte-identical resend, and our JCS writer against `serde_jcs`;
 //! - durability: stored entries per second with 1 writer at a time against 64 concurrent
 //!   writers, which share fsyncs through group commit.
 
@@ -25,6 +26,9 @@ fn main() {
     let hash = per_op(|| {
         std::hint::black_box(request_hash(&params).unwrap());
     });
+    let spelled = per_op(|| {
+        std::hint::black_box(idem::spelling(&params));
+    });
     let value: serde_json::Value = serde_json::from_slice(&params).unwrap();
     let ours = per_op(|| {
         std::hint::black_box(idem::canonical_json(&value).unwrap());
@@ -43,6 +47,11 @@ fn main() {
         "request_hash          {:>9.2} us/op   ({:.1}x a plain parse)",
         micros(hash),
         ratio(hash, parse)
+    );
+    println!(
+        "spelling (resend)     {:>9.2} us/op   ({:.1}x a plain parse)",
+        micros(spelled),
+        ratio(spelled, parse)
     );
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1,16 +1,18 @@
 //! The request hash of spec §4.3/§5: `lowercase_hex(SHA-256(JCS(params \ {message.messageId})))`.
 //!
 //! The input is the raw `params` text as received, never a re-serialized struct, so unknown
-//! fields, nested metadata and number spelling all count as the spec says. Before hashing, one pass
-//! over the text ([`crate::json_check`]) refuses what JCS cannot bind honestly: duplicate member
-//! names (serde_json would silently keep the last), lone surrogates, and numbers whose decimal
-//! value the IEEE-754 double would change (spec §7.3: two payloads must never share a hash).
+//! fields, nested metadata and number spelling all count as the spec says. One pass over the
+//! text (`canonical_pass.rs`) writes the canonical bytes and refuses what JCS cannot bind
+//! honestly: duplicate member names (serde_json would silently keep the last), lone surrogates,
+//! and numbers whose decimal value the IEEE-754 double would change (spec §7.3: two payloads
+//! must never share a hash).
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::fmt;
 
-pub use crate::json_check::HashError;
+pub use crate::canonical_pass::HashError;
+use crate::canonical_pass::{canonicalize, FoundId};
 
 /// A request hash: 64 lowercase hex digits.
 ///
@@ -60,12 +62,18 @@ pub fn spelling(raw_params: &[u8]) -> Spelling {
 
 /// Hashes raw JSON-RPC `params` bytes per spec §4.3.
 pub fn request_hash(raw_params: &[u8]) -> Result<RequestHash, HashError> {
-    hash_params(parse_params(raw_params)?)
+    Ok(hash_and_message_id(raw_params)?.0)
+}
+
+/// The request hash of raw `params`, and what their `message.messageId` holds: one pass.
+pub(crate) fn hash_and_message_id(raw_params: &[u8]) -> Result<(RequestHash, FoundId), HashError> {
+    let canonical = canonicalize(raw_params)?;
+    Ok((digest(&canonical.bytes), canonical.message_id))
 }
 
 /// Parses raw `params`, refusing what the hash cannot bind honestly (see [`HashError`]).
 pub fn parse_params(raw_params: &[u8]) -> Result<Value, HashError> {
-    let text = crate::json_check::check(raw_params)?;
+    let text = crate::canonical_pass::check(raw_params)?;
     serde_json::from_str(text).map_err(|e| HashError::Syntax {
         offset: 0,
         detail: e.to_string(),
@@ -74,13 +82,16 @@ pub fn parse_params(raw_params: &[u8]) -> Result<Value, HashError> {
 
 /// Hashes params already parsed by [`parse_params`].
 pub fn hash_params(params: Value) -> Result<RequestHash, HashError> {
-    let canonical = canonical_without_message_id(params)?;
-    Ok(RequestHash(hex(&Sha256::digest(&canonical))))
+    Ok(digest(&canonical_without_message_id(params)?))
+}
+
+fn digest(canonical: &[u8]) -> RequestHash {
+    RequestHash(hex(&Sha256::digest(canonical)))
 }
 
 /// The bytes that are hashed: the RFC 8785 form of `params` without `params.message.messageId`.
 pub fn canonical_params(raw_params: &[u8]) -> Result<Vec<u8>, HashError> {
-    canonical_without_message_id(parse_params(raw_params)?)
+    Ok(canonicalize(raw_params)?.bytes)
 }
 
 fn canonical_without_message_id(mut params: Value) -> Result<Vec<u8>, HashError> {

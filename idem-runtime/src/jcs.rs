@@ -60,12 +60,12 @@ fn write_number(number: &Number, out: &mut Vec<u8>) -> Option<()> {
 
 /// serde_json escapes exactly what RFC 8785 §3.2.2.2 requires: `"`, `\`, and U+0000..U+001F
 /// (with the short forms for \b \t \n \f \r), and nothing else.
-fn write_string(string: &str, out: &mut Vec<u8>) {
+pub(crate) fn write_string(string: &str, out: &mut Vec<u8>) {
     serde_json::to_writer(out, string).expect("writing to a Vec cannot fail");
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn ours(value: &Value) -> Vec<u8> {
@@ -76,10 +76,10 @@ mod tests {
 
     /// A small deterministic generator (xorshift), so the comparison covers shapes no one
     /// thought to write down: nesting, astral and private-use names, control characters.
-    struct Gen(u64);
+    pub(crate) struct Gen(pub(crate) u64);
 
     impl Gen {
-        fn next(&mut self) -> u64 {
+        pub(crate) fn next(&mut self) -> u64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
@@ -124,7 +124,7 @@ mod tests {
             }
         }
 
-        fn value(&mut self, depth: u32) -> Value {
+        pub(crate) fn value(&mut self, depth: u32) -> Value {
             match (depth, self.next() % 7) {
                 (0, _) | (_, 0) => self.number(),
                 (_, 1) => Value::String(self.string()),

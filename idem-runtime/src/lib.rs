@@ -9,6 +9,7 @@
 mod activation;
 mod cache;
 mod canonical_hash;
+mod canonical_pass;
 mod clock;
 mod config;
 mod database;
@@ -18,7 +19,6 @@ mod guard;
 mod http_layer;
 mod idempotency;
 mod jcs;
-mod json_check;
 mod key_index;
 mod memory_tier;
 mod message_id;

@@ -4,6 +4,7 @@
 //! carry any version and variant digits, so the default check is on shape and entropy only; ids whose
 //! version marks a non-random scheme are logged as anomalies (§7.2), and refused only in strict mode.
 
+use crate::canonical_pass::FoundId;
 use serde_json::Value;
 use std::fmt;
 
@@ -66,10 +67,23 @@ impl MessageId {
         value: Option<&Value>,
         policy: MessageIdPolicy,
     ) -> Result<Self, MessageIdError> {
-        match value {
-            None => Err(MessageIdError::Missing),
-            Some(Value::String(s)) => Self::parse_with(s, policy),
-            Some(_) => Err(MessageIdError::NotAString),
+        let found = match value {
+            None => FoundId::Missing,
+            Some(Value::String(s)) => FoundId::Text(s.clone()),
+            Some(_) => FoundId::NotAString,
+        };
+        Self::parse_found(found, policy)
+    }
+
+    /// Parses what the canonical pass found at `params.message.messageId`.
+    pub(crate) fn parse_found(
+        found: FoundId,
+        policy: MessageIdPolicy,
+    ) -> Result<Self, MessageIdError> {
+        match found {
+            FoundId::Missing => Err(MessageIdError::Missing),
+            FoundId::Text(s) => Self::parse_with(&s, policy),
+            FoundId::NotAString => Err(MessageIdError::NotAString),
         }
     }
 

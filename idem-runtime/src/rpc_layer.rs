@@ -16,7 +16,7 @@ use jsonrpsee::types::{ErrorObjectOwned, Request};
 use jsonrpsee::{MethodResponse, ResponsePayload};
 
 use crate::cache::IdempotencyCache;
-use crate::canonical_hash::{hash_params, parse_params, spelling, Spelling};
+use crate::canonical_hash::{hash_and_message_id, spelling, Spelling};
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::{collision, decode, Payload};
 use crate::idempotency::State;
@@ -214,17 +214,12 @@ impl<S> RpcService<S> {
         spelling: Spelling,
     ) -> Result<GovernedCall, IdempotencyError> {
         let raw = request.params.as_ref().map_or("null", |p| p.get());
-        let params = parse_params(raw.as_bytes()).map_err(|e| {
+        let (hash, id) = hash_and_message_id(raw.as_bytes()).map_err(|e| {
             IdempotencyError::new(ErrorCode::PayloadNotCanonicalizable)
                 .with_detail("reason", e.to_string())
         })?;
-        let id = params.pointer("/message/messageId");
-        let key = MessageId::parse_value(id, self.state.config.message_id_policy).map_err(|e| {
+        let key = MessageId::parse_found(id, self.state.config.message_id_policy).map_err(|e| {
             IdempotencyError::new(ErrorCode::KeyMalformed).with_detail("reason", e.to_string())
-        })?;
-        let hash = hash_params(params).map_err(|e| {
-            IdempotencyError::new(ErrorCode::PayloadNotCanonicalizable)
-                .with_detail("reason", e.to_string())
         })?;
         Ok(GovernedCall {
             cache: cache.clone(),
