@@ -5,13 +5,17 @@
 //!   bytes) against a plain `serde_json` parse of the same 1.6 KB params, the `spelling` that
 //!   recognises a byte-identical resend, and our JCS writer against `serde_jcs`;
 //! - durability: stored entries per second with 1 writer at a time against 64 concurrent
-//!   writers, which share fsyncs through group commit.
+//!   writers, which share fsyncs through group commit;
+//! - lookups in a store of 1,000 rows against one of 1,000,000: a fresh key (the key index), a
+//!   stored entry in memory (the memory tier), a stored entry read from the file;
+//! - the TTL sweep of 100,000 expired rows under a load of 64 concurrent writers: their p99
+//!   latency with the sweep running against without it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem::{
-    request_hash, Claim, IdempotencyCache, IdempotencyConfig, MessageId, SqliteStore,
+    request_hash, Claim, Clock, IdempotencyCache, IdempotencyConfig, MessageId, SqliteStore, Store,
     StoredResponse,
 };
 use serde_json::json;
@@ -66,7 +70,197 @@ fn main() {
             "durable puts, 64 concurrent {concurrent:>9.0} entries/s   ({:.1}x through group commit)",
             concurrent / sequential
         );
+        lookups_by_store_size().await;
+        sweep_under_load().await;
     });
+}
+
+fn bench_key(i: u64) -> MessageId {
+    MessageId::parse_str(&format!("9b2e7c1a-3f4d-4e5a-8b6c-{i:012x}")).unwrap()
+}
+
+/// A store file holding `rows` entries (inserted directly, in one transaction), `age_s` old.
+fn filled_store(dir: &std::path::Path, rows: u64, age_s: u64) -> std::path::PathBuf {
+    let path = dir.join(format!("rows-{rows}.db"));
+    drop(SqliteStore::open(&path, &IdempotencyConfig::default()).unwrap()); // the schema
+    let mut conn = idem::rusqlite::Connection::open(&path).unwrap();
+    let tx = conn.transaction().unwrap();
+    {
+        let mut insert = tx
+            .prepare(
+                "INSERT INTO idempotency_cache (message_id, request_hash, response_status,
+                   response_headers, response_body, inserted_at, method, last_used_at)
+                 VALUES (?1, ?2, 200, '{}', ?3, ?4, 'message/send', 0)",
+            )
+            .unwrap();
+        let hash = request_hash(b"{}").unwrap();
+        let body = vec![b'x'; 200];
+        let inserted_at = idem::SystemClock.now_seconds() - age_s;
+        for i in 0..rows {
+            let key = bench_key(i);
+            insert
+                .execute(idem::rusqlite::params![
+                    key.as_str(),
+                    hash.as_str(),
+                    body,
+                    inserted_at as i64
+                ])
+                .unwrap();
+        }
+    }
+    tx.commit().unwrap();
+    path
+}
+
+/// Mean time of an async `f` over `n` runs.
+async fn per_async_op<F: std::future::Future<Output = ()>>(
+    n: u64,
+    mut f: impl FnMut(u64) -> F,
+) -> Duration {
+    let start = Instant::now();
+    for i in 0..n {
+        f(i).await;
+    }
+    start.elapsed() / n as u32
+}
+
+async fn lookups_by_store_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |tier| IdempotencyConfig {
+        max_cache_entries: 2_000_000,
+        memory_tier_bytes: tier,
+        ..IdempotencyConfig::default()
+    };
+    let mut figures = Vec::new();
+    for rows in [1_000u64, 1_000_000] {
+        let path = filled_store(dir.path(), rows, 0);
+        let (fresh, memory, file);
+        {
+            let store = SqliteStore::open(&path, &config(64 << 20)).unwrap();
+            fresh = per_async_op(20_000, |i| {
+                let key = bench_key(rows + i);
+                let store = &store;
+                async move {
+                    std::hint::black_box(store.lookup(&key).await.unwrap());
+                }
+            })
+            .await;
+            let hot: Vec<_> = (0..100).map(|i| bench_key(i * (rows / 100))).collect();
+            for key in &hot {
+                store.lookup(key).await.unwrap(); // now resident
+            }
+            memory = per_async_op(20_000, |i| {
+                let key = &hot[(i % 100) as usize];
+                let store = &store;
+                async move {
+                    std::hint::black_box(store.lookup(key).await.unwrap());
+                }
+            })
+            .await;
+        }
+        {
+            let store = SqliteStore::open(&path, &config(0)).unwrap();
+            file = per_async_op(20_000, |i| {
+                let key = bench_key((i * 7919) % rows);
+                let store = &store;
+                async move {
+                    std::hint::black_box(store.lookup(&key).await.unwrap());
+                }
+            })
+            .await;
+        }
+        println!(
+            "lookup, {rows:>9} rows: fresh key {:>6.2} us, in memory {:>6.2} us, from the file {:>6.2} us",
+            micros(fresh),
+            micros(memory),
+            micros(file)
+        );
+        figures.push((fresh, memory, file));
+    }
+    let (small, large) = (figures[0], figures[1]);
+    println!(
+        "lookup, 1M rows / 1k rows:  fresh key {:.2}x, in memory {:.2}x, from the file {:.2}x",
+        ratio(large.0, small.0),
+        ratio(large.1, small.1),
+        ratio(large.2, small.2)
+    );
+}
+
+/// p99 latency of claim-and-complete under 64 concurrent writers for `for_how_long`.
+async fn p99_under_load(
+    cache: &Arc<IdempotencyCache>,
+    first_key: u64,
+    for_how_long: Duration,
+) -> Duration {
+    let hash = request_hash(b"{}").unwrap();
+    let deadline = Instant::now() + for_how_long;
+    let tasks: Vec<_> = (0..64u64)
+        .map(|w| {
+            let (cache, hash) = (cache.clone(), hash.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut i = first_key + w;
+                while Instant::now() < deadline {
+                    let start = Instant::now();
+                    let key = bench_key(i);
+                    let Claim::Execute(ticket) =
+                        cache.claim(&key, "message/send", &hash).await.unwrap()
+                    else {
+                        panic!("fresh key")
+                    };
+                    let body = br#"{"jsonrpc":"2.0","id":1,"result":{"kind":"task"}}"#.to_vec();
+                    ticket
+                        .complete(StoredResponse {
+                            status: 200,
+                            headers: vec![],
+                            body,
+                        })
+                        .await
+                        .unwrap();
+                    latencies.push(start.elapsed());
+                    i += 64;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all.sort();
+    all[all.len() * 99 / 100]
+}
+
+async fn sweep_under_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = filled_store(dir.path(), 100_000, 2 * 86_400);
+    let config = IdempotencyConfig {
+        max_cache_entries: 1_000_000,
+        ..IdempotencyConfig::default()
+    };
+    let cache = Arc::new(IdempotencyCache::new(
+        SqliteStore::open(&path, &config).unwrap(),
+    ));
+    let quiet = p99_under_load(&cache, 10_000_000, Duration::from_secs(3)).await;
+    let sweeper = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let swept = cache.store().sweep().await.unwrap();
+            (swept, start.elapsed())
+        })
+    };
+    let swept_p99 = p99_under_load(&cache, 20_000_000, Duration::from_secs(3)).await;
+    let (swept, took) = sweeper.await.unwrap();
+    assert_eq!(swept, 100_000);
+    println!(
+        "64 writers, p99: {:.2} ms without a sweep, {:.2} ms while {swept} expired rows were swept ({:.2}x; the sweep took {:.2} s)",
+        micros(quiet) / 1000.0,
+        micros(swept_p99) / 1000.0,
+        ratio(swept_p99, quiet),
+        took.as_secs_f64()
+    );
 }
 
 /// A 1.6 KB `message/send` params object, like a real A2A client sends.

@@ -60,6 +60,16 @@ pub fn spelling(raw_params: &[u8]) -> Spelling {
     Sha256::digest(raw_params).into()
 }
 
+/// The [`Spelling`] of a whole HTTP request body: apart from any params' spelling, so that
+/// params that happen to be a request's text are never taken for that request.
+pub fn request_spelling(body: &[u8]) -> Spelling {
+    Sha256::new()
+        .chain_update(b"idempotency/v1 request body\n")
+        .chain_update(body)
+        .finalize()
+        .into()
+}
+
 /// Hashes raw JSON-RPC `params` bytes per spec §4.3.
 pub fn request_hash(raw_params: &[u8]) -> Result<RequestHash, HashError> {
     Ok(hash_and_message_id(raw_params)?.0)

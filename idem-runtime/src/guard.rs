@@ -160,7 +160,7 @@ pub(crate) async fn store_json(
         // answering with what is stored.
         Ok(()) => {
             call.scope.record(Outcome::Executed);
-            call.cache.store().note_spelling(&call.key, call.spelling);
+            note_spellings(call, true);
             if let Some(sealed) = sealed {
                 sealed.committed();
             }
@@ -186,10 +186,24 @@ pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
     match decode(&entry.response.body) {
         Some(payload) => {
             call.scope.record(Outcome::Replayed);
-            call.cache.store().note_spelling(&call.key, call.spelling);
+            // The request's own bytes may be answered by the stored bytes only if this call's
+            // answer is those bytes (its JSON-RPC id is the stored one).
+            let verbatim = call.scope.single_request_spelling().is_some()
+                && response_bytes(&call.id, &payload) == entry.response.body;
+            note_spellings(call, verbatim);
             payload
         }
         None => Err(corrupt(call)),
+    }
+}
+
+/// Remembers the bytes that asked for the call's entry: its params, and with `verbatim` (the
+/// answer is the entry's very bytes) the whole request.
+fn note_spellings(call: &GovernedCall, verbatim: bool) {
+    let store = call.cache.store();
+    store.note_spelling(&call.key, call.spelling);
+    if let Some(request) = call.scope.single_request_spelling().filter(|_| verbatim) {
+        store.note_spelling(&call.key, request);
     }
 }
 

@@ -1,19 +1,32 @@
 //! The HTTP layer: reads activation before jsonrpsee runs, and turns what happened to the
 //! governed calls into the response: status, headers, and for a stream the SSE body.
+//!
+//! It also answers the commonest retry of all before jsonrpsee parses anything: a request
+//! whose body is byte-for-byte one whose single call was answered with an entry's stored
+//! bytes (same id, same method, same params) gets those bytes again, from the store's memory.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use futures::StreamExt;
 use http::{HeaderValue, StatusCode};
-use jsonrpsee::server::{HttpBody, HttpResponse};
+use http_body_util::BodyExt;
+use jsonrpsee::server::http::{content_type_is_json, response};
+use jsonrpsee::server::{HttpBody, HttpRequest, HttpResponse};
 
 use crate::activation::is_activated;
+use crate::cache::IdempotencyCache;
+use crate::canonical_hash::request_spelling;
 use crate::error::EXTENSION_URI;
 use crate::idempotency::State;
 use crate::scope::{HttpScope, Outcome, StreamSource, WebSocket};
 use crate::sse;
+
+/// Bodies up to this size (by their `Content-Length`) are read here to be recognised as
+/// resends; larger or chunked ones go to jsonrpsee unread, which enforces its own limit.
+const RECOGNISED_BODY_BYTES: u64 = 64 * 1024;
 
 /// The response header that marks a replay (spec §4.3). Sent only as `true`, never as `false`.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
@@ -50,9 +63,10 @@ pub struct HttpService<S> {
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
 
-impl<S, ReqBody> tower::Service<http::Request<ReqBody>> for HttpService<S>
+impl<S> tower::Service<HttpRequest<HttpBody>> for HttpService<S>
 where
-    S: tower::Service<http::Request<ReqBody>, Response = HttpResponse<HttpBody>>,
+    S: tower::Service<HttpRequest<HttpBody>, Response = HttpResponse<HttpBody>>,
+    S: Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: From<tokio::task::JoinError> + Send + 'static,
 {
@@ -64,7 +78,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: HttpRequest<HttpBody>) -> Self::Future {
         if jsonrpsee::server::ws::is_upgrade_request(&request) {
             // One scope would serve every call of the connection: the RPC layer refuses
             // governed calls over WebSocket instead.
@@ -72,22 +86,80 @@ where
             return Box::pin(self.inner.call(request));
         }
         // A server with the extension off neither reads nor echoes the activation header.
-        let activated =
-            self.state.deduplicating().is_some() && is_activated(request.headers(), EXTENSION_URI);
-        let scope = HttpScope::new(activated);
-        request.extensions_mut().insert(scope.clone());
-        // In a task of its own: a client that hangs up must not cut a governed call off
-        // mid-execution (its retry would run it again); the call runs to its end, stored.
-        let response = tokio::spawn(self.inner.call(request));
+        let cache = self.state.deduplicating().cloned();
+        let activated = cache.is_some() && is_activated(request.headers(), EXTENSION_URI);
+        let inner = self.inner.clone();
         Box::pin(async move {
-            let mut response = response.await??;
-            if let Some(stream) = scope.take_stream() {
-                response = sse_response(stream);
-            }
-            apply_outcome(&scope, &mut response);
-            Ok(response)
+            let (request, spelling) = match cache.filter(|_| activated && recognisable(&request)) {
+                None => (request, None),
+                Some(cache) => match read_resend(request, &cache).await {
+                    Read::Resend(response) => {
+                        let scope = HttpScope::new(activated, None);
+                        scope.record(Outcome::Replayed);
+                        return Ok(answered(&scope, response));
+                    }
+                    Read::New(request, spelling) => (request, Some(spelling)),
+                    Read::Failed(response) => return Ok(response),
+                },
+            };
+            let mut request = request;
+            let scope = HttpScope::new(activated, spelling);
+            request.extensions_mut().insert(scope.clone());
+            // In a task of its own: a client that hangs up must not cut a governed call off
+            // mid-execution (its retry would run it again); the call runs to its end, stored.
+            let mut inner = inner;
+            let response = tokio::spawn(inner.call(request)).await??;
+            Ok(answered(&scope, response))
         })
     }
+}
+
+/// A JSON POST whose body is small enough to read here.
+fn recognisable(request: &HttpRequest<HttpBody>) -> bool {
+    let length = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    request.method() == http::Method::POST
+        && content_type_is_json(request)
+        && length.is_some_and(|n| n <= RECOGNISED_BODY_BYTES)
+}
+
+enum Read {
+    /// A resend of an answered request: its answer.
+    Resend(HttpResponse<HttpBody>),
+    /// Not one: the request, its body read back in, and the body's spelling.
+    New(HttpRequest<HttpBody>, crate::canonical_hash::Spelling),
+    /// The body could not be read: jsonrpsee's answer to that.
+    Failed(HttpResponse<HttpBody>),
+}
+
+/// Reads the body and answers it from the store's memory if it is a resend.
+async fn read_resend(request: HttpRequest<HttpBody>, cache: &IdempotencyCache) -> Read {
+    let (parts, body) = request.into_parts();
+    let body: Bytes = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return Read::Failed(response::internal_error()),
+    };
+    let spelling = request_spelling(&body);
+    if let Some(entry) = cache.store().spelled(&spelling) {
+        if !crate::stream::is_event_stream(&entry) {
+            return Read::Resend(response::ok_response(entry.response.body.clone()));
+        }
+    }
+    Read::New(
+        HttpRequest::from_parts(parts, HttpBody::new(http_body_util::Full::new(body))),
+        spelling,
+    )
+}
+
+/// The response, with what happened to the request's governed calls applied.
+fn answered(scope: &HttpScope, mut response: HttpResponse<HttpBody>) -> HttpResponse<HttpBody> {
+    if let Some(stream) = scope.take_stream() {
+        response = sse_response(stream);
+    }
+    apply_outcome(scope, &mut response);
+    response
 }
 
 /// Replaces jsonrpsee's placeholder answer with the call's events.

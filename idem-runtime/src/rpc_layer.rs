@@ -238,8 +238,9 @@ impl<S> RpcService<S> {
 /// The stored JSON-RPC payload that answers a resend of these very params, if the store
 /// holds it in memory. Streams are replayed by the guard (their answer is not one payload).
 fn replay_spelled(cache: &IdempotencyCache, spelling: &Spelling, method: &str) -> Option<Payload> {
-    let entry = cache.store().spelled(spelling, method)?;
-    if crate::stream::is_event_stream(&entry) {
+    let entry = cache.store().spelled(spelling)?;
+    // The same params under another method are the guard's 422, not a replay.
+    if entry.method != method || crate::stream::is_event_stream(&entry) {
         return None;
     }
     decode(&entry.response.body)

@@ -33,6 +33,9 @@ pub(crate) struct HttpScope(Arc<ScopeInner>);
 
 struct ScopeInner {
     activated: bool,
+    /// The whole request body's spelling, when the HTTP layer read it: once its single call
+    /// is answered with the stored bytes, a resend of the same request is answered with them.
+    request_spelling: Option<Spelling>,
     state: Mutex<ScopeState>,
 }
 
@@ -52,11 +55,17 @@ pub(crate) struct StreamSource {
 }
 
 impl HttpScope {
-    pub(crate) fn new(activated: bool) -> Self {
+    pub(crate) fn new(activated: bool, request_spelling: Option<Spelling>) -> Self {
         Self(Arc::new(ScopeInner {
             activated,
+            request_spelling,
             state: Mutex::default(),
         }))
+    }
+
+    /// The spelling of the request's body, if it is a single call (not a batch).
+    pub(crate) fn single_request_spelling(&self) -> Option<Spelling> {
+        self.0.request_spelling.filter(|_| !self.is_batch())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ScopeState> {

@@ -354,9 +354,8 @@ impl Store for SqliteStore {
         self.clock.now_seconds()
     }
 
-    fn spelled(&self, spelling: &Spelling, method: &str) -> Option<Arc<Entry>> {
-        let entry = self.tier.get_spelled(spelling, |e| e.method == method);
-        self.live(entry)
+    fn spelled(&self, spelling: &Spelling) -> Option<Arc<Entry>> {
+        self.live(self.tier.get_spelled(spelling, |_| true))
     }
 
     fn note_spelling(&self, key: &MessageId, spelling: Spelling) {

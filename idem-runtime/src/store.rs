@@ -122,15 +122,15 @@ pub trait Store: Send + Sync + 'static {
     /// Now, in Unix epoch seconds, by the store's clock (the `inserted_at` of a new entry).
     fn now_seconds(&self) -> u64;
 
-    /// The live entry of `method` last answered to exactly these raw params, if this store
-    /// keeps it in memory: a byte-identical retry, recognised without hashing canonically.
-    /// Counts as a use, as [`get`](Self::get) does. Never waits.
-    fn spelled(&self, _spelling: &Spelling, _method: &str) -> Option<Arc<Entry>> {
+    /// The live entry last answered to exactly these bytes (raw params, or a whole request),
+    /// if this store keeps it in memory: a byte-identical retry, recognised without parsing or
+    /// hashing canonically. Counts as a use, as [`get`](Self::get) does. Never waits.
+    fn spelled(&self, _spelling: &Spelling) -> Option<Arc<Entry>> {
         None
     }
 
-    /// Remembers that raw params spelled `spelling` ask for `key`'s entry (their request hash
-    /// is the entry's).
+    /// Remembers that the bytes spelled `spelling` ask for `key`'s entry (raw params whose
+    /// request hash is the entry's, or a whole request that the entry's bytes answer).
     fn note_spelling(&self, _key: &MessageId, _spelling: Spelling) {}
 }
 

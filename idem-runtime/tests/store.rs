@@ -654,28 +654,19 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
     execute(&cache, &a, r#"{"v":"a"}"#, "A").await;
     store.note_spelling(&a, spelled_a);
     let entry = store
-        .spelled(&spelled_a, "message/send")
+        .spelled(&spelled_a)
         .expect("a resend of the same bytes");
     assert_eq!(entry.response.body, b"A");
-    assert!(
-        store.spelled(&spelled_a, "message/stream").is_none(),
-        "the same bytes under another method are the guard's 422, not a replay"
-    );
+    assert_eq!(entry.method, "message/send", "the caller checks its method");
     let other = idem_runtime::spelling(br#"{"v":"b"}"#);
-    assert!(
-        store.spelled(&other, "message/send").is_none(),
-        "other bytes: hash them"
-    );
+    assert!(store.spelled(&other).is_none(), "other bytes: hash them");
 
     // The LRU bound: a, then b and c; a is the least recently used and leaves everywhere.
     fx.clock.advance(Duration::from_millis(10));
     execute(&cache, &b, "{}", "B").await;
     fx.clock.advance(Duration::from_millis(10));
     execute(&cache, &c, "{}", "C").await;
-    assert!(
-        store.spelled(&spelled_a, "message/send").is_none(),
-        "evicted from the file"
-    );
+    assert!(store.spelled(&spelled_a).is_none(), "evicted from the file");
     assert!(cached_body(&cache, &a).await.is_none());
     let hash_a = request_hash(br#"{"v":"a"}"#).unwrap();
     assert!(matches!(
@@ -687,12 +678,9 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
     let spelled_b = idem_runtime::spelling(b"{}");
     store.note_spelling(&b, spelled_b);
     fx.clock.advance(Duration::from_secs(60));
-    assert!(store.spelled(&spelled_b, "message/send").is_some());
+    assert!(store.spelled(&spelled_b).is_some());
     fx.clock.advance(Duration::from_secs(1));
-    assert!(
-        store.spelled(&spelled_b, "message/send").is_none(),
-        "past the TTL"
-    );
+    assert!(store.spelled(&spelled_b).is_none(), "past the TTL");
     assert!(cached_body(&cache, &b).await.is_none());
 
     // The sweep deletes them; the key index forgets them with the rows.
@@ -714,11 +702,11 @@ async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
         let cache = fx.cache(&config(86_400, 100));
         execute(&cache, &key(1), r#"{"v":1}"#, "one").await;
         cache.store().note_spelling(&key(1), spelled);
-        assert!(cache.store().spelled(&spelled, "message/send").is_some());
+        assert!(cache.store().spelled(&spelled).is_some());
     }
     let cache = fx.cache(&config(86_400, 100));
     assert!(
-        cache.store().spelled(&spelled, "message/send").is_none(),
+        cache.store().spelled(&spelled).is_none(),
         "nothing in memory survives the process"
     );
     // The key index is rebuilt from the file: the key is not taken for new.
@@ -729,7 +717,7 @@ async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
     assert_eq!(entry.response.body, b"one");
     // Read once, it is in memory again; the bytes it was asked with are learnt anew.
     cache.store().note_spelling(&key(1), spelled);
-    let again = cache.store().spelled(&spelled, "message/send").unwrap();
+    let again = cache.store().spelled(&spelled).unwrap();
     assert_eq!(*again, *entry);
 }
 
@@ -744,7 +732,7 @@ async fn with_the_tier_off_every_answer_is_the_same() {
     execute(&cache, &key(1), "{}", "one").await;
     let spelled = idem_runtime::spelling(b"{}");
     cache.store().note_spelling(&key(1), spelled);
-    assert!(cache.store().spelled(&spelled, "message/send").is_none());
+    assert!(cache.store().spelled(&spelled).is_none());
     assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"one");
     fx.clock.advance(Duration::from_secs(61));
     assert!(cached_body(&cache, &key(1)).await.is_none());

@@ -121,6 +121,25 @@ async fn resends_of_the_same_bytes_answer_exactly_as_hashed_ones() {
     assert!(other_id.replayed());
     assert_eq!(other_id.json()["id"], 9);
     assert_eq!(other_id.json()["result"], first.json()["result"]);
+    let other_id_again = post_activated(&server.url, send(9, &mid, "same bytes")).await;
+    assert_eq!(other_id_again.body, other_id.body, "never the stored bytes of id 1");
+    // The same bytes without what made them a governed call are answered as such.
+    let not_activated = post(&server.url, original.clone(), &[]).await;
+    assert_eq!(not_activated.error_code(), -32008);
+    assert!(!not_activated.replayed());
+    let not_json = reqwest::Client::new()
+        .post(&server.url)
+        .header("content-type", "text/plain")
+        .header("A2A-Extensions", URI)
+        .body(original.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(not_json.status(), 415);
+    // A batch holding the very same call is a batch: answered as one, not from memory.
+    let batch = post_activated(&server.url, format!("[{original}]")).await;
+    assert!(batch.json().is_array());
+    assert_eq!(batch.batch_answer(1)["result"], first.json()["result"]);
     // Other params under the key: the 422, with both hashes as the spec computes them.
     let changed = send(2, &mid, "other bytes");
     let collision = post_activated(&server.url, changed.clone()).await;
