@@ -90,7 +90,7 @@ fn filled_store(dir: &std::path::Path, rows: u64, age_s: u64) -> std::path::Path
             .prepare(
                 "INSERT INTO idempotency_cache (message_id, request_hash, response_status,
                    response_headers, response_body, inserted_at, method, last_used_at)
-                 VALUES (?1, ?2, 200, '{}', ?3, ?4, 'message/send', 0)",
+                 VALUES (?1, ?2, 200, X'7b7d', ?3, ?4, 'message/send', 0)",
             )
             .unwrap();
         let hash = request_hash(b"{}").unwrap();
@@ -203,20 +203,7 @@ async fn p99_under_load(
                 while Instant::now() < deadline {
                     let start = Instant::now();
                     let key = bench_key(i);
-                    let Claim::Execute(ticket) =
-                        cache.claim(&key, "message/send", &hash).await.unwrap()
-                    else {
-                        panic!("fresh key")
-                    };
-                    let body = br#"{"jsonrpc":"2.0","id":1,"result":{"kind":"task"}}"#.to_vec();
-                    ticket
-                        .complete(StoredResponse {
-                            status: 200,
-                            headers: vec![],
-                            body,
-                        })
-                        .await
-                        .unwrap();
+                    store_fresh(&cache, &key, &hash).await;
                     latencies.push(start.elapsed());
                     i += 64;
                 }
@@ -300,6 +287,20 @@ fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64()
 }
 
+/// Claims a fresh key and stores a small response for it, durably.
+async fn store_fresh(cache: &IdempotencyCache, key: &MessageId, hash: &idem::RequestHash) {
+    let Claim::Execute(ticket) = cache.claim(key, "message/send", hash).await.unwrap() else {
+        panic!("fresh key")
+    };
+    let body = br#"{"jsonrpc":"2.0","id":1,"result":{"kind":"task"}}"#.to_vec();
+    let response = StoredResponse {
+        status: 200,
+        headers: vec![],
+        body,
+    };
+    ticket.complete(response).await.unwrap();
+}
+
 /// Entries per second stored durably by `writers` concurrent claim-and-complete loops.
 async fn store_rate(writers: usize, total: usize) -> f64 {
     let dir = tempfile::tempdir().unwrap();
@@ -313,22 +314,7 @@ async fn store_rate(writers: usize, total: usize) -> f64 {
             let (cache, hash) = (cache.clone(), hash.clone());
             tokio::spawn(async move {
                 for i in (w..total).step_by(writers) {
-                    let key =
-                        MessageId::parse_str(&format!("9b2e7c1a-3f4d-4e5a-8b6c-{i:012x}")).unwrap();
-                    let Claim::Execute(ticket) =
-                        cache.claim(&key, "message/send", &hash).await.unwrap()
-                    else {
-                        panic!("fresh key")
-                    };
-                    let body = br#"{"jsonrpc":"2.0","id":1,"result":{"kind":"task"}}"#.to_vec();
-                    ticket
-                        .complete(StoredResponse {
-                            status: 200,
-                            headers: vec![],
-                            body,
-                        })
-                        .await
-                        .unwrap();
+                    store_fresh(&cache, &bench_key(i as u64), &hash).await;
                 }
             })
         })

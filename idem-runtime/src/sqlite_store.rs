@@ -63,8 +63,10 @@ CREATE TABLE IF NOT EXISTS idempotency_stream_events (
 ) WITHOUT ROWID;
 ";
 
-/// Most expired rows one sweep step deletes, so a sweep never holds the writer for long.
-const SWEEP_CHUNK: u64 = 1000;
+/// Most expired rows one sweep step deletes. A step rides in a batch with the calls' writes
+/// and delays them by its own time: at 100 rows, sweeping 100,000 rows under load keeps the
+/// writers' p99 within 1.2x of a quiet one (1,000 rows made it 2.6x; `cargo bench`).
+const SWEEP_CHUNK: u64 = 100;
 
 /// The SQLite store.
 ///
@@ -624,6 +626,9 @@ pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     conn.set_prepared_statement_cache_capacity(64);
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // Each write in a batch runs under a savepoint, whose undo copies of pages go to a
+    // sub-journal: in memory, not in a temporary file (they never need to survive a crash).
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     Ok(conn)
 }
 

@@ -122,7 +122,10 @@ async fn resends_of_the_same_bytes_answer_exactly_as_hashed_ones() {
     assert_eq!(other_id.json()["id"], 9);
     assert_eq!(other_id.json()["result"], first.json()["result"]);
     let other_id_again = post_activated(&server.url, send(9, &mid, "same bytes")).await;
-    assert_eq!(other_id_again.body, other_id.body, "never the stored bytes of id 1");
+    assert_eq!(
+        other_id_again.body, other_id.body,
+        "never the stored bytes of id 1"
+    );
     // The same bytes without what made them a governed call are answered as such.
     let not_activated = post(&server.url, original.clone(), &[]).await;
     assert_eq!(not_activated.error_code(), -32008);
