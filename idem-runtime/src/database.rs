@@ -72,7 +72,7 @@ impl Database {
     {
         let slot = Slot::default();
         let filled = slot.clone();
-        let write: SqlWrite = Box::new(move |conn| {
+        let write = SqlWrite::once(move |conn| {
             let result = work(conn);
             let refused = result.is_err();
             filled.fill(result);

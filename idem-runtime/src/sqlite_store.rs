@@ -167,11 +167,14 @@ impl SqliteStore {
     }
 
     /// Queues `work` for the writer's next batch; its value arrives once the batch committed.
+    /// `rerunnable`: `work` only writes through the connection, so a rolled-back attempt may
+    /// be followed by another (see `sqlite_writer.rs`).
     async fn write<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&Connection, &mut Batch) -> Result<T, StoreError> + Send + 'static,
+        rerunnable: bool,
+        work: impl FnMut(&Connection, &mut Batch) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (call, done) = Call::new(work);
+        let (call, done) = Call::new(rerunnable, work);
         self.writer
             .lock()
             .expect("writer lock")
@@ -267,9 +270,10 @@ impl Store for SqliteStore {
     }
 
     async fn put(&self, entry: Arc<Entry>, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
-        self.write(move |conn, batch| {
-            apply_writes(conn, writes)?;
-            store_entry(conn, batch, entry)
+        let mut writes = writes;
+        self.write(all_rerunnable(&writes), move |conn, batch| {
+            apply_writes(conn, &mut writes)?;
+            store_entry(conn, batch, entry.clone())
         })
         .await
     }
@@ -281,8 +285,9 @@ impl Store for SqliteStore {
         writes: Vec<SqlWrite>,
     ) -> Result<(), StoreError> {
         let stream = stream.clone();
-        self.write(move |conn, batch| {
-            apply_writes(conn, writes)?;
+        let mut writes = writes;
+        self.write(all_rerunnable(&writes), move |conn, batch| {
+            apply_writes(conn, &mut writes)?;
             if insert_open_stream(conn, &stream)? {
                 batch
                     .changes
@@ -300,14 +305,14 @@ impl Store for SqliteStore {
         event: Bytes,
     ) -> Result<(), StoreError> {
         let key = key.clone();
-        self.write(move |conn, _| insert_event(conn, &key, seq, &event))
+        self.write(true, move |conn, _| insert_event(conn, &key, seq, &event))
             .await
     }
 
     async fn close_stream(&self, entry: Arc<Entry>) -> Result<(), StoreError> {
-        self.write(move |conn, batch| {
+        self.write(true, move |conn, batch| {
             let key = entry.message_id.clone();
-            store_entry(conn, batch, entry)?;
+            store_entry(conn, batch, entry.clone())?;
             // After the entry: the key index never misses the key between the two changes.
             if delete_open_stream(conn, key.as_str())? {
                 batch.changes.push(Change::Closed(key));
@@ -318,7 +323,11 @@ impl Store for SqliteStore {
     }
 
     async fn apply(&self, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
-        self.write(move |conn, _| apply_writes(conn, writes)).await
+        let mut writes = writes;
+        self.write(all_rerunnable(&writes), move |conn, _| {
+            apply_writes(conn, &mut writes)
+        })
+        .await
     }
 
     async fn read(&self, job: ReadJob) -> Result<(), StoreError> {
@@ -335,7 +344,7 @@ impl Store for SqliteStore {
         let mut total = 0;
         loop {
             let deleted = self
-                .write(move |conn, batch| {
+                .write(true, move |conn, batch| {
                     let n = sweep_chunk(conn, ttl, batch.now_ms / 1000, &mut batch.changes)?;
                     batch.rows = batch.rows.saturating_sub(n);
                     Ok(n)
@@ -391,9 +400,13 @@ fn is_expired(inserted_at: u64, ttl_seconds: u64, now_seconds: u64) -> bool {
 }
 
 /// A call's staged writes, in the order it staged them.
-fn apply_writes(conn: &Connection, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
+fn all_rerunnable(writes: &[SqlWrite]) -> bool {
+    writes.iter().all(SqlWrite::is_rerunnable)
+}
+
+fn apply_writes(conn: &Connection, writes: &mut [SqlWrite]) -> Result<(), StoreError> {
     for write in writes {
-        write(conn).map_err(StoreError::Write)?;
+        write.run(conn).map_err(StoreError::Write)?;
     }
     Ok(())
 }

@@ -5,8 +5,8 @@
 //!
 //! The RPC layer gives every governed call a unit in its `Extensions`; the body stages writes
 //! into it; the guard commits them. A write cannot run earlier: the writer thread applies it in
-//! its next group-committed batch, under a savepoint of the call's own, so one call's failing
-//! write never touches another's.
+//! its next group-committed batch; when a write fails, the batch is redone with a savepoint
+//! per call, so one call's failing write never touches another's.
 
 use std::sync::{Arc, Mutex};
 
@@ -19,8 +19,52 @@ use crate::store::{Store, StoreError};
 /// Why a staged write refused to commit: any error, `rusqlite::Error` included (so `?` works).
 pub type WriteError = Box<dyn std::error::Error + Send + Sync>;
 
+type WriteFn = dyn FnMut(&rusqlite::Connection) -> Result<(), WriteError> + Send;
+
 /// One staged write: runs on the store's writer thread, inside the commit's transaction.
-pub type SqlWrite = Box<dyn FnOnce(&rusqlite::Connection) -> Result<(), WriteError> + Send>;
+pub struct SqlWrite {
+    run: Box<WriteFn>,
+    /// Whether it may run again after a rolled-back attempt (it writes through the connection
+    /// only). One that may not is run once, under a savepoint of its own.
+    rerunnable: bool,
+}
+
+impl SqlWrite {
+    /// A write that may run more than once before it commits: everything it does goes
+    /// through the connection, so a rolled-back attempt leaves nothing behind.
+    pub fn rerunnable(
+        write: impl FnMut(&rusqlite::Connection) -> Result<(), WriteError> + Send + 'static,
+    ) -> Self {
+        Self {
+            run: Box::new(write),
+            rerunnable: true,
+        }
+    }
+
+    /// A write that runs exactly once (it hands a value out of the transaction, say).
+    pub fn once(
+        write: impl FnOnce(&rusqlite::Connection) -> Result<(), WriteError> + Send + 'static,
+    ) -> Self {
+        let mut write = Some(write);
+        Self {
+            run: Box::new(move |conn| match write.take() {
+                Some(write) => write(conn),
+                None => Err("a write that runs once was run twice".into()),
+            }),
+            rerunnable: false,
+        }
+    }
+
+    /// Whether it may run again after a rolled-back attempt.
+    pub fn is_rerunnable(&self) -> bool {
+        self.rerunnable
+    }
+
+    /// Runs it on `conn`.
+    pub fn run(&mut self, conn: &rusqlite::Connection) -> Result<(), WriteError> {
+        (self.run)(conn)
+    }
+}
 
 type Hook = Box<dyn FnOnce() + Send>;
 
@@ -93,11 +137,13 @@ impl UnitOfWork {
     }
 
     /// Stages `write`: it runs when the call commits, in the transaction of its cache entry.
+    /// It writes through the connection only: a batch whose commit a failing write stopped
+    /// is rolled back and redone, so a write may run more than once before it commits.
     pub fn stage(
         &self,
-        write: impl FnOnce(&rusqlite::Connection) -> Result<(), WriteError> + Send + 'static,
+        write: impl FnMut(&rusqlite::Connection) -> Result<(), WriteError> + Send + 'static,
     ) -> Result<(), ErrorObjectOwned> {
-        self.with_open(|staged| staged.writes.push(Box::new(write)))
+        self.with_open(|staged| staged.writes.push(SqlWrite::rerunnable(write)))
     }
 
     /// Runs `hook` once the unit has committed (never if it did not): the place to start work

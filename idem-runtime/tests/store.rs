@@ -501,8 +501,8 @@ async fn a_second_store_on_the_same_file_is_refused_until_the_first_closes() {
 /// A staged write that inserts `name` into `effects` (unique names).
 fn effect(name: &str) -> idem_runtime::SqlWrite {
     let name = name.to_owned();
-    Box::new(move |db| {
-        db.execute("INSERT INTO effects (name) VALUES (?1)", [name])?;
+    idem_runtime::SqlWrite::rerunnable(move |db| {
+        db.execute("INSERT INTO effects (name) VALUES (?1)", [&name])?;
         Ok(())
     })
 }
@@ -522,7 +522,7 @@ async fn staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone() {
     let cache = fx.cache(&config(86_400, 100));
     let store = cache.store().clone();
     store
-        .apply(vec![Box::new(|db| {
+        .apply(vec![idem_runtime::SqlWrite::rerunnable(|db| {
             db.execute_batch("CREATE TABLE effects (name TEXT PRIMARY KEY)")?;
             Ok(())
         })])
@@ -545,16 +545,26 @@ async fn staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone() {
         }
         ticket.complete_with(response(&format!("body-{n}")), writes)
     });
-    let outcomes = futures::future::join_all(completions).await;
+    // A write that must run once (as `Database::transact`'s do) shares the batches too: a
+    // redo of a batch never runs it twice.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let once = store.apply(vec![idem_runtime::SqlWrite::once(move |db| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        db.execute("INSERT INTO effects (name) VALUES ('once')", [])?;
+        Ok(())
+    })]);
+    let (outcomes, once) = tokio::join!(futures::future::join_all(completions), once);
+    once.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
     for (n, outcome) in outcomes.iter().enumerate() {
         match n {
             7 => assert!(matches!(outcome, Err(idem_runtime::StoreError::Write(_)))),
             _ => assert!(outcome.is_ok(), "{n}: {outcome:?}"),
         }
     }
-    let expected: Vec<String> = (0..20)
-        .filter(|n| *n != 7)
-        .map(|n| format!("row-{n:02}"))
+    let expected: Vec<String> = std::iter::once("once".to_owned())
+        .chain((0..20).filter(|n| *n != 7).map(|n| format!("row-{n:02}")))
         .collect();
     assert_eq!(
         effects(&fx.path),
