@@ -17,6 +17,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use crate::cache::{Claim, Progress, Ticket, Waited};
+use crate::canonical_hash::Spelling;
 use crate::error::{ErrorCode, IdempotencyError};
 use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, StoreError, StoredResponse};
@@ -160,7 +161,7 @@ pub(crate) async fn store_json(
         // answering with what is stored.
         Ok(()) => {
             call.scope.record(Outcome::Executed);
-            note_spellings(call, true);
+            note_spellings(call, call.scope.single_request_spelling());
             if let Some(sealed) = sealed {
                 sealed.committed();
             }
@@ -188,8 +189,9 @@ pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
             call.scope.record(Outcome::Replayed);
             // The request's own bytes may be answered by the stored bytes only if this call's
             // answer is those bytes (its JSON-RPC id is the stored one).
-            let verbatim = call.scope.single_request_spelling().is_some()
-                && response_bytes(&call.id, &payload) == entry.response.body;
+            let request = call.scope.single_request_spelling();
+            let verbatim =
+                request.filter(|_| response_bytes(&call.id, &payload) == entry.response.body);
             note_spellings(call, verbatim);
             payload
         }
@@ -197,12 +199,12 @@ pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
     }
 }
 
-/// Remembers the bytes that asked for the call's entry: its params, and with `verbatim` (the
-/// answer is the entry's very bytes) the whole request.
-fn note_spellings(call: &GovernedCall, verbatim: bool) {
+/// Remembers the bytes that asked for the call's entry: its params, and the whole request's
+/// spelling where the entry's very bytes answer that request.
+fn note_spellings(call: &GovernedCall, request: Option<Spelling>) {
     let store = call.cache.store();
     store.note_spelling(&call.key, call.spelling);
-    if let Some(request) = call.scope.single_request_spelling().filter(|_| verbatim) {
+    if let Some(request) = request {
         store.note_spelling(&call.key, request);
     }
 }

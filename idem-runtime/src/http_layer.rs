@@ -88,26 +88,25 @@ where
         // A server with the extension off neither reads nor echoes the activation header.
         let cache = self.state.deduplicating().cloned();
         let activated = cache.is_some() && is_activated(request.headers(), EXTENSION_URI);
-        let inner = self.inner.clone();
+        let mut inner = self.inner.clone();
         Box::pin(async move {
-            let (request, spelling) = match cache.filter(|_| activated && recognisable(&request)) {
-                None => (request, None),
-                Some(cache) => match read_resend(request, &cache).await {
-                    Read::Resend(response) => {
-                        let scope = HttpScope::new(activated, None);
-                        scope.record(Outcome::Replayed);
-                        return Ok(answered(&scope, response));
-                    }
-                    Read::New(request, spelling) => (request, Some(spelling)),
-                    Read::Failed(response) => return Ok(response),
-                },
-            };
-            let mut request = request;
+            let (mut request, spelling) =
+                match cache.filter(|_| activated && recognisable(&request)) {
+                    None => (request, None),
+                    Some(cache) => match read_resend(request, &cache).await {
+                        Read::Resend(response) => {
+                            let scope = HttpScope::new(activated, None);
+                            scope.record(Outcome::Replayed);
+                            return Ok(answered(&scope, response));
+                        }
+                        Read::New(request, spelling) => (request, Some(spelling)),
+                        Read::Failed(response) => return Ok(response),
+                    },
+                };
             let scope = HttpScope::new(activated, spelling);
             request.extensions_mut().insert(scope.clone());
             // In a task of its own: a client that hangs up must not cut a governed call off
             // mid-execution (its retry would run it again); the call runs to its end, stored.
-            let mut inner = inner;
             let response = tokio::spawn(inner.call(request)).await??;
             Ok(answered(&scope, response))
         })

@@ -78,12 +78,14 @@ where
         let inner = self.inner.clone();
         async move {
             match checked {
-                Err(error) => return MethodResponse::error(request.id, error),
+                // Refused, or a resend whose stored answer is an error.
+                Err(error) | Ok(Some(Err(error))) => {
+                    return MethodResponse::error(request.id, error)
+                }
                 Ok(Some(Ok(result))) => {
                     let result = ResponsePayload::success(result);
                     return MethodResponse::response(request.id, result, usize::MAX);
                 }
-                Ok(Some(Err(error))) => return MethodResponse::error(request.id, error),
                 Ok(None) => {}
             }
             let response = inner.call(request).await;

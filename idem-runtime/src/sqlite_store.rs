@@ -185,12 +185,37 @@ impl SqliteStore {
         done.await.map_err(|_| StoreError::Closed)?
     }
 
-    /// A live entry as read: `None` past its TTL, a touch for the LRU otherwise.
-    fn live(&self, entry: Option<Arc<Entry>>) -> Option<Arc<Entry>> {
-        let now = self.clock.now_millis();
-        let entry = entry.filter(|e| !is_expired(e.inserted_at, self.ttl_seconds, now / 1000))?;
+    /// Spec §4.4's TTL, by this store's clock.
+    fn is_live(&self, entry: &Entry) -> bool {
+        !is_expired(
+            entry.inserted_at,
+            self.ttl_seconds,
+            self.clock.now_seconds(),
+        )
+    }
+
+    /// A use of `entry`, for the LRU bound: written with the writer's next batch.
+    fn touch(&self, entry: &Entry) {
         let mut touches = self.touches.lock().expect("touches lock");
-        touches.insert(entry.message_id.as_str().to_owned(), now);
+        touches.insert(
+            entry.message_id.as_str().to_owned(),
+            self.clock.now_millis(),
+        );
+    }
+
+    /// An entry from the memory tier, if live (an expired one leaves the tier); a use.
+    fn used(&self, entry: Option<Arc<Entry>>) -> Option<Arc<Entry>> {
+        let entry = entry?;
+        self.touch(&entry);
+        Some(entry)
+    }
+
+    /// An entry just read from the file: `None` past its TTL; else a use, kept in the memory
+    /// tier unless a delete raced the read (`deletions` was taken before it).
+    fn read_back(&self, entry: Option<Entry>, deletions: u64) -> Option<Arc<Entry>> {
+        let entry = Arc::new(entry.filter(|e| self.is_live(e))?);
+        self.touch(&entry);
+        self.tier.fill(entry.clone(), deletions);
         Some(entry)
     }
 
@@ -198,7 +223,7 @@ impl SqliteStore {
     /// `Ok(None)` when the key index knows the file holds no row of it. `Err(())`: ask the
     /// file.
     fn in_memory(&self, key: &MessageId) -> Result<Option<Arc<Entry>>, ()> {
-        if let Some(entry) = self.live(self.tier.get(key, |_| true)) {
+        if let Some(entry) = self.used(self.tier.get(key, |e| self.is_live(e))) {
             return Ok(Some(entry));
         }
         match self.index.may_hold(key.as_str()) {
@@ -214,11 +239,7 @@ impl SqliteStore {
             .readers
             .run(move |conn| select_entry(conn, &id))
             .await?;
-        let entry = self.live(entry.map(Arc::new));
-        if let Some(entry) = &entry {
-            self.tier.fill(entry.clone(), deletions);
-        }
-        Ok(entry)
+        Ok(self.read_back(entry, deletions))
     }
 }
 
@@ -259,8 +280,7 @@ impl Store for SqliteStore {
                 Ok((entry, open))
             })
             .await?;
-        if let Some(entry) = self.live(entry.map(Arc::new)) {
-            self.tier.fill(entry.clone(), deletions);
+        if let Some(entry) = self.read_back(entry, deletions) {
             return Ok(Found::Entry(entry));
         }
         Ok(match open {
@@ -269,8 +289,7 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn put(&self, entry: Arc<Entry>, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
-        let mut writes = writes;
+    async fn put(&self, entry: Arc<Entry>, mut writes: Vec<SqlWrite>) -> Result<(), StoreError> {
         self.write(all_rerunnable(&writes), move |conn, batch| {
             apply_writes(conn, &mut writes)?;
             store_entry(conn, batch, entry.clone())
@@ -282,10 +301,9 @@ impl Store for SqliteStore {
         &self,
         stream: &OpenStream,
         first_event: Bytes,
-        writes: Vec<SqlWrite>,
+        mut writes: Vec<SqlWrite>,
     ) -> Result<(), StoreError> {
         let stream = stream.clone();
-        let mut writes = writes;
         self.write(all_rerunnable(&writes), move |conn, batch| {
             apply_writes(conn, &mut writes)?;
             if insert_open_stream(conn, &stream)? {
@@ -322,8 +340,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn apply(&self, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
-        let mut writes = writes;
+    async fn apply(&self, mut writes: Vec<SqlWrite>) -> Result<(), StoreError> {
         self.write(all_rerunnable(&writes), move |conn, _| {
             apply_writes(conn, &mut writes)
         })
@@ -366,7 +383,7 @@ impl Store for SqliteStore {
     }
 
     fn spelled(&self, spelling: &Spelling) -> Option<Arc<Entry>> {
-        self.live(self.tier.get_spelled(spelling, |_| true))
+        self.used(self.tier.get_spelled(spelling, |e| self.is_live(e)))
     }
 
     fn note_spelling(&self, key: &MessageId, spelling: Spelling) {
@@ -399,11 +416,12 @@ fn is_expired(inserted_at: u64, ttl_seconds: u64, now_seconds: u64) -> bool {
     inserted_at.saturating_add(ttl_seconds) < now_seconds
 }
 
-/// A call's staged writes, in the order it staged them.
+/// Whether a redo of the batch may run these writes again.
 fn all_rerunnable(writes: &[SqlWrite]) -> bool {
     writes.iter().all(SqlWrite::is_rerunnable)
 }
 
+/// A call's staged writes, in the order it staged them.
 fn apply_writes(conn: &Connection, writes: &mut [SqlWrite]) -> Result<(), StoreError> {
     for write in writes {
         write.run(conn).map_err(StoreError::Write)?;

@@ -66,6 +66,14 @@ async fn execute(cache: &IdempotencyCache, key: &MessageId, params: &str, body: 
     }
 }
 
+/// Whether a `message/send` claim of `key` wins (the key is free: the call would execute).
+async fn wins(cache: &IdempotencyCache, key: &MessageId, hash: &idem_runtime::RequestHash) -> bool {
+    matches!(
+        cache.claim(key, "message/send", hash).await.unwrap(),
+        Claim::Execute(_)
+    )
+}
+
 async fn cached_body(cache: &IdempotencyCache, key: &MessageId) -> Option<Vec<u8>> {
     cache
         .store()
@@ -356,10 +364,7 @@ async fn dropped_ticket_releases_the_key_to_waiters() {
         matches!(waited, Waited::Released),
         "released without an outcome"
     );
-    assert!(matches!(
-        cache.claim(&key(1), "message/send", &hash).await.unwrap(),
-        Claim::Execute(_)
-    ));
+    assert!(wins(&cache, &key(1), &hash).await);
 }
 
 #[tokio::test]
@@ -574,10 +579,7 @@ async fn staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone() {
     assert!(cached_body(&cache, &key(7)).await.is_none());
     assert_eq!(cached_body(&cache, &key(8)).await.unwrap(), b"body-8");
     // Its key was released: a retry claims it and executes.
-    assert!(matches!(
-        cache.claim(&key(7), "message/send", &hash).await.unwrap(),
-        Claim::Execute(_)
-    ));
+    assert!(wins(&cache, &key(7), &hash).await);
 }
 
 #[tokio::test]
@@ -679,10 +681,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
     assert!(store.spelled(&spelled_a).is_none(), "evicted from the file");
     assert!(cached_body(&cache, &a).await.is_none());
     let hash_a = request_hash(br#"{"v":"a"}"#).unwrap();
-    assert!(matches!(
-        cache.claim(&a, "message/send", &hash_a).await.unwrap(),
-        Claim::Execute(_)
-    ));
+    assert!(wins(&cache, &a, &hash_a).await);
 
     // The TTL, by the store's own rule (live at exactly ttl, gone one second later).
     let spelled_b = idem_runtime::spelling(b"{}");
@@ -697,10 +696,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
     assert_eq!(store.sweep().await.unwrap(), 2);
     let hash = request_hash(b"{}").unwrap();
     for k in [&b, &c] {
-        assert!(matches!(
-            cache.claim(k, "message/send", &hash).await.unwrap(),
-            Claim::Execute(_)
-        ));
+        assert!(wins(&cache, k, &hash).await);
     }
 }
 
