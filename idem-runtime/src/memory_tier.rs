@@ -66,14 +66,7 @@ impl MemoryTier {
 
     /// The resident entry of `key`, if any and `live` says it is live.
     pub(crate) fn get(&self, key: &MessageId, live: impl Fn(&Entry) -> bool) -> Option<Arc<Entry>> {
-        let mut state = self.state();
-        let resident = state.residents.get_mut(key)?;
-        if !live(&resident.entry) {
-            state.remove(key);
-            return None;
-        }
-        resident.used = true;
-        Some(resident.entry.clone())
+        self.state().get(key, live)
     }
 
     /// The resident entry last asked with exactly these raw params, if it is `live`.
@@ -82,8 +75,9 @@ impl MemoryTier {
         spelling: &Spelling,
         live: impl Fn(&Entry) -> bool,
     ) -> Option<Arc<Entry>> {
-        let key = self.state().spellings.get(spelling)?.clone();
-        self.get(&key, live)
+        let mut state = self.state();
+        let key = state.spellings.get(spelling)?.clone();
+        state.get(&key, live)
     }
 
     /// Remembers that `spelling` asks for the resident `key` (whose request hash it has).
@@ -174,6 +168,16 @@ impl MemoryTier {
 }
 
 impl State {
+    fn get(&mut self, key: &MessageId, live: impl Fn(&Entry) -> bool) -> Option<Arc<Entry>> {
+        let resident = self.residents.get_mut(key)?;
+        if !live(&resident.entry) {
+            self.remove(key);
+            return None;
+        }
+        resident.used = true;
+        Some(resident.entry.clone())
+    }
+
     fn admit(&mut self, entry: Arc<Entry>) {
         let bytes = entry_bytes(&entry);
         let key = entry.message_id.clone();
