@@ -15,7 +15,9 @@ use tokio::sync::watch;
 
 use crate::canonical_hash::RequestHash;
 use crate::message_id::MessageId;
-use crate::store::{Entry, Found, OpenStream, Store, StoreError, StoredResponse};
+use crate::store::{
+    Acquired, Elsewhere, Entry, Found, Lease, OpenStream, Store, StoreError, StoredResponse,
+};
 use crate::unit_of_work::SqlWrite;
 
 /// The idempotency cache: a durable [`Store`] plus the executions in flight.
@@ -144,22 +146,33 @@ impl IdempotencyCache {
         if let Found::Entry(entry) = found {
             return Ok(Claim::Cached(entry));
         }
-        let (ticket, unchanged) = match self.take(key, method, hash, seen) {
+        let (mut ticket, unchanged) = match self.take(key, method, hash, seen) {
             Ok(taken) => taken,
             Err(in_flight) => return Ok(Claim::InFlight(in_flight)),
         };
         // An execution of the key may have committed its entry between our read and taking
-        // the key: read again, unless none of the key's slot ended meanwhile.
-        let found = match found {
-            Found::Nothing if unchanged => Found::Nothing,
-            _ => self.inner.store.lookup(key).await?,
-        };
-        match found {
-            Found::Entry(entry) => Ok(Claim::Cached(entry)),
-            Found::Nothing => Ok(Claim::Execute(ticket)),
+        // the key (here, or in another process sharing the store): the store decides, and
+        // reads again unless none of the key's slot ended meanwhile.
+        let read_holds = matches!(found, Found::Nothing) && unchanged;
+        let store = &self.inner.store;
+        match store.acquire(key, method, hash, read_holds).await? {
+            Acquired::Won(lease) => {
+                ticket.lease = Some(lease);
+                Ok(Claim::Execute(ticket))
+            }
+            Acquired::Entry(entry) => Ok(Claim::Cached(entry)),
+            Acquired::Held {
+                method,
+                request_hash,
+            } => Ok(Claim::InFlight(InFlight(Holder::Elsewhere {
+                store: store.clone(),
+                key: key.clone(),
+                method,
+                request_hash,
+            }))),
             // Nobody records it any more (the key is ours): a retry must never execute again,
             // so the stream's outcome becomes what was recorded, then the interruption.
-            Found::Interrupted(stream, events) => {
+            Acquired::Interrupted(lease, stream, events) => {
                 // Bound to the stream's own method and hash, not this claim's (which may be
                 // the 422 the replay decides): not `ticket.close_stream`.
                 let entry = Arc::new(Entry {
@@ -169,7 +182,9 @@ impl IdempotencyCache {
                     response: crate::stream::interrupted(&stream, events),
                     inserted_at: stream.started_at,
                 });
-                self.inner.store.close_stream(entry.clone()).await?;
+                ticket.lease = Some(lease);
+                store.close_stream(entry.clone(), ticket.lease()).await?;
+                ticket.stored();
                 tracing::warn!(message_id = %key, "a stream interrupted before its end is closed as interrupted");
                 drop(ticket);
                 Ok(Claim::Cached(entry))
@@ -194,7 +209,7 @@ impl IdempotencyCache {
     ) -> Result<(Ticket, bool), InFlight> {
         let mut table = self.inner.in_flight.lock().expect("in-flight lock");
         if let Some(flight) = table.flights.get(key) {
-            return Err(InFlight(flight.clone()));
+            return Err(InFlight(Holder::Here(flight.clone())));
         }
         let unchanged = table.releases[slot(key)] == seen;
         let (phase_tx, phase) = watch::channel(Phase::Running);
@@ -214,6 +229,7 @@ impl IdempotencyCache {
             request_hash: hash.clone(),
             phase: phase_tx,
             opened_at: None,
+            lease: None,
         };
         Ok((ticket, unchanged))
     }
@@ -235,8 +251,10 @@ impl IdempotencyCache {
         if let Some(flight) = running {
             return Ok(Some((flight.method, flight.request_hash)));
         }
-        let entry = self.inner.store.get(key).await?;
-        Ok(entry.map(|entry| (entry.method, entry.request_hash)))
+        if let Some(entry) = self.inner.store.get(key).await? {
+            return Ok(Some((entry.method, entry.request_hash)));
+        }
+        self.inner.store.held_elsewhere(key).await
     }
 
     /// Waits until no execution is in flight (each stored or released), at most `bound`:
@@ -274,6 +292,8 @@ pub struct Ticket {
     phase: watch::Sender<Phase>,
     /// When its stream was opened: the `inserted_at` of the entry the stream becomes.
     opened_at: Option<u64>,
+    /// The store's claim, once won; taken when the call's outcome ended it.
+    lease: Option<Lease>,
 }
 
 impl Ticket {
@@ -291,12 +311,13 @@ impl Ticket {
     /// Like [`complete`](Self::complete), committing the call's staged `writes` in the same
     /// transaction: both are stored or neither is.
     pub async fn complete_with(
-        self,
+        mut self,
         response: StoredResponse,
         writes: Vec<SqlWrite>,
     ) -> Result<(), StoreError> {
         let (store, entry) = self.entry(response)?;
-        store.put(entry.clone(), writes).await?;
+        store.put(entry.clone(), writes, self.lease()).await?;
+        self.stored();
         self.phase.send_replace(Phase::Done(entry));
         Ok(())
         // Drop removes the key from the in-flight table, after the commit.
@@ -319,22 +340,38 @@ impl Ticket {
             jsonrpc_id,
             started_at,
         };
-        store.open_stream(&stream, first_event, writes).await?;
+        store
+            .open_stream(&stream, first_event, writes, self.lease())
+            .await?;
         self.opened_at = Some(started_at);
         Ok(())
     }
 
     /// Records event `seq` of the open stream durably.
     pub async fn append_event(&self, seq: u32, event: bytes::Bytes) -> Result<(), StoreError> {
-        self.store()?.append_event(&self.key, seq, event).await
+        let store = self.store()?;
+        store
+            .append_event(&self.key, seq, event, self.lease())
+            .await
     }
 
     /// Stores the finished stream as the entry and drops its open record, in one transaction.
-    pub async fn close_stream(self, response: StoredResponse) -> Result<(), StoreError> {
+    pub async fn close_stream(mut self, response: StoredResponse) -> Result<(), StoreError> {
         let (store, entry) = self.entry(response)?;
-        store.close_stream(entry.clone()).await?;
+        store.close_stream(entry.clone(), self.lease()).await?;
+        self.stored();
         self.phase.send_replace(Phase::Done(entry));
         Ok(())
+    }
+
+    /// The store's claim: a ticket is handed out only once it is won.
+    fn lease(&self) -> &Lease {
+        self.lease.as_ref().expect("a ticket holds its lease")
+    }
+
+    /// The outcome is stored, and the store ended the claim with it: nothing to release.
+    fn stored(&mut self) {
+        self.lease = None;
     }
 
     fn store(&self) -> Result<Arc<dyn Store>, StoreError> {
@@ -358,6 +395,9 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(cache) = self.cache.upgrade() {
+            if let Some(lease) = self.lease.take() {
+                cache.store.release(&self.key, lease);
+            }
             let mut table = cache.in_flight.lock().expect("in-flight lock");
             table.flights.remove(&self.key);
             table.releases[slot(&self.key)] += 1;
@@ -368,44 +408,75 @@ impl Drop for Ticket {
 }
 
 /// A call that holds the key and is still running.
-pub struct InFlight(Flight);
+pub struct InFlight(Holder);
+
+/// Where the running call is.
+enum Holder {
+    /// In this process: its phase is watched.
+    Here(Flight),
+    /// In another process sharing the store: the store waits for it.
+    Elsewhere {
+        store: Arc<dyn Store>,
+        key: MessageId,
+        method: String,
+        request_hash: RequestHash,
+    },
+}
 
 impl InFlight {
     /// The method the running call was made with.
     pub fn method(&self) -> &str {
-        &self.0.method
+        match &self.0 {
+            Holder::Here(flight) => &flight.method,
+            Holder::Elsewhere { method, .. } => method,
+        }
     }
 
     /// The request hash of the running call.
     pub fn request_hash(&self) -> &RequestHash {
-        &self.0.request_hash
+        match &self.0 {
+            Holder::Here(flight) => &flight.request_hash,
+            Holder::Elsewhere { request_hash, .. } => request_hash,
+        }
     }
 
     /// Whether it answers a call of `method` whose params hash to `hash`.
     pub fn matches(&self, method: &str, hash: &RequestHash) -> bool {
-        self.0.method == method && &self.0.request_hash == hash
+        self.method() == method && self.request_hash() == hash
     }
 
     /// Waits, without polling, at most `bound`, for the running call to finish or, with
-    /// `attach`, to share live progress.
-    pub async fn wait(mut self, bound: Duration, attach: bool) -> Waited {
-        let seen = tokio::time::timeout(
-            bound,
-            self.0.phase.wait_for(|phase| match phase {
-                Phase::Running => false,
-                Phase::Progressing(_) => attach,
-                Phase::Done(_) => true,
-            }),
-        )
-        .await;
-        match seen {
-            Err(_elapsed) => Waited::StillRunning,
-            Ok(Err(_released)) => Waited::Released,
-            Ok(Ok(phase)) => match &*phase {
-                Phase::Done(entry) => Waited::Done(entry.clone()),
-                Phase::Progressing(progress) => Waited::Progressing(progress.clone()),
-                Phase::Running => Waited::StillRunning,
+    /// `attach`, to share live progress (only a call in this process shares it).
+    pub async fn wait(self, bound: Duration, attach: bool) -> Waited {
+        match self.0 {
+            Holder::Here(flight) => wait_here(flight, bound, attach).await,
+            Holder::Elsewhere { store, key, .. } => match store.wait_elsewhere(&key, bound).await {
+                Ok(Elsewhere::Done(entry)) => Waited::Done(entry),
+                Ok(Elsewhere::StillRunning) => Waited::StillRunning,
+                // A store that cannot be read is met again, and answered, by the next claim.
+                Ok(Elsewhere::Released) | Err(_) => Waited::Released,
             },
         }
+    }
+}
+
+async fn wait_here(mut flight: Flight, bound: Duration, attach: bool) -> Waited {
+    let seen = tokio::time::timeout(
+        bound,
+        flight.phase.wait_for(|phase| match phase {
+            Phase::Running => false,
+            Phase::Progressing(_) => attach,
+            Phase::Done(_) => true,
+        }),
+    )
+    .await;
+    match seen {
+        Err(_elapsed) => Waited::StillRunning,
+        Ok(Err(_released)) => Waited::Released,
+        Ok(Ok(phase)) => match &*phase {
+            Phase::Done(entry) => Waited::Done(entry.clone()),
+            Phase::Progressing(progress) => Waited::Progressing(progress.clone()),
+            Phase::Running => Waited::StillRunning,
+        },
     }
 }

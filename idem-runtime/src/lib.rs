@@ -58,7 +58,10 @@ pub use rpc_layer::{RpcLayer, RpcService};
 pub use rusqlite;
 pub use sqlite_store::SqliteStore;
 pub use sse::EVENT_STREAM;
-pub use store::{Entry, Found, OpenStream, ReadJob, Store, StoreError, StoredResponse};
+pub use store::{
+    Acquired, Elsewhere, Entry, Found, Lease, OpenStream, ReadJob, Store, StoreError,
+    StoredResponse,
+};
 pub use stream::EventStream;
 pub use unit_of_work::{SqlWrite, UnitOfWork, WriteError};
 

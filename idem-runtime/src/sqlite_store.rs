@@ -27,7 +27,7 @@ use crate::message_id::MessageId;
 use crate::sqlite_checkpointer::Checkpointer;
 use crate::sqlite_readers::Readers;
 use crate::sqlite_writer::{Batch, Call, Change, Job, Writer};
-use crate::store::{Entry, Found, OpenStream, ReadJob, Store, StoreError, StoredResponse};
+use crate::store::{Entry, Found, Lease, OpenStream, ReadJob, Store, StoreError, StoredResponse};
 use crate::unit_of_work::SqlWrite;
 
 /// The table and index of spec §4.4, plus two columns the design needs.
@@ -289,7 +289,14 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn put(&self, entry: Arc<Entry>, mut writes: Vec<SqlWrite>) -> Result<(), StoreError> {
+    // One process serves the file: the in-process claim table is the claim, and its leases
+    // (exclusive) fence nothing.
+    async fn put(
+        &self,
+        entry: Arc<Entry>,
+        mut writes: Vec<SqlWrite>,
+        _lease: &Lease,
+    ) -> Result<(), StoreError> {
         self.write(all_rerunnable(&writes), move |conn, batch| {
             apply_writes(conn, &mut writes)?;
             store_entry(conn, batch, entry.clone())
@@ -302,6 +309,7 @@ impl Store for SqliteStore {
         stream: &OpenStream,
         first_event: Bytes,
         mut writes: Vec<SqlWrite>,
+        _lease: &Lease,
     ) -> Result<(), StoreError> {
         let stream = stream.clone();
         self.write(all_rerunnable(&writes), move |conn, batch| {
@@ -321,13 +329,14 @@ impl Store for SqliteStore {
         key: &MessageId,
         seq: u32,
         event: Bytes,
+        _lease: &Lease,
     ) -> Result<(), StoreError> {
         let key = key.clone();
         self.write(true, move |conn, _| insert_event(conn, &key, seq, &event))
             .await
     }
 
-    async fn close_stream(&self, entry: Arc<Entry>) -> Result<(), StoreError> {
+    async fn close_stream(&self, entry: Arc<Entry>, _lease: &Lease) -> Result<(), StoreError> {
         self.write(true, move |conn, batch| {
             let key = entry.message_id.clone();
             store_entry(conn, batch, entry.clone())?;

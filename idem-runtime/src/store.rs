@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -71,6 +72,77 @@ pub enum Found {
     Nothing,
 }
 
+/// What a call that has taken its key in this process finds in the store, which every process
+/// sharing it sees alike.
+#[derive(Debug)]
+pub enum Acquired {
+    /// The key is this call's: it executes, and completes under this lease.
+    Won(Lease),
+    /// A live entry holds the key.
+    Entry(Arc<Entry>),
+    /// A stream whose recording stopped before it ended; the lease is this call's, to close it.
+    Interrupted(Lease, OpenStream, Vec<Bytes>),
+    /// Another process holds a live claim of the key and is executing it.
+    Held {
+        /// The method of the call it executes.
+        method: String,
+        /// The request hash of the call it executes.
+        request_hash: RequestHash,
+    },
+}
+
+/// A won claim. Where one process serves the store (SQLite) it is exclusive and never
+/// expires; where several share it (PostgreSQL) it is a lease that the store renews while the
+/// execution runs, and its fence is what every write of the call is checked against: a call
+/// whose lease was taken over commits nothing.
+#[derive(Debug)]
+pub struct Lease {
+    fence: i64,
+    renewal: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Lease {
+    /// The claim of a store that one process serves: nothing to renew, nothing to fence.
+    pub fn exclusive() -> Self {
+        Self {
+            fence: 0,
+            renewal: None,
+        }
+    }
+
+    /// A lease with `fence`, renewed by `renewal` until the lease is dropped.
+    pub fn renewed(fence: i64, renewal: tokio::task::JoinHandle<()>) -> Self {
+        Self {
+            fence,
+            renewal: Some(renewal),
+        }
+    }
+
+    /// The fencing number: larger for every later claim of any key.
+    pub fn fence(&self) -> i64 {
+        self.fence
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
+    }
+}
+
+/// What a wait on another process's execution saw.
+#[derive(Debug)]
+pub enum Elsewhere {
+    /// It finished and stored this entry.
+    Done(Arc<Entry>),
+    /// It gave up, or its lease expired: claim again.
+    Released,
+    /// Still running after the bound.
+    StillRunning,
+}
+
 /// A read on one of the store's read connections.
 pub type ReadJob = Box<dyn FnOnce(&rusqlite::Connection) + Send>;
 
@@ -85,26 +157,89 @@ pub trait Store: Send + Sync + 'static {
     /// just claimed `key`, so nothing else in this process is recording it.
     async fn lookup(&self, key: &MessageId) -> Result<Found, StoreError>;
 
+    /// Claims `key` for a call of `method` whose params hash to `hash`, against every other
+    /// process sharing the store: called once this process's own table has given the key to
+    /// the call, so no other call of this process races it. `read_holds`: this process read
+    /// `Found::Nothing` for the key since the last execution of it ended here.
+    ///
+    /// The default serves a store that one process owns: the process's table is the claim,
+    /// and only what the store holds is left to read.
+    async fn acquire(
+        &self,
+        key: &MessageId,
+        _method: &str,
+        _hash: &RequestHash,
+        read_holds: bool,
+    ) -> Result<Acquired, StoreError> {
+        if read_holds {
+            return Ok(Acquired::Won(Lease::exclusive()));
+        }
+        Ok(match self.lookup(key).await? {
+            Found::Entry(entry) => Acquired::Entry(entry),
+            Found::Interrupted(stream, events) => {
+                Acquired::Interrupted(Lease::exclusive(), stream, events)
+            }
+            Found::Nothing => Acquired::Won(Lease::exclusive()),
+        })
+    }
+
+    /// Gives up a claim that stored nothing (the call failed to store, or was cancelled):
+    /// other processes waiting on it claim again. Never waits; a claim it cannot release at
+    /// once expires with its lease.
+    fn release(&self, _key: &MessageId, _lease: Lease) {}
+
+    /// Waits, at most `bound`, for another process's execution of `key` (reported as
+    /// [`Acquired::Held`]) to store its entry or give up. Never called on a store that one
+    /// process owns.
+    async fn wait_elsewhere(
+        &self,
+        _key: &MessageId,
+        _bound: Duration,
+    ) -> Result<Elsewhere, StoreError> {
+        Ok(Elsewhere::Released)
+    }
+
+    /// Who holds `key` in another process: the method and request hash of its live claim.
+    async fn held_elsewhere(
+        &self,
+        _key: &MessageId,
+    ) -> Result<Option<(String, RequestHash)>, StoreError> {
+        Ok(None)
+    }
+
     /// Applies the call's staged `writes` and stores `entry`, replacing any row for its key
-    /// (an expired one, AC-3), in one transaction: both commit or neither does. Shared, not
-    /// copied: the waiting duplicates are answered from the same entry.
-    async fn put(&self, entry: Arc<Entry>, writes: Vec<SqlWrite>) -> Result<(), StoreError>;
+    /// (an expired one, AC-3), in one transaction that ends the claim: all commit or nothing
+    /// does, and nothing does unless `lease` still holds the key ([`StoreError::ClaimLost`]).
+    /// Shared, not copied: the waiting duplicates are answered from the same entry.
+    async fn put(
+        &self,
+        entry: Arc<Entry>,
+        writes: Vec<SqlWrite>,
+        lease: &Lease,
+    ) -> Result<(), StoreError>;
 
     /// Applies a streaming call's staged `writes` and records the stream as open with its
-    /// first event, in one transaction.
+    /// first event, in one transaction, fenced by `lease` as [`put`](Self::put) is.
     async fn open_stream(
         &self,
         stream: &OpenStream,
         first_event: Bytes,
         writes: Vec<SqlWrite>,
+        lease: &Lease,
     ) -> Result<(), StoreError>;
 
     /// Records event number `seq` (the first is 0) of an open stream.
-    async fn append_event(&self, key: &MessageId, seq: u32, event: Bytes)
-        -> Result<(), StoreError>;
+    async fn append_event(
+        &self,
+        key: &MessageId,
+        seq: u32,
+        event: Bytes,
+        lease: &Lease,
+    ) -> Result<(), StoreError>;
 
-    /// Stores the finished stream's `entry` and drops its open record, in one transaction.
-    async fn close_stream(&self, entry: Arc<Entry>) -> Result<(), StoreError>;
+    /// Stores the finished stream's `entry`, drops its open record and ends the claim, in one
+    /// transaction fenced by `lease`.
+    async fn close_stream(&self, entry: Arc<Entry>, lease: &Lease) -> Result<(), StoreError>;
 
     /// Applies staged `writes` on their own (a call that is not deduplicated, or the
     /// application's own work), in one transaction.
@@ -132,14 +267,30 @@ pub trait Store: Send + Sync + 'static {
     /// Remembers that the bytes spelled `spelling` ask for `key`'s entry (raw params whose
     /// request hash is the entry's, or a whole request that the entry's bytes answer).
     fn note_spelling(&self, _key: &MessageId, _spelling: Spelling) {}
+
+    /// The PostgreSQL pool the store commits through, for the application's own work.
+    #[cfg(feature = "postgres")]
+    fn postgres_pool(&self) -> Option<deadpool_postgres::Pool> {
+        None
+    }
 }
 
 /// The store failed; the guard answers -32603 rather than pretend an outcome is cached.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("sqlite: {0}")]
-    /// SQLite refused an operation.
-    Sqlite(#[from] rusqlite::Error),
+    #[error("{backend}: {source}")]
+    /// The database refused an operation, or could not be reached.
+    Backend {
+        /// Which database: `sqlite` or `postgres`.
+        backend: &'static str,
+        /// What it said.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(
+        "the claim of {0} expired and another process took it over; nothing of this call was stored"
+    )]
+    /// The call's lease was taken over (it ran past it): nothing of it was committed.
+    ClaimLost(String),
     #[error("io: {0}")]
     /// The database file could not be created or opened.
     Io(#[from] std::io::Error),
@@ -175,4 +326,33 @@ pub enum StoreError {
         /// Which column is wrong.
         detail: String,
     },
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(error: rusqlite::Error) -> Self {
+        Self::Backend {
+            backend: "sqlite",
+            source: Box::new(error),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        Self::Backend {
+            backend: "postgres",
+            source: Box::new(error),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(error: deadpool_postgres::PoolError) -> Self {
+        Self::Backend {
+            backend: "postgres",
+            source: Box::new(error),
+        }
+    }
 }
