@@ -553,13 +553,13 @@ mod tests {
                     if i > 0 {
                         out.push(',');
                     }
-                    out.push_str(&space(gen));
+                    out.push_str(space(gen));
                     out.push_str(&serde_json::to_string(name).unwrap());
-                    out.push_str(&space(gen));
+                    out.push_str(space(gen));
                     out.push(':');
                     respelled(member, gen, out);
                 }
-                out.push_str(&space(gen));
+                out.push_str(space(gen));
                 out.push('}');
             }
             Value::Array(items) => {

@@ -9,6 +9,8 @@ use std::time::Duration;
 pub const TTL_ENV: &str = "AIWG_IDEMPOTENCY_TTL";
 /// Environment variable for the LRU bound (spec §9).
 pub const MAX_ENTRIES_ENV: &str = "AIWG_IDEMPOTENCY_MAX_ENTRIES";
+/// Environment variable for [`IdempotencyConfig::claim_lease`], in milliseconds.
+pub const CLAIM_LEASE_ENV: &str = "AIWG_IDEMPOTENCY_CLAIM_LEASE_MS";
 
 /// How the extension behaves on a server.
 ///
@@ -36,6 +38,10 @@ pub struct IdempotencyConfig {
     /// Bytes of stored entries kept in memory, so that replays need no disk read (0 turns
     /// the memory tier off). Each entry costs its response bytes plus about 400 bytes.
     pub memory_tier_bytes: usize,
+    /// How long a claim holds without renewal where several processes share the store
+    /// (PostgreSQL): the executor renews it every third of this while it runs; a process
+    /// that dies leaves a claim that the next retry takes over once this has passed.
+    pub claim_lease: Duration,
 }
 
 impl Default for IdempotencyConfig {
@@ -48,6 +54,7 @@ impl Default for IdempotencyConfig {
             message_id_policy: MessageIdPolicy::Shape,
             sweep_interval: Duration::from_secs(60),
             memory_tier_bytes: 64 << 20,
+            claim_lease: Duration::from_secs(10),
         }
     }
 }
@@ -65,7 +72,8 @@ pub struct ConfigError {
 }
 
 impl IdempotencyConfig {
-    /// Defaults overridden by `AIWG_IDEMPOTENCY_TTL` and `AIWG_IDEMPOTENCY_MAX_ENTRIES`.
+    /// Defaults overridden by `AIWG_IDEMPOTENCY_TTL`, `AIWG_IDEMPOTENCY_MAX_ENTRIES` and
+    /// `AIWG_IDEMPOTENCY_CLAIM_LEASE_MS`.
     /// A malformed value is an error, never a silent default.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
@@ -79,6 +87,9 @@ impl IdempotencyConfig {
         }
         if let Some(value) = lookup(MAX_ENTRIES_ENV) {
             config.max_cache_entries = positive_integer(MAX_ENTRIES_ENV, &value)?;
+        }
+        if let Some(value) = lookup(CLAIM_LEASE_ENV) {
+            config.claim_lease = Duration::from_millis(positive_integer(CLAIM_LEASE_ENV, &value)?);
         }
         Ok(config)
     }

@@ -60,6 +60,15 @@ impl Database {
         Self { store }
     }
 
+    /// The PostgreSQL pool, when the store is on PostgreSQL: the application's own work
+    /// runs its transactions on it (a unit of work's writes go through
+    /// [`UnitOfWork::stage_postgres`](crate::UnitOfWork::stage_postgres) instead).
+    /// [`transact`](Self::transact) and [`read`](Self::read) are SQLite's.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(&self) -> Option<deadpool_postgres::Pool> {
+        self.store.postgres_pool()
+    }
+
     /// Runs `work` in the writer's next transaction, under a savepoint of its own; returns its
     /// value once the transaction has committed.
     pub async fn transact<T, E>(

@@ -43,11 +43,14 @@ pub enum ErrorCode {
     /// The process serving a stream stopped before the stream ended: the stored events, then
     /// this error event, are the cached outcome.
     StreamInterrupted,
+    /// The call ran past its claim's lease and another replica took the key over: nothing of
+    /// the call was committed (fenced), nothing is cached; a retry gets the other's outcome.
+    ClaimLost,
 }
 
 impl ErrorCode {
     /// Every code, in the order of `error-codes.json`.
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 13] = [
         ErrorCode::KeyReusedWithDifferentPayload,
         ErrorCode::KeyMalformed,
         ErrorCode::RequestInProgress,
@@ -60,6 +63,7 @@ impl ErrorCode {
         ErrorCode::HttpOnly,
         ErrorCode::WriteFailed,
         ErrorCode::StreamInterrupted,
+        ErrorCode::ClaimLost,
     ];
 
     /// The numeric JSON-RPC `error.code`.
@@ -77,6 +81,7 @@ impl ErrorCode {
             Self::HttpOnly => -32600,
             Self::WriteFailed => -32603,
             Self::StreamInterrupted => -32603,
+            Self::ClaimLost => -32603,
         }
     }
 
@@ -95,6 +100,7 @@ impl ErrorCode {
             Self::HttpOnly => "IDEMPOTENCY_HTTP_ONLY",
             Self::WriteFailed => "IDEMPOTENCY_WRITE_FAILED",
             Self::StreamInterrupted => "IDEMPOTENCY_STREAM_INTERRUPTED",
+            Self::ClaimLost => "IDEMPOTENCY_CLAIM_LOST",
         }
     }
 
@@ -113,7 +119,8 @@ impl ErrorCode {
             | Self::StreamTooLarge
             | Self::HttpOnly
             | Self::WriteFailed
-            | Self::StreamInterrupted => 200,
+            | Self::StreamInterrupted
+            | Self::ClaimLost => 200,
         }
     }
 
@@ -132,6 +139,9 @@ impl ErrorCode {
             Self::HttpOnly => "Idempotent methods are served over HTTP only, not WebSocket",
             Self::WriteFailed => "The call's database writes failed; nothing was stored, retry",
             Self::StreamInterrupted => "The event stream was interrupted before it ended",
+            Self::ClaimLost => {
+                "The call's claim was taken over by another replica; nothing of it was stored, retry"
+            }
         }
     }
 

@@ -256,6 +256,7 @@ pub(crate) fn undeduplicated_failure(error: StoreError) -> ErrorObjectOwned {
 fn failure(error: &StoreError) -> IdempotencyError {
     match error {
         StoreError::Write(_) => IdempotencyError::new(ErrorCode::WriteFailed),
+        StoreError::ClaimLost(_) => IdempotencyError::new(ErrorCode::ClaimLost),
         _ => IdempotencyError::new(ErrorCode::StoreUnavailable),
     }
 }

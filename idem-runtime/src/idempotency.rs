@@ -69,6 +69,16 @@ impl Idempotency {
         Ok(Self::new(cache, config))
     }
 
+    /// Connects to the PostgreSQL database at `url` (shared by every replica of the server)
+    /// and starts its periodic sweep.
+    #[cfg(feature = "postgres")]
+    pub async fn connect(url: &str, config: IdempotencyConfig) -> Result<Self, StoreError> {
+        let store = crate::postgres_store::PostgresStore::connect(url, &config).await?;
+        let cache = IdempotencyCache::new(store);
+        cache.spawn_sweeper(config.sweep_interval);
+        Ok(Self::new(cache, config))
+    }
+
     /// The extension over an existing cache (no sweeper is started).
     pub fn new(cache: IdempotencyCache, config: IdempotencyConfig) -> Self {
         Self::with_cache(Some(cache), config)

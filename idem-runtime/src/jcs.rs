@@ -128,7 +128,7 @@ pub(crate) mod tests {
             match (depth, self.next() % 7) {
                 (0, _) | (_, 0) => self.number(),
                 (_, 1) => Value::String(self.string()),
-                (_, 2) => Value::Bool(self.next() % 2 == 0),
+                (_, 2) => Value::Bool(self.next().is_multiple_of(2)),
                 (_, 3) => Value::Null,
                 (_, 4) => Value::Array(
                     (0..self.next() % 4)

@@ -23,6 +23,10 @@ mod key_index;
 mod memory_tier;
 mod message_id;
 mod number_exactness;
+#[cfg(feature = "postgres")]
+mod postgres_listener;
+#[cfg(feature = "postgres")]
+mod postgres_store;
 mod recording;
 mod replayable;
 mod rpc_layer;
@@ -44,13 +48,15 @@ pub use canonical_hash::{
     RequestHash, Spelling,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{ConfigError, IdempotencyConfig, MAX_ENTRIES_ENV, TTL_ENV};
+pub use config::{ConfigError, IdempotencyConfig, CLAIM_LEASE_ENV, MAX_ENTRIES_ENV, TTL_ENV};
 pub use database::{Database, TransactError};
 pub use error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 pub use guard::{CallContext, Guarded, Payload};
 pub use http_layer::{HttpLayer, HttpService, IDEMPOTENT_REPLAYED};
 pub use idempotency::{Idempotency, DEFAULT_GOVERNED_METHODS};
 pub use message_id::{MessageId, MessageIdError, MessageIdPolicy};
+#[cfg(feature = "postgres")]
+pub use postgres_store::{PostgresOptions, PostgresStore};
 pub use recording::MAX_RECORDED_STREAM_BYTES;
 pub use replayable::Replayable;
 pub use rpc_layer::{RpcLayer, RpcService};
@@ -64,6 +70,10 @@ pub use store::{
 };
 pub use stream::EventStream;
 pub use unit_of_work::{SqlWrite, UnitOfWork, WriteError};
+/// The PostgreSQL crates the staged writes and the pool are written with, re-exported so
+/// versions match.
+#[cfg(feature = "postgres")]
+pub use {deadpool_postgres, tokio_postgres};
 
 /// What `#[idempotent]` expands to reaches the runtime only through here. Not a public API.
 #[doc(hidden)]

@@ -27,7 +27,9 @@ use crate::message_id::MessageId;
 use crate::sqlite_checkpointer::Checkpointer;
 use crate::sqlite_readers::Readers;
 use crate::sqlite_writer::{Batch, Call, Change, Job, Writer};
-use crate::store::{Entry, Found, Lease, OpenStream, ReadJob, Store, StoreError, StoredResponse};
+use crate::store::{
+    is_expired, Entry, EntryRow, Found, Lease, OpenStream, ReadJob, Store, StoreError,
+};
 use crate::unit_of_work::SqlWrite;
 
 /// The table and index of spec §4.4, plus two columns the design needs.
@@ -420,11 +422,6 @@ fn store_entry(conn: &Connection, batch: &mut Batch, entry: Arc<Entry>) -> Resul
     Ok(())
 }
 
-/// Spec §4.4: expired when `inserted_at + ttl_seconds < now`.
-fn is_expired(inserted_at: u64, ttl_seconds: u64, now_seconds: u64) -> bool {
-    inserted_at.saturating_add(ttl_seconds) < now_seconds
-}
-
 /// Whether a redo of the batch may run these writes again.
 fn all_rerunnable(writes: &[SqlWrite]) -> bool {
     writes.iter().all(SqlWrite::is_rerunnable)
@@ -443,8 +440,7 @@ fn insert_entry(conn: &Connection, entry: &Entry, now_ms: u64) -> rusqlite::Resu
     let existed = conn
         .prepare_cached("SELECT 1 FROM idempotency_cache WHERE message_id = ?1")?
         .exists([entry.message_id.as_str()])?;
-    let headers = serde_json::to_vec(&headers_object(&entry.response.headers))
-        .expect("a map of strings serializes");
+    let headers = entry.response.headers_json();
     conn.prepare_cached(
         "INSERT OR REPLACE INTO idempotency_cache
            (message_id, request_hash, response_status, response_headers, response_body,
@@ -608,55 +604,17 @@ fn select_entry(conn: &Connection, id: &MessageId) -> Result<Option<Entry>, Stor
              FROM idempotency_cache WHERE message_id = ?1",
         )?
         .query_row([id.as_str()], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, u16>(1)?,
-                row.get::<_, Vec<u8>>(2)?,
-                row.get::<_, Vec<u8>>(3)?,
-                row.get::<_, i64>(4)?,
-                row.get::<_, String>(5)?,
-            ))
+            Ok(EntryRow {
+                request_hash: row.get(0)?,
+                status: row.get(1)?,
+                headers: row.get(2)?,
+                body: row.get(3)?,
+                inserted_at: row.get(4)?,
+                method: row.get(5)?,
+            })
         })
         .optional()?;
-    let Some((hash, status, headers, body, inserted_at, method)) = row else {
-        return Ok(None);
-    };
-    let corrupt = |detail: &str| StoreError::Corrupt {
-        message_id: id.to_string(),
-        detail: detail.to_owned(),
-    };
-    let request_hash = RequestHash::from_hex(&hash).ok_or_else(|| corrupt("request_hash"))?;
-    let headers: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&headers).map_err(|_| corrupt("response_headers"))?;
-    let headers = headers
-        .into_iter()
-        .map(|(k, v)| {
-            Ok((
-                k,
-                v.as_str()
-                    .ok_or_else(|| corrupt("response_headers"))?
-                    .to_owned(),
-            ))
-        })
-        .collect::<Result<_, StoreError>>()?;
-    Ok(Some(Entry {
-        message_id: id.clone(),
-        method,
-        request_hash,
-        response: StoredResponse {
-            status,
-            headers,
-            body,
-        },
-        inserted_at: inserted_at.max(0) as u64,
-    }))
-}
-
-fn headers_object(headers: &[(String, String)]) -> serde_json::Map<String, serde_json::Value> {
-    headers
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone().into()))
-        .collect()
+    row.map(|row| row.decode(id)).transpose()
 }
 
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {

@@ -43,6 +43,65 @@ impl Entry {
     }
 }
 
+/// An entry's columns as both backends store them (spec §4.4: headers as a JSON object).
+pub(crate) struct EntryRow {
+    pub(crate) request_hash: String,
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<u8>,
+    pub(crate) body: Vec<u8>,
+    pub(crate) inserted_at: i64,
+    pub(crate) method: String,
+}
+
+impl EntryRow {
+    /// The entry of key `id` this row holds, or which column is wrong.
+    pub(crate) fn decode(self, id: &MessageId) -> Result<Entry, StoreError> {
+        let corrupt = |detail: &str| StoreError::Corrupt {
+            message_id: id.to_string(),
+            detail: detail.to_owned(),
+        };
+        let request_hash =
+            RequestHash::from_hex(&self.request_hash).ok_or_else(|| corrupt("request_hash"))?;
+        let headers: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&self.headers).map_err(|_| corrupt("response_headers"))?;
+        let headers = headers
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(v) => Ok((k, v)),
+                _ => Err(corrupt("response_headers")),
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Entry {
+            message_id: id.clone(),
+            method: self.method,
+            request_hash,
+            response: StoredResponse {
+                status: self.status,
+                headers,
+                body: self.body,
+            },
+            inserted_at: self.inserted_at.max(0) as u64,
+        })
+    }
+}
+
+impl StoredResponse {
+    /// The `response_headers` column: the headers as one JSON object.
+    pub(crate) fn headers_json(&self) -> Vec<u8> {
+        let object: serde_json::Map<String, serde_json::Value> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone().into()))
+            .collect();
+        serde_json::to_vec(&object).expect("a map of strings serializes")
+    }
+}
+
+/// Spec §4.4: expired when `inserted_at + ttl_seconds < now`.
+pub(crate) fn is_expired(inserted_at: u64, ttl_seconds: u64, now_seconds: u64) -> bool {
+    inserted_at.saturating_add(ttl_seconds) < now_seconds
+}
+
 /// A stream being recorded: the durable record of a call whose side effects are committed and
 /// whose response is still being produced (kept apart from the §4.4 table of completed entries).
 #[derive(Debug, Clone, PartialEq, Eq)]

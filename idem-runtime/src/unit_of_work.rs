@@ -21,12 +21,25 @@ pub type WriteError = Box<dyn std::error::Error + Send + Sync>;
 
 type WriteFn = dyn FnMut(&rusqlite::Connection) -> Result<(), WriteError> + Send;
 
-/// One staged write: runs on the store's writer thread, inside the commit's transaction.
+/// A write on PostgreSQL: an async closure over the call's transaction.
+#[cfg(feature = "postgres")]
+type PostgresFn = dyn for<'t> FnOnce(
+        &'t tokio_postgres::Transaction<'t>,
+    ) -> futures::future::BoxFuture<'t, Result<(), WriteError>>
+    + Send;
+
+/// One staged write: runs inside the transaction that commits the call (on SQLite, on the
+/// store's writer thread).
 pub struct SqlWrite {
-    run: Box<WriteFn>,
+    kind: Kind,
+}
+
+enum Kind {
     /// Whether it may run again after a rolled-back attempt (it writes through the connection
     /// only). One that may not is run once, under a savepoint of its own.
-    rerunnable: bool,
+    Sqlite { run: Box<WriteFn>, rerunnable: bool },
+    #[cfg(feature = "postgres")]
+    Postgres(Box<PostgresFn>),
 }
 
 impl SqlWrite {
@@ -35,9 +48,12 @@ impl SqlWrite {
     pub fn rerunnable(
         write: impl FnMut(&rusqlite::Connection) -> Result<(), WriteError> + Send + 'static,
     ) -> Self {
+        let run = Box::new(write);
         Self {
-            run: Box::new(write),
-            rerunnable: true,
+            kind: Kind::Sqlite {
+                run,
+                rerunnable: true,
+            },
         }
     }
 
@@ -46,24 +62,68 @@ impl SqlWrite {
         write: impl FnOnce(&rusqlite::Connection) -> Result<(), WriteError> + Send + 'static,
     ) -> Self {
         let mut write = Some(write);
+        let run = Box::new(move |conn: &rusqlite::Connection| match write.take() {
+            Some(write) => write(conn),
+            None => Err("a write that runs once was run twice".into()),
+        });
         Self {
-            run: Box::new(move |conn| match write.take() {
-                Some(write) => write(conn),
-                None => Err("a write that runs once was run twice".into()),
-            }),
-            rerunnable: false,
+            kind: Kind::Sqlite {
+                run,
+                rerunnable: false,
+            },
+        }
+    }
+
+    /// A write on a PostgreSQL store: it runs once, in the call's transaction.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(
+        write: impl for<'t> FnOnce(
+                &'t tokio_postgres::Transaction<'t>,
+            ) -> futures::future::BoxFuture<'t, Result<(), WriteError>>
+            + Send
+            + 'static,
+    ) -> Self {
+        Self {
+            kind: Kind::Postgres(Box::new(write)),
         }
     }
 
     /// Whether it may run again after a rolled-back attempt.
     pub fn is_rerunnable(&self) -> bool {
-        self.rerunnable
+        match &self.kind {
+            Kind::Sqlite { rerunnable, .. } => *rerunnable,
+            #[cfg(feature = "postgres")]
+            Kind::Postgres(_) => false,
+        }
     }
 
-    /// Runs it on `conn`.
+    /// Runs it on a SQLite connection.
     pub fn run(&mut self, conn: &rusqlite::Connection) -> Result<(), WriteError> {
-        (self.run)(conn)
+        match &mut self.kind {
+            Kind::Sqlite { run, .. } => run(conn),
+            #[cfg(feature = "postgres")]
+            Kind::Postgres(_) => Err(wrong_backend("PostgreSQL", "SQLite")),
+        }
     }
+
+    /// Runs it in a PostgreSQL transaction.
+    #[cfg(feature = "postgres")]
+    pub async fn run_postgres(
+        self,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), WriteError> {
+        match self.kind {
+            Kind::Postgres(write) => write(tx).await,
+            Kind::Sqlite { .. } => Err(wrong_backend("SQLite", "PostgreSQL")),
+        }
+    }
+}
+
+/// A write staged for one database and committed on the other: the application's mistake,
+/// refused rather than dropped.
+#[cfg(feature = "postgres")]
+fn wrong_backend(staged_for: &str, store: &str) -> WriteError {
+    format!("a write staged for {staged_for} cannot commit in a {store} store").into()
 }
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -144,6 +204,34 @@ impl UnitOfWork {
         write: impl FnMut(&rusqlite::Connection) -> Result<(), WriteError> + Send + 'static,
     ) -> Result<(), ErrorObjectOwned> {
         self.with_open(|staged| staged.writes.push(SqlWrite::rerunnable(write)))
+    }
+
+    /// Stages `write` for a PostgreSQL store: it runs once, in the transaction that stores
+    /// the call's cache entry (and ends its claim), so the rows and the entry commit together.
+    ///
+    /// ```
+    /// use idem_runtime::UnitOfWork;
+    /// use jsonrpsee::core::RpcResult;
+    ///
+    /// fn assign(unit: &UnitOfWork, task_id: String) -> RpcResult<()> {
+    ///     unit.stage_postgres(move |tx| {
+    ///         Box::pin(async move {
+    ///             tx.execute("INSERT INTO tasks (id) VALUES ($1)", &[&task_id]).await?;
+    ///             Ok(())
+    ///         })
+    ///     })
+    /// }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn stage_postgres(
+        &self,
+        write: impl for<'t> FnOnce(
+                &'t tokio_postgres::Transaction<'t>,
+            ) -> futures::future::BoxFuture<'t, Result<(), WriteError>>
+            + Send
+            + 'static,
+    ) -> Result<(), ErrorObjectOwned> {
+        self.with_open(|staged| staged.writes.push(SqlWrite::postgres(write)))
     }
 
     /// Runs `hook` once the unit has committed (never if it did not): the place to start work

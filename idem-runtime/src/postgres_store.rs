@@ -1,0 +1,896 @@
+//! The durable [`Store`] on PostgreSQL, for replicas that share one database.
+//!
+//! Every process keeps its own table of the calls it runs (`cache.rs`), and the database
+//! arbitrates between processes: a claim is a row of `idempotency_claims`, won with one
+//! `INSERT ... ON CONFLICT`, held as a lease that the winner renews while it executes, and
+//! stamped with a fencing number from a sequence, so a later claim of the key always carries
+//! a larger one. Every write of a call (its entry, its staged writes, its stream) commits only
+//! while the row still carries its fence: a replica that ran past its lease (a pause, a
+//! partition) commits nothing, and the replica that took the claim over executes against a
+//! database that holds no trace of the first. Ends of claims are announced with `NOTIFY`
+//! (`postgres_listener.rs`), so waiters on other replicas wake without polling.
+//!
+//! Leases are timed by the database's clock, never a replica's; TTLs by the store's clock,
+//! as on SQLite. Entries are not kept in memory: another replica may evict or sweep one at any
+//! time, and an evicted entry is a miss everywhere.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use crate::canonical_hash::RequestHash;
+use crate::clock::{Clock, SystemClock};
+use crate::config::IdempotencyConfig;
+use crate::message_id::MessageId;
+use crate::postgres_listener::{Listener, CHANNEL};
+use crate::store::{
+    is_expired, Acquired, Elsewhere, Entry, EntryRow, Found, Lease, OpenStream, ReadJob, Store,
+    StoreError,
+};
+use crate::unit_of_work::SqlWrite;
+
+/// The database's clock, in epoch milliseconds: what leases are timed by.
+macro_rules! now_ms {
+    () => {
+        "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+    };
+}
+
+/// Spec §4.4's table (BLOB is BYTEA, epoch seconds a BIGINT), the two columns SQLite has too,
+/// the claims, and the streams being recorded. Created under an advisory lock, so replicas
+/// that start together do not race on it.
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS idempotency_cache (
+    message_id       TEXT NOT NULL PRIMARY KEY,
+    request_hash     TEXT NOT NULL,
+    response_status  INTEGER NOT NULL,
+    response_headers BYTEA NOT NULL,
+    response_body    BYTEA NOT NULL,
+    inserted_at      BIGINT NOT NULL,
+    method           TEXT NOT NULL DEFAULT '',
+    last_used_at     BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inserted_at);
+CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at ON idempotency_cache(last_used_at);
+CREATE SEQUENCE IF NOT EXISTS idempotency_fence;
+-- Executions in flight: one row per key, a lease (database clock, epoch ms) and its fence.
+CREATE TABLE IF NOT EXISTS idempotency_claims (
+    message_id   TEXT NOT NULL PRIMARY KEY,
+    method       TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    owner        TEXT NOT NULL,
+    fence        BIGINT NOT NULL,
+    lease_until  BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency_open_streams (
+    message_id   TEXT NOT NULL PRIMARY KEY,
+    method       TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    jsonrpc_id   TEXT NOT NULL,
+    started_at   BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency_stream_events (
+    message_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    event      BYTEA NOT NULL,
+    PRIMARY KEY (message_id, seq)
+);
+";
+
+/// The advisory lock keys: creating the schema, and enforcing the LRU bound.
+const SCHEMA_LOCK: i64 = 0x1de3_0001;
+const BOUND_LOCK: i64 = 0x1de3_0002;
+
+/// Most expired rows one sweep statement deletes: short transactions, no long-held locks.
+const SWEEP_CHUNK: i64 = 500;
+
+/// How long a lease may have been expired before the sweep deletes its row.
+const STALE_CLAIM_MS: i64 = 60_000;
+
+/// Where and how the PostgreSQL store connects.
+///
+/// ```
+/// use idem_runtime::PostgresOptions;
+/// let options = PostgresOptions::new("postgres://app@127.0.0.1:5432/a2a");
+/// assert_eq!(options.pool_size, 16);
+/// assert!(options.listen_url.is_none());
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PostgresOptions {
+    /// The database the pool connects to, as a URL (`postgres://user@host:port/db`) or a
+    /// libpq key-value string. TLS is not built in: use a loopback or Unix-socket address, or
+    /// a TLS-terminating proxy.
+    pub url: String,
+    /// A direct connection for `LISTEN`, when `url` goes through a pooler in transaction mode
+    /// (which does not carry it); `None` listens on `url`.
+    pub listen_url: Option<String>,
+    /// Most pooled connections.
+    pub pool_size: usize,
+}
+
+impl PostgresOptions {
+    /// Options for the database at `url`, listening on the same address.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            listen_url: None,
+            pool_size: 16,
+        }
+    }
+}
+
+/// The PostgreSQL store: several processes may serve one database.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idem_runtime::StoreError> {
+/// use idem_runtime::{IdempotencyCache, IdempotencyConfig, PostgresStore};
+/// let config = IdempotencyConfig::default();
+/// let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/a2a", &config).await?;
+/// let cache = IdempotencyCache::new(store);
+/// # Ok(()) }
+/// ```
+pub struct PostgresStore {
+    pool: Pool,
+    listener: Listener,
+    /// This process, as claims name their owner.
+    owner: String,
+    ttl_seconds: u64,
+    max_entries: u64,
+    lease: Duration,
+    clock: Arc<dyn Clock>,
+    /// LRU uses noted by reads, written by the sweep (or by a commit that enforces the bound).
+    touches: Mutex<HashMap<String, u64>>,
+    /// Rows as this process last counted them, plus its own inserts since: the LRU bound is
+    /// checked against the database only once this nears it.
+    rows: AtomicU64,
+    /// Renewals stop once the store is dropped: a closed store, like a dead process, keeps
+    /// no claim alive.
+    alive: Arc<()>,
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url`, on the system clock, and creates the tables.
+    pub async fn connect(url: &str, config: &IdempotencyConfig) -> Result<Self, StoreError> {
+        Self::connect_with(PostgresOptions::new(url), config, Arc::new(SystemClock)).await
+    }
+
+    /// Like [`connect`](Self::connect), with every option and an injected clock.
+    pub async fn connect_with(
+        options: PostgresOptions,
+        config: &IdempotencyConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StoreError> {
+        let pool = pool(&options)?;
+        create_schema(&pool).await?;
+        let listen: tokio_postgres::Config = match &options.listen_url {
+            Some(url) => url.parse()?,
+            None => options.url.parse()?,
+        };
+        let store = Self {
+            listener: Listener::start(listen),
+            owner: owner(),
+            ttl_seconds: config.ttl_seconds,
+            max_entries: config.max_cache_entries,
+            lease: config.claim_lease,
+            clock,
+            touches: Mutex::default(),
+            rows: AtomicU64::new(0),
+            alive: Arc::new(()),
+            pool,
+        };
+        store.count().await?;
+        Ok(store)
+    }
+
+    /// The pool the store commits through.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Counts the rows, for the bound's estimate.
+    async fn count(&self) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let n: i64 = query_one(&client, "SELECT COUNT(*) FROM idempotency_cache", &[])
+            .await?
+            .get(0);
+        self.rows.store(n.max(0) as u64, Ordering::Relaxed);
+        Ok(n.max(0) as u64)
+    }
+
+    /// `entry` if it is live, noting the use for the LRU bound.
+    fn used(&self, entry: Option<Entry>) -> Option<Entry> {
+        let entry = entry
+            .filter(|e| !is_expired(e.inserted_at, self.ttl_seconds, self.clock.now_seconds()))?;
+        let mut touches = self.touches.lock().expect("touches lock");
+        touches.insert(entry.message_id.to_string(), self.clock.now_millis());
+        Some(entry)
+    }
+
+    async fn live_entry(
+        &self,
+        client: &impl GenericClient,
+        key: &MessageId,
+    ) -> Result<Option<Entry>, StoreError> {
+        Ok(self.used(select_entry(client, key).await?))
+    }
+
+    /// Keeps the lease of `fence` on `key` alive until it is dropped.
+    fn renew(&self, key: &MessageId, fence: i64) -> Lease {
+        let (pool, key, lease) = (self.pool.clone(), key.to_string(), self.lease);
+        let alive = Arc::downgrade(&self.alive);
+        let renewal = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(lease / 3);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                if alive.strong_count() == 0 {
+                    return;
+                }
+                match renew_once(&pool, &key, fence, lease).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(message_id = %key, fence, "claim lost: another process took it over");
+                        return;
+                    }
+                    Err(error) => tracing::warn!(message_id = %key, %error, "claim renewal failed"),
+                }
+            }
+        });
+        Lease::renewed(fence, renewal)
+    }
+
+    /// Writes the uses noted since the last flush, in `tx`.
+    async fn flush_touches(&self, client: &impl GenericClient) -> Result<(), StoreError> {
+        let touches = std::mem::take(&mut *self.touches.lock().expect("touches lock"));
+        if touches.is_empty() {
+            return Ok(());
+        }
+        let (ids, used): (Vec<String>, Vec<i64>) =
+            touches.into_iter().map(|(k, v)| (k, v as i64)).unzip();
+        execute(
+            client,
+            "UPDATE idempotency_cache AS c SET last_used_at = GREATEST(c.last_used_at, t.used)
+             FROM unnest($1::text[], $2::bigint[]) AS t(id, used) WHERE c.message_id = t.id",
+            &[&ids, &used],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Evicts the least recently used entries past the bound, if this process is the one
+    /// doing it now (the others skip: no convoy, no entry counted twice).
+    async fn enforce_bound(&self, client: &impl GenericClient) -> Result<u64, StoreError> {
+        let locked: bool = query_one(
+            client,
+            "SELECT pg_try_advisory_xact_lock($1)",
+            &[&BOUND_LOCK],
+        )
+        .await?
+        .get(0);
+        if !locked {
+            return Ok(0);
+        }
+        self.flush_touches(client).await?;
+        let max = self.max_entries.min(i64::MAX as u64) as i64;
+        let evicted = execute(
+            client,
+            "DELETE FROM idempotency_cache WHERE message_id IN (
+               SELECT message_id FROM idempotency_cache ORDER BY last_used_at, message_id
+               LIMIT GREATEST(0, (SELECT COUNT(*) FROM idempotency_cache) - $1))",
+            &[&max],
+        )
+        .await?;
+        self.rows.fetch_sub(
+            evicted.min(self.rows.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+        Ok(evicted)
+    }
+
+    /// Stores `entry` and ends its claim in `tx`, which `fenced` has checked; announces the end.
+    async fn store_entry(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        entry: &Entry,
+        fence: i64,
+    ) -> Result<(), StoreError> {
+        let inserted = upsert_entry(tx, entry, self.clock.now_millis()).await?;
+        end_claim(tx, entry.message_id.as_str(), fence).await?;
+        if inserted {
+            let rows = self.rows.fetch_add(1, Ordering::Relaxed) + 1;
+            if rows > self.max_entries {
+                self.enforce_bound(tx).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    async fn get(&self, key: &MessageId) -> Result<Option<Entry>, StoreError> {
+        let client = self.client().await?;
+        self.live_entry(&client, key).await
+    }
+
+    /// The live entry, or nothing: a stream left open is found by [`acquire`](Store::acquire),
+    /// which alone knows whether another process still records it.
+    async fn lookup(&self, key: &MessageId) -> Result<Found, StoreError> {
+        Ok(match self.get(key).await? {
+            Some(entry) => Found::Entry(Arc::new(entry)),
+            None => Found::Nothing,
+        })
+    }
+
+    async fn acquire(
+        &self,
+        key: &MessageId,
+        method: &str,
+        hash: &RequestHash,
+        _read_holds: bool,
+    ) -> Result<Acquired, StoreError> {
+        let client = self.client().await?;
+        let lease_ms = self.lease.as_millis().min(i64::MAX as u128) as i64;
+        let (id, hash_hex) = (key.as_str(), hash.as_str());
+        loop {
+            let won = query_opt(
+                &client,
+                concat!(
+                    "INSERT INTO idempotency_claims AS c
+                       (message_id, method, request_hash, owner, fence, lease_until)
+                     VALUES ($1, $2, $3, $4, nextval('idempotency_fence'), ",
+                    now_ms!(),
+                    " + $5)
+                     ON CONFLICT (message_id) DO UPDATE SET
+                       method = EXCLUDED.method, request_hash = EXCLUDED.request_hash,
+                       owner = EXCLUDED.owner, fence = EXCLUDED.fence,
+                       lease_until = EXCLUDED.lease_until
+                     WHERE c.lease_until < ",
+                    now_ms!(),
+                    // This process's own claim is stale: its table gave the key to this call,
+                    // so the call that held it has ended (its release may not have run yet).
+                    " OR c.owner = $4 RETURNING fence"
+                ),
+                &[&id, &method, &hash_hex, &self.owner, &lease_ms],
+            )
+            .await?;
+            if let Some(row) = won {
+                let lease = self.renew(key, row.get(0));
+                // The entry may have been committed before the claim was won.
+                if let Some(entry) = self.live_entry(&client, key).await? {
+                    end_claim(&client, id, lease.fence()).await?;
+                    return Ok(Acquired::Entry(Arc::new(entry)));
+                }
+                return Ok(match select_open_stream(&client, key).await? {
+                    Some((stream, events)) => Acquired::Interrupted(lease, stream, events),
+                    None => Acquired::Won(lease),
+                });
+            }
+            if let Some((method, request_hash, _)) = held(&client, key).await? {
+                return Ok(Acquired::Held {
+                    method,
+                    request_hash,
+                });
+            }
+            // The claim ended between the two statements: claim again.
+        }
+    }
+
+    fn release(&self, key: &MessageId, lease: Lease) {
+        let (pool, key, fence) = (self.pool.clone(), key.to_string(), lease.fence());
+        drop(lease);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // The lease expires on its own.
+        };
+        runtime.spawn(async move {
+            let released = match pool.get().await {
+                Ok(client) => end_claim(&client, &key, fence).await,
+                Err(error) => Err(error.into()),
+            };
+            if let Err(error) = released {
+                tracing::warn!(message_id = %key, %error, "claim release failed; it expires with its lease");
+            }
+        });
+    }
+
+    async fn wait_elsewhere(
+        &self,
+        key: &MessageId,
+        bound: Duration,
+    ) -> Result<Elsewhere, StoreError> {
+        let deadline = tokio::time::Instant::now() + bound;
+        // Subscribed before the first read: an end announced after it is never missed.
+        let mut ends = self.listener.subscribe(key.as_str());
+        loop {
+            let client = self.client().await?;
+            // The claim first: its end commits with the entry, so once it is gone the entry,
+            // if any, is there to read.
+            let left_ms = match held(&client, key).await? {
+                Some((_, _, left_ms)) if left_ms >= 0 => left_ms,
+                _ => {
+                    return Ok(match self.live_entry(&client, key).await? {
+                        Some(entry) => Elsewhere::Done(Arc::new(entry)),
+                        None => Elsewhere::Released,
+                    })
+                }
+            };
+            drop(client);
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(Elsewhere::StillRunning);
+            }
+            // Never past the lease: a holder that died sends no notification.
+            let nap = (deadline - now).min(Duration::from_millis(left_ms as u64 + 10));
+            ends.next(nap).await;
+        }
+    }
+
+    async fn held_elsewhere(
+        &self,
+        key: &MessageId,
+    ) -> Result<Option<(String, RequestHash)>, StoreError> {
+        let client = self.client().await?;
+        Ok(held(&client, key)
+            .await?
+            .filter(|(_, _, left_ms)| *left_ms >= 0)
+            .map(|(method, hash, _)| (method, hash)))
+    }
+
+    async fn put(
+        &self,
+        entry: Arc<Entry>,
+        writes: Vec<SqlWrite>,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        fenced(&tx, &entry.message_id, lease).await?;
+        apply_writes(&tx, writes).await?;
+        self.store_entry(&tx, &entry, lease.fence()).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn open_stream(
+        &self,
+        stream: &OpenStream,
+        first_event: Bytes,
+        writes: Vec<SqlWrite>,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        fenced(&tx, &stream.message_id, lease).await?;
+        apply_writes(&tx, writes).await?;
+        let id = stream.message_id.as_str();
+        execute(
+            &tx,
+            "INSERT INTO idempotency_open_streams
+               (message_id, method, request_hash, jsonrpc_id, started_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (message_id) DO UPDATE SET method = EXCLUDED.method,
+               request_hash = EXCLUDED.request_hash, jsonrpc_id = EXCLUDED.jsonrpc_id,
+               started_at = EXCLUDED.started_at",
+            &[
+                &id,
+                &stream.method,
+                &stream.request_hash.as_str(),
+                &stream.jsonrpc_id,
+                &(stream.started_at as i64),
+            ],
+        )
+        .await?;
+        // Events of an earlier recording under this key (one past its TTL) are not this one's.
+        delete_events(&tx, id).await?;
+        execute(
+            &tx,
+            "INSERT INTO idempotency_stream_events (message_id, seq, event) VALUES ($1, 0, $2)",
+            &[&id, &first_event.as_ref()],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn append_event(
+        &self,
+        key: &MessageId,
+        seq: u32,
+        event: Bytes,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let appended = execute(
+            &client,
+            "INSERT INTO idempotency_stream_events (message_id, seq, event)
+             SELECT $1, $2, $3 WHERE EXISTS
+               (SELECT 1 FROM idempotency_claims WHERE message_id = $1 AND fence = $4)",
+            &[
+                &key.as_str(),
+                &(seq as i32),
+                &event.as_ref(),
+                &lease.fence(),
+            ],
+        )
+        .await?;
+        match appended {
+            1 => Ok(()),
+            _ => Err(StoreError::ClaimLost(key.to_string())),
+        }
+    }
+
+    async fn close_stream(&self, entry: Arc<Entry>, lease: &Lease) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        fenced(&tx, &entry.message_id, lease).await?;
+        self.store_entry(&tx, &entry, lease.fence()).await?;
+        let id = entry.message_id.as_str();
+        delete_events(&tx, id).await?;
+        execute(
+            &tx,
+            "DELETE FROM idempotency_open_streams WHERE message_id = $1",
+            &[&id],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn apply(&self, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        apply_writes(&tx, writes).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn read(&self, _job: ReadJob) -> Result<(), StoreError> {
+        Err(StoreError::Backend {
+            backend: "postgres",
+            source: "a read job is a SQLite closure; on PostgreSQL, use the pool \
+                     (Database::postgres)"
+                .into(),
+        })
+    }
+
+    async fn sweep(&self) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let (ttl, now) = (self.ttl_seconds as i64, self.clock.now_seconds() as i64);
+        self.flush_touches(&client).await?;
+        let mut total = 0;
+        loop {
+            // SKIP LOCKED: replicas sweeping at once take disjoint rows, and none waits.
+            let deleted = execute(
+                &client,
+                "DELETE FROM idempotency_cache WHERE message_id IN (
+                   SELECT message_id FROM idempotency_cache WHERE inserted_at + $1 < $2
+                   LIMIT $3 FOR UPDATE SKIP LOCKED)",
+                &[&ttl, &now, &SWEEP_CHUNK],
+            )
+            .await?;
+            total += deleted;
+            if deleted < SWEEP_CHUNK as u64 {
+                break;
+            }
+        }
+        execute(
+            &client,
+            "DELETE FROM idempotency_stream_events WHERE message_id IN
+               (SELECT message_id FROM idempotency_open_streams WHERE started_at + $1 < $2)",
+            &[&ttl, &now],
+        )
+        .await?;
+        execute(
+            &client,
+            "DELETE FROM idempotency_open_streams WHERE started_at + $1 < $2",
+            &[&ttl, &now],
+        )
+        .await?;
+        execute(
+            &client,
+            concat!(
+                "DELETE FROM idempotency_claims WHERE lease_until + $1 < ",
+                now_ms!()
+            ),
+            &[&STALE_CLAIM_MS],
+        )
+        .await?;
+        drop(client);
+        if self.count().await? > self.max_entries {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            self.enforce_bound(&tx).await?;
+            tx.commit().await?;
+        }
+        Ok(total)
+    }
+
+    async fn row_count(&self) -> Result<u64, StoreError> {
+        self.count().await
+    }
+
+    fn now_seconds(&self) -> u64 {
+        self.clock.now_seconds()
+    }
+
+    fn postgres_pool(&self) -> Option<Pool> {
+        Some(self.pool.clone())
+    }
+}
+
+fn pool(options: &PostgresOptions) -> Result<Pool, StoreError> {
+    let config: tokio_postgres::Config = options.url.parse()?;
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    // Bounded waits: with the database down, a call fails in seconds instead of hanging.
+    let bound = Some(Duration::from_secs(5));
+    Pool::builder(manager)
+        .max_size(options.pool_size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(bound)
+        .create_timeout(bound)
+        .recycle_timeout(bound)
+        .build()
+        .map_err(|error| StoreError::Backend {
+            backend: "postgres",
+            source: Box::new(error),
+        })
+}
+
+async fn create_schema(pool: &Pool) -> Result<(), StoreError> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+        .await?;
+    tx.batch_execute(SCHEMA).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// This process, as its claims name it.
+fn owner() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nonce = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("pid {} ({nonce:016x})", std::process::id())
+}
+
+async fn query_opt(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Option<Row>, StoreError> {
+    let statement = client.prepare_cached(sql).await?;
+    Ok(client.query_opt(&statement, params).await?)
+}
+
+async fn query_one(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Row, StoreError> {
+    let statement = client.prepare_cached(sql).await?;
+    Ok(client.query_one(&statement, params).await?)
+}
+
+async fn execute(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<u64, StoreError> {
+    let statement = client.prepare_cached(sql).await?;
+    Ok(client.execute(&statement, params).await?)
+}
+
+/// Locks the claim row of `key` for the transaction, if it still carries `lease`'s fence:
+/// else nothing of the transaction may commit. The lock holds off a takeover until commit.
+async fn fenced(
+    tx: &deadpool_postgres::Transaction<'_>,
+    key: &MessageId,
+    lease: &Lease,
+) -> Result<(), StoreError> {
+    let row = query_opt(
+        tx,
+        "SELECT 1 FROM idempotency_claims WHERE message_id = $1 AND fence = $2 FOR UPDATE",
+        &[&key.as_str(), &lease.fence()],
+    )
+    .await?;
+    row.map(|_| ())
+        .ok_or_else(|| StoreError::ClaimLost(key.to_string()))
+}
+
+/// Extends the lease; `false` when the claim is no longer this fence's.
+async fn renew_once(
+    pool: &Pool,
+    key: &str,
+    fence: i64,
+    lease: Duration,
+) -> Result<bool, StoreError> {
+    let client = pool.get().await?;
+    let lease_ms = lease.as_millis().min(i64::MAX as u128) as i64;
+    let renewed = execute(
+        &client,
+        concat!(
+            "UPDATE idempotency_claims SET lease_until = ",
+            now_ms!(),
+            " + $3 WHERE message_id = $1 AND fence = $2"
+        ),
+        &[&key, &fence, &lease_ms],
+    )
+    .await?;
+    Ok(renewed == 1)
+}
+
+/// Deletes the claim of `fence`, if it is still there, and announces its end.
+async fn end_claim(client: &impl GenericClient, key: &str, fence: i64) -> Result<(), StoreError> {
+    execute(
+        client,
+        "DELETE FROM idempotency_claims WHERE message_id = $1 AND fence = $2",
+        &[&key, &fence],
+    )
+    .await?;
+    // Delivered when the transaction commits, and only then.
+    query_one(client, "SELECT pg_notify($1, $2)", &[&CHANNEL, &key]).await?;
+    Ok(())
+}
+
+/// The method, request hash and milliseconds left (negative: expired) of `key`'s claim.
+async fn held(
+    client: &impl GenericClient,
+    key: &MessageId,
+) -> Result<Option<(String, RequestHash, i64)>, StoreError> {
+    let row = query_opt(
+        client,
+        concat!(
+            "SELECT method, request_hash, lease_until - ",
+            now_ms!(),
+            " FROM idempotency_claims WHERE message_id = $1"
+        ),
+        &[&key.as_str()],
+    )
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let hash: String = row.get(1);
+    let hash = RequestHash::from_hex(&hash).ok_or_else(|| StoreError::Corrupt {
+        message_id: key.to_string(),
+        detail: "idempotency_claims.request_hash".into(),
+    })?;
+    Ok(Some((row.get(0), hash, row.get(2))))
+}
+
+async fn apply_writes(
+    tx: &deadpool_postgres::Transaction<'_>,
+    writes: Vec<SqlWrite>,
+) -> Result<(), StoreError> {
+    for write in writes {
+        write.run_postgres(tx).await.map_err(StoreError::Write)?;
+    }
+    Ok(())
+}
+
+/// Inserts or replaces; returns whether the key was new.
+async fn upsert_entry(
+    client: &impl GenericClient,
+    entry: &Entry,
+    now_ms: u64,
+) -> Result<bool, StoreError> {
+    let row = query_one(
+        client,
+        "INSERT INTO idempotency_cache
+           (message_id, request_hash, response_status, response_headers, response_body,
+            inserted_at, method, last_used_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (message_id) DO UPDATE SET request_hash = EXCLUDED.request_hash,
+           response_status = EXCLUDED.response_status,
+           response_headers = EXCLUDED.response_headers,
+           response_body = EXCLUDED.response_body, inserted_at = EXCLUDED.inserted_at,
+           method = EXCLUDED.method, last_used_at = EXCLUDED.last_used_at
+         RETURNING (xmax = 0)",
+        &[
+            &entry.message_id.as_str(),
+            &entry.request_hash.as_str(),
+            &i32::from(entry.response.status),
+            &entry.response.headers_json(),
+            &entry.response.body,
+            &(entry.inserted_at as i64),
+            &entry.method,
+            &(now_ms as i64),
+        ],
+    )
+    .await?;
+    Ok(row.get(0))
+}
+
+async fn select_entry(
+    client: &impl GenericClient,
+    id: &MessageId,
+) -> Result<Option<Entry>, StoreError> {
+    let row = query_opt(
+        client,
+        "SELECT request_hash, response_status, response_headers, response_body, inserted_at, method
+         FROM idempotency_cache WHERE message_id = $1",
+        &[&id.as_str()],
+    )
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let status: i32 = row.get(1);
+    let row = EntryRow {
+        request_hash: row.get(0),
+        status: u16::try_from(status).map_err(|_| StoreError::Corrupt {
+            message_id: id.to_string(),
+            detail: "response_status".into(),
+        })?,
+        headers: row.get(2),
+        body: row.get(3),
+        inserted_at: row.get(4),
+        method: row.get(5),
+    };
+    row.decode(id).map(Some)
+}
+
+async fn delete_events(client: &impl GenericClient, key: &str) -> Result<(), StoreError> {
+    execute(
+        client,
+        "DELETE FROM idempotency_stream_events WHERE message_id = $1",
+        &[&key],
+    )
+    .await?;
+    Ok(())
+}
+
+/// An open stream and its recorded events, in order.
+async fn select_open_stream(
+    client: &impl GenericClient,
+    id: &MessageId,
+) -> Result<Option<(OpenStream, Vec<Bytes>)>, StoreError> {
+    let row = query_opt(
+        client,
+        "SELECT method, request_hash, jsonrpc_id, started_at
+         FROM idempotency_open_streams WHERE message_id = $1",
+        &[&id.as_str()],
+    )
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let hash: String = row.get(1);
+    let request_hash = RequestHash::from_hex(&hash).ok_or_else(|| StoreError::Corrupt {
+        message_id: id.to_string(),
+        detail: "idempotency_open_streams.request_hash".into(),
+    })?;
+    let statement = client
+        .prepare_cached(
+            "SELECT event FROM idempotency_stream_events WHERE message_id = $1 ORDER BY seq",
+        )
+        .await?;
+    let events = client
+        .query(&statement, &[&id.as_str()])
+        .await?
+        .into_iter()
+        .map(|row| Bytes::from(row.get::<_, Vec<u8>>(0)))
+        .collect();
+    let started_at: i64 = row.get(3);
+    let stream = OpenStream {
+        message_id: id.clone(),
+        method: row.get(0),
+        request_hash,
+        jsonrpc_id: row.get(2),
+        started_at: started_at.max(0) as u64,
+    };
+    Ok(Some((stream, events)))
+}

@@ -1,0 +1,427 @@
+//! What every backend must do alike: each test here runs on SQLite and on PostgreSQL
+//! (`on_both_backends!` at the end).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::{request_hash, Claim, Waited};
+
+use crate::fixture::{Backend, Fixture, T0_MS};
+use crate::support::*;
+
+pub async fn round_trip_keeps_every_field(fx: Fixture) {
+    let cache = fx.cache(&config(86_400, 100)).await;
+    execute(
+        &cache,
+        &key(1),
+        r#"{"a":1}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":"ok"}"#,
+    )
+    .await;
+    let entry = cache.store().get(&key(1)).await.unwrap().unwrap();
+    assert_eq!(entry.message_id, key(1));
+    assert_eq!(entry.method, "message/send");
+    assert_eq!(entry.request_hash, request_hash(br#"{"a":1}"#).unwrap());
+    assert_eq!(
+        entry.response,
+        response(r#"{"jsonrpc":"2.0","id":1,"result":"ok"}"#)
+    );
+    assert_eq!(entry.inserted_at, T0_MS / 1000);
+    assert!(cache.store().get(&key(2)).await.unwrap().is_none());
+}
+
+pub async fn entries_survive_close_and_reopen(fx: Fixture) {
+    {
+        let cache = fx.cache(&config(86_400, 100)).await;
+        execute(&cache, &key(1), "{}", "first").await;
+    } // the store closes here: writer joined, connections dropped
+    let reopened = fx.cache(&config(86_400, 100)).await;
+    assert_eq!(cached_body(&reopened, &key(1)).await.unwrap(), b"first");
+    let hash = request_hash(b"{}").unwrap();
+    assert!(matches!(
+        reopened
+            .claim(&key(1), "message/send", &hash)
+            .await
+            .unwrap(),
+        Claim::Cached(_)
+    ));
+}
+
+pub async fn ttl_expiry_is_a_miss_and_reinsert_replaces_the_stale_row(fx: Fixture) {
+    let cache = fx.cache(&config(60, 100)).await;
+    execute(&cache, &key(1), r#"{"v":1}"#, "old").await;
+
+    fx.clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        cached_body(&cache, &key(1)).await.unwrap(),
+        b"old",
+        "at exactly T0+ttl it is live"
+    );
+
+    fx.clock.advance(Duration::from_secs(1));
+    assert!(
+        cached_body(&cache, &key(1)).await.is_none(),
+        "past the TTL it is a miss"
+    );
+    assert_eq!(
+        cache.store().row_count().await.unwrap(),
+        1,
+        "lazy: the row is still there"
+    );
+
+    // AC-3: the same key, any body, is a new request and replaces the stale row.
+    execute(&cache, &key(1), r#"{"v":2}"#, "new").await;
+    let entry = cache.store().get(&key(1)).await.unwrap().unwrap();
+    assert_eq!(entry.response.body, b"new");
+    assert_eq!(entry.inserted_at, T0_MS / 1000 + 61);
+    assert_eq!(entry.request_hash, request_hash(br#"{"v":2}"#).unwrap());
+    assert_eq!(cache.store().row_count().await.unwrap(), 1);
+}
+
+pub async fn sweep_deletes_only_expired_rows(fx: Fixture) {
+    let cache = fx.cache(&config(60, 10_000)).await;
+    for n in 0..2500 {
+        execute(&cache, &key(n), "{}", "old").await;
+    }
+    fx.clock.advance(Duration::from_secs(61));
+    execute(&cache, &key(9999), "{}", "fresh").await;
+    assert_eq!(
+        cache.store().sweep().await.unwrap(),
+        2500,
+        "in chunks, all of them"
+    );
+    assert_eq!(cache.store().row_count().await.unwrap(), 1);
+    assert_eq!(cached_body(&cache, &key(9999)).await.unwrap(), b"fresh");
+}
+
+pub async fn lru_bound_evicts_least_recently_used_on_insert(fx: Fixture) {
+    let cache = fx.cache(&config(86_400, 3)).await;
+    for n in 1..=3 {
+        execute(&cache, &key(n), "{}", "x").await;
+        fx.clock.advance(Duration::from_millis(10));
+    }
+    // Use key 1, so key 2 becomes the least recently used.
+    assert!(cached_body(&cache, &key(1)).await.is_some());
+    fx.clock.advance(Duration::from_millis(10));
+    execute(&cache, &key(4), "{}", "x").await;
+    assert_eq!(
+        cache.store().row_count().await.unwrap(),
+        3,
+        "bound enforced as entries are inserted"
+    );
+    assert!(
+        cached_body(&cache, &key(2)).await.is_none(),
+        "evicted key is a miss"
+    );
+    for n in [1, 3, 4] {
+        assert!(cached_body(&cache, &key(n)).await.is_some(), "key {n} kept");
+    }
+}
+
+pub async fn bound_holds_across_reopen(fx: Fixture) {
+    {
+        let cache = fx.cache(&config(86_400, 10)).await;
+        for n in 0..10 {
+            execute(&cache, &key(n), "{}", "x").await;
+        }
+    }
+    let cache = fx.cache(&config(86_400, 10)).await;
+    execute(&cache, &key(100), "{}", "x").await;
+    assert_eq!(cache.store().row_count().await.unwrap(), 10);
+}
+
+pub async fn dropped_ticket_releases_the_key_to_waiters(fx: Fixture) {
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::Execute(ticket) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    let Claim::InFlight(waiter) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    assert!(waiter.matches("message/send", &hash));
+    assert!(!waiter.matches("SendMessage", &hash));
+    let wait = tokio::spawn(waiter.wait(Duration::from_secs(5), false));
+    drop(ticket);
+    let waited = wait.await.unwrap();
+    assert!(
+        matches!(waited, Waited::Released),
+        "released without an outcome"
+    );
+    assert!(wins(&cache, &key(1), &hash).await);
+}
+
+pub async fn wait_past_the_bound_reports_still_running(fx: Fixture) {
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::Execute(_ticket) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    let Claim::InFlight(waiter) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    let waited = waiter.wait(Duration::from_millis(20), false).await;
+    assert!(matches!(waited, Waited::StillRunning));
+}
+
+pub async fn attaching_waiters_wake_on_progress_and_others_on_the_outcome(fx: Fixture) {
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::Execute(ticket) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
+    else {
+        panic!()
+    };
+    let stream_key = key(1);
+    let claim = || cache.claim(&stream_key, "message/stream", &hash);
+    let Claim::InFlight(attacher) = claim().await.unwrap() else {
+        panic!()
+    };
+    let Claim::InFlight(waiter) = claim().await.unwrap() else {
+        panic!()
+    };
+    let attaching = tokio::spawn(attacher.wait(Duration::from_secs(5), true));
+    let waiting = tokio::spawn(waiter.wait(Duration::from_secs(5), false));
+    tokio::task::yield_now().await;
+    ticket.set_progress(Arc::new(42_u32));
+    let Waited::Progressing(progress) = attaching.await.unwrap() else {
+        panic!("no progress")
+    };
+    assert_eq!(progress.downcast_ref::<u32>(), Some(&42));
+    assert!(
+        !waiting.is_finished(),
+        "a waiter that does not attach waits for the outcome"
+    );
+    ticket.complete(response("done")).await.unwrap();
+    let Waited::Done(entry) = waiting.await.unwrap() else {
+        panic!("no outcome")
+    };
+    assert_eq!(entry.response.body, b"done");
+}
+
+pub async fn quiesce_waits_for_executions_in_flight(fx: Fixture) {
+    let cache = fx.cache(&config(86_400, 100)).await;
+    assert!(
+        cache.quiesce(Duration::from_millis(10)).await,
+        "nothing in flight"
+    );
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::Execute(ticket) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    assert!(
+        !cache.quiesce(Duration::from_millis(20)).await,
+        "one in flight"
+    );
+    let quiet = tokio::spawn({
+        let cache = cache.clone();
+        async move { cache.quiesce(Duration::from_secs(5)).await }
+    });
+    ticket.complete(response("x")).await.unwrap();
+    assert!(quiet.await.unwrap());
+}
+
+/// 64 concurrent claims of one key, spread over two processes where the backend lets two
+/// serve it: exactly one executes; every other call gets its outcome.
+pub async fn sixty_four_concurrent_claims_one_winner(fx: Fixture) {
+    let caches = fx.replicas(&config(86_400, 100), 2).await;
+    let hash = request_hash(b"{}").unwrap();
+    let winners = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let calls = (0..64).map(|n| {
+        let (cache, hash, winners, barrier) = (
+            caches[n % caches.len()].clone(),
+            hash.clone(),
+            winners.clone(),
+            barrier.clone(),
+        );
+        tokio::spawn(async move {
+            barrier.wait().await;
+            // As the guard does: a call whose holder gave up without an outcome (here, a
+            // call of this process that found the key held by the other) claims again.
+            loop {
+                match cache.claim(&key(7), "message/send", &hash).await.unwrap() {
+                    Claim::Execute(ticket) => {
+                        winners.fetch_add(1, Ordering::SeqCst);
+                        // Hold the key a moment so the others see it in flight.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        ticket.complete(response("won")).await.unwrap();
+                        return "execute";
+                    }
+                    Claim::InFlight(f) => match f.wait(Duration::from_secs(20), false).await {
+                        Waited::Done(entry) => {
+                            assert_eq!(entry.response.body, b"won");
+                            return "waited";
+                        }
+                        Waited::Released => continue,
+                        _ => panic!("a waiter saw no outcome"),
+                    },
+                    Claim::Cached(entry) => {
+                        assert_eq!(entry.response.body, b"won");
+                        return "cached";
+                    }
+                }
+            }
+        })
+    });
+    let outcomes: Vec<_> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|outcome| outcome.unwrap())
+        .collect();
+    assert_eq!(winners.load(Ordering::SeqCst), 1, "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|o| **o == "execute").count(), 1);
+}
+
+pub async fn staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone(fx: Fixture) {
+    let cache = fx.cache(&config(86_400, 100)).await;
+    fx.create_effects(cache.store()).await;
+    let hash = request_hash(b"{}").unwrap();
+    let mut tickets = Vec::new();
+    for n in 0..20 {
+        let Claim::Execute(ticket) = cache.claim(&key(n), "message/send", &hash).await.unwrap()
+        else {
+            panic!()
+        };
+        tickets.push(ticket);
+    }
+    // Concurrent completions (on SQLite they share the writer's batches); call 7 writes a
+    // name twice.
+    let completions = tickets.into_iter().enumerate().map(|(n, ticket)| {
+        let mut writes = vec![fx.effect(&format!("row-{n:02}"))];
+        if n == 7 {
+            writes.push(fx.effect("row-07"));
+        }
+        ticket.complete_with(response(&format!("body-{n}")), writes)
+    });
+    let outcomes = futures::future::join_all(completions).await;
+    for (n, outcome) in outcomes.iter().enumerate() {
+        match n {
+            7 => assert!(matches!(outcome, Err(idem_runtime::StoreError::Write(_)))),
+            _ => assert!(outcome.is_ok(), "{n}: {outcome:?}"),
+        }
+    }
+    let expected: Vec<String> = (0..20)
+        .filter(|n| *n != 7)
+        .map(|n| format!("row-{n:02}"))
+        .collect();
+    assert_eq!(
+        fx.effects().await,
+        expected,
+        "call 7's first row was undone with it"
+    );
+    assert!(cached_body(&cache, &key(7)).await.is_none());
+    assert_eq!(cached_body(&cache, &key(8)).await.unwrap(), b"body-8");
+    // Its key was released: a retry claims it and executes.
+    assert!(wins(&cache, &key(7), &hash).await);
+}
+
+pub async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_the_next_claim(
+    fx: Fixture,
+) {
+    let hash = request_hash(br#"{"s":1}"#).unwrap();
+    {
+        let cache = fx.cache(&config(86_400, 100)).await;
+        let Claim::Execute(mut ticket) =
+            cache.claim(&key(1), "message/stream", &hash).await.unwrap()
+        else {
+            panic!()
+        };
+        let first = bytes_of("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":0}\n\n");
+        ticket
+            .open_stream("5".into(), first, Vec::new())
+            .await
+            .unwrap();
+        let second = bytes_of("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":1}\n\n");
+        ticket.append_event(1, second).await.unwrap();
+        // The process "dies": the ticket is never completed; the store is closed under it.
+        std::mem::forget(ticket);
+    }
+    if fx.backend == Backend::Postgres {
+        // ... and its lease runs out, as a dead process's does.
+        fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+            .await;
+    }
+    let cache = fx.cache(&config(86_400, 100)).await;
+    assert!(cache.store().get(&key(1)).await.unwrap().is_none());
+    let Claim::Cached(entry) = cache.claim(&key(1), "message/stream", &hash).await.unwrap() else {
+        panic!("an interrupted stream must never execute again")
+    };
+    let body = String::from_utf8(entry.response.body.clone()).unwrap();
+    let events: Vec<&str> = body.split_terminator("\n\n").collect();
+    assert_eq!(events.len(), 3, "{body}");
+    assert_eq!(
+        events[0],
+        "data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":0}"
+    );
+    assert_eq!(
+        events[1],
+        "data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":1}"
+    );
+    assert!(events[2].contains("\"id\":5"), "{body}");
+    assert!(
+        events[2].contains("IDEMPOTENCY_STREAM_INTERRUPTED"),
+        "{body}"
+    );
+    assert_eq!(
+        entry.inserted_at,
+        T0_MS / 1000,
+        "counted from the stream's start"
+    );
+    assert_eq!(
+        entry.response.headers,
+        vec![("content-type".into(), "text/event-stream".into())]
+    );
+    // From now on this is the cached outcome, and the open record is gone.
+    let again = cache.store().get(&key(1)).await.unwrap().unwrap();
+    assert_eq!(again.response.body, entry.response.body);
+    let open = fx
+        .count("SELECT COUNT(*) FROM idempotency_open_streams")
+        .await;
+    let events = fx
+        .count("SELECT COUNT(*) FROM idempotency_stream_events")
+        .await;
+    assert_eq!((open, events), (0, 0));
+}
+
+/// Each test above, once per backend.
+macro_rules! on_both_backends {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let fx = crate::fixture::Fixture::sqlite();
+                    super::$test(fx).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let backend = crate::fixture::Backend::Postgres;
+                    if let Some(fx) = crate::fixture::Fixture::new(backend).await {
+                        super::$test(fx).await
+                    }
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    round_trip_keeps_every_field,
+    entries_survive_close_and_reopen,
+    ttl_expiry_is_a_miss_and_reinsert_replaces_the_stale_row,
+    sweep_deletes_only_expired_rows,
+    lru_bound_evicts_least_recently_used_on_insert,
+    bound_holds_across_reopen,
+    sixty_four_concurrent_claims_one_winner,
+    dropped_ticket_releases_the_key_to_waiters,
+    wait_past_the_bound_reports_still_running,
+    attaching_waiters_wake_on_progress_and_others_on_the_outcome,
+    quiesce_waits_for_executions_in_flight,
+    staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone,
+    a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_the_next_claim,
+);

@@ -1,0 +1,281 @@
+//! What only the PostgreSQL store has: replicas on one database, leases, fencing, wake-ups
+//! by `NOTIFY`, sweeps that run on several replicas at once. Each replica here is a store and
+//! cache of its own on the test's database, as a second process would have.
+
+use std::time::Duration;
+
+use idem_runtime::{request_hash, Claim, IdempotencyCache, IdempotencyConfig, StoreError, Waited};
+
+use crate::fixture::{Backend, Fixture};
+use crate::support::*;
+
+async fn fixture() -> Option<Fixture> {
+    Fixture::new(Backend::Postgres).await
+}
+
+async fn two_replicas(fx: &Fixture, claim_lease: Duration) -> [IdempotencyCache; 2] {
+    let replicas = fx.replicas(&leased(claim_lease), 2).await;
+    replicas.try_into().ok().expect("two replicas")
+}
+
+fn leased(claim_lease: Duration) -> IdempotencyConfig {
+    IdempotencyConfig {
+        claim_lease,
+        ..config(86_400, 1000)
+    }
+}
+
+/// Far more than a notification takes, far less than the wait bound and the lease: a waiter
+/// that returns within it was woken, not timed out.
+const WOKEN: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_another_replica_wakes_when_the_execution_stores_its_entry() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&a, &key(1), "message/send", &hash).await;
+    let Claim::InFlight(waiter) = b.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!("the other replica sees the claim in flight")
+    };
+    assert!(waiter.matches("message/send", &hash));
+    let waiting = tokio::spawn(waiter.wait(Duration::from_secs(60), false));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "it waits for the outcome");
+    ticket.complete(response("done")).await.unwrap();
+    let waited = tokio::time::timeout(WOKEN, waiting).await;
+    let Ok(Ok(Waited::Done(entry))) = waited else {
+        panic!("not woken by the end of the claim")
+    };
+    assert_eq!(entry.response.body, b"done");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_claim_wakes_waiters_on_another_replica_and_the_key_is_free() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&a, &key(1), "message/send", &hash).await;
+    let Claim::InFlight(waiter) = b.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    let waiting = tokio::spawn(waiter.wait(Duration::from_secs(60), false));
+    drop(ticket);
+    let waited = tokio::time::timeout(WOKEN, waiting).await;
+    assert!(matches!(waited, Ok(Ok(Waited::Released))), "woken");
+    assert!(wins(&b, &key(1), &hash).await, "the key is free");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_replica_sees_the_claim_and_the_422s_hashes() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
+    let hash = request_hash(br#"{"a":1}"#).unwrap();
+    let _ticket = won(&a, &key(1), "message/send", &hash).await;
+    let other = request_hash(br#"{"a":2}"#).unwrap();
+    let Claim::InFlight(flight) = b.claim(&key(1), "message/send", &other).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(flight.request_hash(), &hash, "the running call's hash");
+    let holder = b.holder(&key(1)).await.unwrap();
+    assert_eq!(holder, Some(("message/send".to_owned(), hash)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replicas_claim_is_taken_over_once_its_lease_expires() {
+    let Some(fx) = fixture().await else { return };
+    let config = leased(Duration::from_millis(600));
+    let hash = request_hash(b"{}").unwrap();
+    {
+        let dead = fx.cache(&config).await;
+        let ticket = won(&dead, &key(1), "message/send", &hash).await;
+        // The process dies mid-execution: no completion, no release, no more renewals.
+        std::mem::forget(ticket);
+    }
+    let b = fx.cache(&config).await;
+    fx.create_effects(b.store()).await;
+    let Claim::InFlight(waiter) = b.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!("the lease still holds")
+    };
+    let waited = waiter.wait(Duration::from_secs(30), false).await;
+    assert!(
+        matches!(waited, Waited::Released),
+        "the wait ends with the lease"
+    );
+    let Claim::Execute(ticket) = b.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!("the next claim takes the expired lease over")
+    };
+    ticket
+        .complete_with(response("b"), vec![fx.effect("b")])
+        .await
+        .unwrap();
+    assert_eq!(fx.effects().await, vec!["b".to_owned()]);
+    assert_eq!(cached_body(&b, &key(1)).await.unwrap(), b"b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_fenced_out_by_a_takeover_commits_nothing() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
+    fx.create_effects(a.store()).await;
+    let hash = request_hash(br#"{"s":1}"#).unwrap();
+    let mut paused = won(&a, &key(1), "message/stream", &hash).await;
+    let first = bytes_of("data: {}\n\n");
+    paused
+        .open_stream("1".into(), first, vec![fx.effect("a-opened")])
+        .await
+        .unwrap();
+    // Replica a pauses past its lease (a GC pause, a partition): its lease runs out.
+    fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+        .await;
+    let Claim::Cached(interrupted) = b.claim(&key(1), "message/stream", &hash).await.unwrap()
+    else {
+        panic!("b takes the claim over and closes the stream as interrupted")
+    };
+    assert!(String::from_utf8_lossy(&interrupted.response.body)
+        .contains("IDEMPOTENCY_STREAM_INTERRUPTED"));
+    // Replica a wakes up and carries on: nothing it writes commits.
+    let appended = paused.append_event(1, bytes_of("data: {}\n\n")).await;
+    assert!(
+        matches!(appended, Err(StoreError::ClaimLost(_))),
+        "{appended:?}"
+    );
+    let closed = paused.close_stream(response("a")).await;
+    assert!(
+        matches!(closed, Err(StoreError::ClaimLost(_))),
+        "{closed:?}"
+    );
+    assert_eq!(
+        cached_body(&b, &key(1)).await.unwrap(),
+        interrupted.response.body,
+        "the outcome stays the one b stored"
+    );
+    assert_eq!(
+        fx.effects().await,
+        vec!["a-opened".to_owned()],
+        "a's opened stream only"
+    );
+
+    // The same for a unary call: a's staged writes roll back with its entry.
+    let paused = won(&a, &key(2), "message/send", &hash).await;
+    fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+        .await;
+    let winner = won(&b, &key(2), "message/send", &hash).await;
+    let fenced = paused
+        .complete_with(response("a"), vec![fx.effect("a")])
+        .await;
+    assert!(
+        matches!(fenced, Err(StoreError::ClaimLost(_))),
+        "{fenced:?}"
+    );
+    winner
+        .complete_with(response("b"), vec![fx.effect("b")])
+        .await
+        .unwrap();
+    assert_eq!(
+        fx.effects().await,
+        vec!["a-opened".to_owned(), "b".to_owned()]
+    );
+    assert_eq!(cached_body(&a, &key(2)).await.unwrap(), b"b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_execution_keeps_its_claim_by_renewing_the_lease() {
+    let Some(fx) = fixture().await else { return };
+    let config = leased(Duration::from_millis(300));
+    let (a, b) = (fx.cache(&config).await, fx.cache(&config).await);
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&a, &key(1), "message/send", &hash).await;
+    // Five leases long: only renewals keep it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        matches!(
+            b.claim(&key(1), "message/send", &hash).await.unwrap(),
+            Claim::InFlight(_)
+        ),
+        "still held"
+    );
+    ticket.complete(response("a")).await.unwrap();
+    assert_eq!(cached_body(&b, &key(1)).await.unwrap(), b"a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sweeping_at_once_delete_each_expired_row_once() {
+    let Some(fx) = fixture().await else { return };
+    let config = config(60, 100_000);
+    let (a, b) = (fx.cache(&config).await, fx.cache(&config).await);
+    fx.execute(
+        "INSERT INTO idempotency_cache
+           (message_id, request_hash, response_status, response_headers, response_body, inserted_at)
+         SELECT 'k-' || n, repeat('0', 64), 200, '{}', 'x', 0 FROM generate_series(1, 3000) n",
+    )
+    .await;
+    execute(&a, &key(1), "{}", "fresh").await;
+    let (swept_a, swept_b) = tokio::join!(a.store().sweep(), b.store().sweep());
+    assert_eq!(swept_a.unwrap() + swept_b.unwrap(), 3000);
+    assert_eq!(a.store().row_count().await.unwrap(), 1);
+    assert_eq!(cached_body(&b, &key(1)).await.unwrap(), b"fresh");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_is_the_spec_table_plus_the_sqlite_columns() {
+    let Some(fx) = fixture().await else { return };
+    let _cache = fx.cache(&config(86_400, 100)).await;
+    let client = crate::fixture::connect(fx.url.as_ref().unwrap()).await;
+    let rows = client
+        .query(
+            "SELECT column_name, data_type, is_nullable FROM information_schema.columns
+             WHERE table_name = 'idempotency_cache' ORDER BY ordinal_position",
+            &[],
+        )
+        .await
+        .unwrap();
+    let columns: Vec<(String, String, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let expected = [
+        ("message_id", "text"),
+        ("request_hash", "text"),
+        ("response_status", "integer"),
+        ("response_headers", "bytea"),
+        ("response_body", "bytea"),
+        ("inserted_at", "bigint"),
+        ("method", "text"),
+        ("last_used_at", "bigint"),
+    ];
+    let got: Vec<_> = columns
+        .iter()
+        .map(|(n, t, nullable)| {
+            assert_eq!(nullable, "NO", "{n}");
+            (n.as_str(), t.as_str())
+        })
+        .collect();
+    assert_eq!(got, expected);
+    let index = fx
+        .count(
+            "SELECT COUNT(*) FROM pg_indexes WHERE indexname = 'idx_idempotency_inserted_at'
+             AND indexdef LIKE '%(inserted_at)'",
+        )
+        .await;
+    assert_eq!(index, 1);
+}
+
+#[tokio::test]
+async fn a_server_that_is_not_there_is_an_error_not_a_hang() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://idem@127.0.0.1:{port}/none");
+    let defaults = IdempotencyConfig::default();
+    let connecting = idem_runtime::PostgresStore::connect(&url, &defaults);
+    let outcome = tokio::time::timeout(Duration::from_secs(30), connecting).await;
+    let Ok(Err(error)) = outcome else {
+        panic!("no error within 30 s")
+    };
+    assert!(error.to_string().contains("postgres"), "{error}");
+    let bad = idem_runtime::PostgresStore::connect("not a url", &defaults);
+    assert!(bad.await.is_err());
+}

@@ -1,0 +1,265 @@
+//! What only the SQLite store has: one file, its schema and modes, its single writer and
+//! lock, and the memory tier.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::{request_hash, Claim, IdempotencyConfig, SqliteStore, Store};
+
+use crate::fixture::Fixture;
+use crate::support::*;
+
+#[tokio::test]
+async fn schema_is_the_spec_table_plus_documented_columns() {
+    let fx = Fixture::sqlite();
+    let _cache = fx.cache(&config(86_400, 100)).await;
+    let conn = rusqlite::Connection::open(&fx.path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT name, type, \"notnull\", pk FROM pragma_table_info('idempotency_cache')")
+        .unwrap();
+    let columns: Vec<(String, String, bool, bool)> = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)? == 1))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let expected = [
+        ("message_id", "TEXT", true, true),
+        ("request_hash", "TEXT", true, false),
+        ("response_status", "INTEGER", true, false),
+        ("response_headers", "BLOB", true, false),
+        ("response_body", "BLOB", true, false),
+        ("inserted_at", "INTEGER", true, false),
+        ("method", "TEXT", true, false),
+        ("last_used_at", "INTEGER", true, false),
+    ];
+    let got: Vec<_> = columns
+        .iter()
+        .map(|(n, t, nn, pk)| (n.as_str(), t.as_str(), *nn, *pk))
+        .collect();
+    assert_eq!(got, expected);
+    let index: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE name = 'idx_idempotency_inserted_at'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(index.contains("idempotency_cache(inserted_at)"), "{index}");
+    let journal: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(journal, "wal");
+}
+
+#[tokio::test]
+async fn shares_the_file_with_application_tables() {
+    let fx = Fixture::sqlite();
+    {
+        let conn = rusqlite::Connection::open(&fx.path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE tasks (id TEXT PRIMARY KEY); INSERT INTO tasks VALUES ('t1');",
+        )
+        .unwrap();
+    }
+    let cache = fx.cache(&config(86_400, 100)).await;
+    execute(&cache, &key(1), "{}", "x").await;
+    let conn = rusqlite::Connection::open(&fx.path).unwrap();
+    let n: i64 = conn
+        .query_row("SELECT COUNT(*) FROM tasks", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn new_database_files_are_private() {
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(86_400, 100)).await;
+    execute(&cache, &key(1), "{}", "x").await;
+    for suffix in ["", "-wal", "-shm"] {
+        let path = format!("{}{suffix}", fx.path.display());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn closed_store_fails_loudly() {
+    let fx = Fixture::sqlite();
+    let store = SqliteStore::open_with_clock(&fx.path, &config(60, 10), fx.clock.clone()).unwrap();
+    store.close();
+    let err = store.sweep().await.unwrap_err();
+    assert!(matches!(err, idem_runtime::StoreError::Closed), "{err}");
+}
+
+#[test]
+fn unusable_path_is_an_error_not_a_panic() {
+    let err = SqliteStore::open("/nonexistent-dir/x/cache.db", &IdempotencyConfig::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("No such file"), "{err}");
+}
+
+#[tokio::test]
+async fn a_write_waits_for_the_applications_write_lock_instead_of_failing() {
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(86_400, 100)).await;
+    execute(&cache, &key(1), "{}", "before").await;
+    // The application's own connection to the shared file holds the write lock a moment.
+    let path = fx.path.clone();
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE; CREATE TABLE app (x); INSERT INTO app VALUES (1);")
+            .unwrap();
+        locked.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        conn.execute_batch("COMMIT").unwrap();
+    });
+    is_locked.recv().unwrap();
+    execute(&cache, &key(2), "{}", "during").await;
+    holder.join().unwrap();
+    assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"during");
+}
+
+#[tokio::test]
+async fn a_second_store_on_the_same_file_is_refused_until_the_first_closes() {
+    let fx = Fixture::sqlite();
+    let first = SqliteStore::open_with_clock(&fx.path, &config(60, 10), fx.clock.clone()).unwrap();
+    let refused = SqliteStore::open(&fx.path, &config(60, 10)).err().unwrap();
+    let message = refused.to_string();
+    assert!(
+        matches!(refused, idem_runtime::StoreError::InUse { .. }),
+        "{message}"
+    );
+    assert!(
+        message.contains(&fx.path.display().to_string()),
+        "{message}"
+    );
+    assert!(
+        message.contains(&std::process::id().to_string()),
+        "{message}"
+    );
+    first.close();
+    SqliteStore::open(&fx.path, &config(60, 10)).expect("free once the first closed");
+}
+
+/// The memory tier holds entries, never answers: whatever it holds, the answers are the file's.
+/// `spelled` is the one answer only the tier gives (a resend of the very same bytes).
+#[tokio::test]
+async fn the_memory_tier_never_answers_what_the_store_would_not() {
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(60, 2)).await;
+    let store = cache.store().clone();
+    let (a, b, c) = (key(1), key(2), key(3));
+    let spelled_a = idem_runtime::spelling(br#"{"v":"a"}"#);
+    execute(&cache, &a, r#"{"v":"a"}"#, "A").await;
+    store.note_spelling(&a, spelled_a);
+    let entry = store
+        .spelled(&spelled_a)
+        .expect("a resend of the same bytes");
+    assert_eq!(entry.response.body, b"A");
+    assert_eq!(entry.method, "message/send", "the caller checks its method");
+    let other = idem_runtime::spelling(br#"{"v":"b"}"#);
+    assert!(store.spelled(&other).is_none(), "other bytes: hash them");
+
+    // The LRU bound: a, then b and c; a is the least recently used and leaves everywhere.
+    fx.clock.advance(Duration::from_millis(10));
+    execute(&cache, &b, "{}", "B").await;
+    fx.clock.advance(Duration::from_millis(10));
+    execute(&cache, &c, "{}", "C").await;
+    assert!(store.spelled(&spelled_a).is_none(), "evicted from the file");
+    assert!(cached_body(&cache, &a).await.is_none());
+    let hash_a = request_hash(br#"{"v":"a"}"#).unwrap();
+    assert!(wins(&cache, &a, &hash_a).await);
+
+    // The TTL, by the store's own rule (live at exactly ttl, gone one second later).
+    let spelled_b = idem_runtime::spelling(b"{}");
+    store.note_spelling(&b, spelled_b);
+    fx.clock.advance(Duration::from_secs(60));
+    assert!(store.spelled(&spelled_b).is_some());
+    fx.clock.advance(Duration::from_secs(1));
+    assert!(store.spelled(&spelled_b).is_none(), "past the TTL");
+    assert!(cached_body(&cache, &b).await.is_none());
+
+    // The sweep deletes them; the key index forgets them with the rows.
+    assert_eq!(store.sweep().await.unwrap(), 2);
+    let hash = request_hash(b"{}").unwrap();
+    for k in [&b, &c] {
+        assert!(wins(&cache, k, &hash).await);
+    }
+}
+
+#[tokio::test]
+async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
+    let fx = Fixture::sqlite();
+    let spelled = idem_runtime::spelling(br#"{"v":1}"#);
+    {
+        let cache = fx.cache(&config(86_400, 100)).await;
+        execute(&cache, &key(1), r#"{"v":1}"#, "one").await;
+        cache.store().note_spelling(&key(1), spelled);
+        assert!(cache.store().spelled(&spelled).is_some());
+    }
+    let cache = fx.cache(&config(86_400, 100)).await;
+    assert!(
+        cache.store().spelled(&spelled).is_none(),
+        "nothing in memory survives the process"
+    );
+    // The key index is rebuilt from the file: the key is not taken for new.
+    let hash = request_hash(br#"{"v":1}"#).unwrap();
+    let Claim::Cached(entry) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!("the file still holds the entry");
+    };
+    assert_eq!(entry.response.body, b"one");
+    // Read once, it is in memory again; the bytes it was asked with are learnt anew.
+    cache.store().note_spelling(&key(1), spelled);
+    let again = cache.store().spelled(&spelled).unwrap();
+    assert_eq!(*again, *entry);
+}
+
+#[tokio::test]
+async fn with_the_tier_off_every_answer_is_the_same() {
+    let fx = Fixture::sqlite();
+    let off = IdempotencyConfig {
+        memory_tier_bytes: 0,
+        ..config(60, 2)
+    };
+    let cache = fx.cache(&off).await;
+    execute(&cache, &key(1), "{}", "one").await;
+    let spelled = idem_runtime::spelling(b"{}");
+    cache.store().note_spelling(&key(1), spelled);
+    assert!(cache.store().spelled(&spelled).is_none());
+    assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"one");
+    fx.clock.advance(Duration::from_secs(61));
+    assert!(cached_body(&cache, &key(1)).await.is_none());
+}
+
+/// A write that must run once (as `Database::transact`'s do) shares the writer's batches with
+/// calls whose writes fail: a redo of a batch never runs it twice.
+#[tokio::test]
+async fn a_write_that_runs_once_runs_once_through_a_redone_batch() {
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let store = cache.store().clone();
+    fx.create_effects(&store).await;
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::Execute(failing) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    let twice = vec![fx.effect("dup"), fx.effect("dup")];
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let once = store.apply(vec![idem_runtime::SqlWrite::once(move |db| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        db.execute("INSERT INTO effects (name) VALUES ('once')", [])?;
+        Ok(())
+    })]);
+    let (failed, once) = tokio::join!(failing.complete_with(response("x"), twice), once);
+    assert!(matches!(failed, Err(idem_runtime::StoreError::Write(_))));
+    once.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(fx.effects().await, vec!["once".to_owned()]);
+}

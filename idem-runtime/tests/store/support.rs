@@ -1,0 +1,75 @@
+//! What the store tests share: keys, responses, configs, and a call claimed and completed.
+
+use idem_runtime::{
+    request_hash, Claim, IdempotencyCache, IdempotencyConfig, MessageId, RequestHash,
+    StoredResponse, Ticket,
+};
+
+pub fn key(n: u32) -> MessageId {
+    MessageId::parse_str(&format!("9b2e7c1a-3f4d-4e5a-8b6c-{n:012x}")).unwrap()
+}
+
+pub fn response(body: &str) -> StoredResponse {
+    StoredResponse {
+        status: 200,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+pub fn config(ttl_seconds: u64, max_cache_entries: u64) -> IdempotencyConfig {
+    IdempotencyConfig {
+        ttl_seconds,
+        max_cache_entries,
+        ..IdempotencyConfig::default()
+    }
+}
+
+/// Claims `key` and completes it with `body`; panics unless the claim wins.
+pub async fn execute(cache: &IdempotencyCache, key: &MessageId, params: &str, body: &str) {
+    let hash = request_hash(params.as_bytes()).unwrap();
+    match cache.claim(key, "message/send", &hash).await.unwrap() {
+        Claim::Execute(ticket) => {
+            ticket.complete(response(body)).await.unwrap();
+        }
+        _ => panic!("expected to win the claim for {key}"),
+    }
+}
+
+/// Whether a `message/send` claim of `key` wins (the key is free: the call would execute).
+pub async fn wins(
+    cache: &IdempotencyCache,
+    key: &MessageId,
+    hash: &idem_runtime::RequestHash,
+) -> bool {
+    matches!(
+        cache.claim(key, "message/send", hash).await.unwrap(),
+        Claim::Execute(_)
+    )
+}
+
+pub async fn cached_body(cache: &IdempotencyCache, key: &MessageId) -> Option<Vec<u8>> {
+    cache
+        .store()
+        .get(key)
+        .await
+        .unwrap()
+        .map(|e| e.response.body)
+}
+
+pub fn bytes_of(text: &str) -> bytes::Bytes {
+    bytes::Bytes::copy_from_slice(text.as_bytes())
+}
+
+/// Claims `key`; panics unless the claim wins.
+pub async fn won(
+    cache: &IdempotencyCache,
+    key: &MessageId,
+    method: &str,
+    hash: &RequestHash,
+) -> Ticket {
+    match cache.claim(key, method, hash).await.unwrap() {
+        Claim::Execute(ticket) => ticket,
+        _ => panic!("expected to win the claim for {key}"),
+    }
+}
