@@ -33,9 +33,16 @@ start_postgres() {
     fi
     as_pg() { if [ "$(id -u)" = 0 ]; then su -s /bin/sh "$PG_USER" -c "$*"; else sh -c "$*"; fi; }
     as_pg "$PG_BIN/initdb -D $PG_DIR/data -U idem --auth=trust -E UTF8 >$PG_DIR/initdb.log 2>&1"
-    as_pg "$PG_BIN/pg_ctl -D $PG_DIR/data -l $PG_DIR/server.log -w -o \"-h 127.0.0.1 -p $PG_PORT -k $PG_DIR -c fsync=on -c max_connections=300\" start >/dev/null"
+    local start="$PG_BIN/pg_ctl -D $PG_DIR/data -l $PG_DIR/server.log -w -o '-h 127.0.0.1 -p $PG_PORT -k $PG_DIR -c max_connections=300' start"
+    local stop="$PG_BIN/pg_ctl -D $PG_DIR/data -m fast -w stop"
+    if [ "$(id -u)" = 0 ]; then
+        start="su -s /bin/sh $PG_USER -c \"$start\""
+        stop="su -s /bin/sh $PG_USER -c \"$stop\""
+    fi
+    sh -c "$start" >/dev/null
     export IDEM_TEST_POSTGRES_URL="postgres://idem@127.0.0.1:$PG_PORT/postgres"
-    export IDEM_PG_CTL="$PG_BIN/pg_ctl" IDEM_PG_DATA="$PG_DIR/data" IDEM_PG_USER="$PG_USER"
+    # For the test that restarts the server under running replicas.
+    export IDEM_TEST_POSTGRES_START="$start" IDEM_TEST_POSTGRES_STOP="$stop"
     echo "postgres: $IDEM_TEST_POSTGRES_URL (cluster in $PG_DIR, user $PG_USER)"
 }
 

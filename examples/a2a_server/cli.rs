@@ -4,15 +4,18 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub const USAGE: &str = "\
-usage: a2a_server [--listen ADDR] [--db PATH] [--idempotency required|optional|off]
+usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|optional|off]
 
   --listen ADDR          address to serve on (default 127.0.0.1:8080; port 0 picks a free one)
-  --db PATH              SQLite file for tasks, outbox and idempotency cache (default ./a2a-example.db)
+  --db PATH|URL          where tasks, outbox and idempotency cache live: a SQLite file
+                         (default ./a2a-example.db), or a PostgreSQL database
+                         (postgres://user@host:port/db) that several replicas may share
   --idempotency MODE     required: governed calls must activate idempotency/v1 (default)
                          optional: calls that do not activate it run undeduplicated
                          off:      the agent without the extension
 
-environment: AIWG_IDEMPOTENCY_TTL, AIWG_IDEMPOTENCY_MAX_ENTRIES, RUST_LOG (logs go to stderr)
+environment: AIWG_IDEMPOTENCY_TTL, AIWG_IDEMPOTENCY_MAX_ENTRIES, AIWG_IDEMPOTENCY_CLAIM_LEASE_MS,
+             RUST_LOG (logs go to stderr)
 ";
 
 /// How the server offers the idempotency/v1 extension.
@@ -26,8 +29,35 @@ pub enum Mode {
 #[derive(Debug, Clone)]
 pub struct Cli {
     pub listen: SocketAddr,
-    pub db: PathBuf,
+    pub db: Db,
     pub mode: Mode,
+}
+
+/// Where the server keeps its state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Db {
+    /// A SQLite file, served by this process alone.
+    File(PathBuf),
+    /// A PostgreSQL database URL, shared by every replica.
+    Postgres(String),
+}
+
+impl Db {
+    fn parse(value: &str) -> Self {
+        match value.starts_with("postgres://") || value.starts_with("postgresql://") {
+            true => Self::Postgres(value.to_owned()),
+            false => Self::File(PathBuf::from(value)),
+        }
+    }
+}
+
+impl std::fmt::Display for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Db::File(path) => write!(f, "{}", path.display()),
+            Db::Postgres(url) => f.write_str(url),
+        }
+    }
 }
 
 /// What the command line asks for.
@@ -41,7 +71,7 @@ pub enum Command {
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     let mut cli = Cli {
         listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-        db: PathBuf::from("a2a-example.db"),
+        db: Db::File(PathBuf::from("a2a-example.db")),
         mode: Mode::Required,
     };
     let mut args = args.into_iter();
@@ -60,7 +90,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             .ok_or_else(|| format!("{} needs a value", flag.name()))?;
         match flag {
             Flag::Listen => cli.listen = listen(&value)?,
-            Flag::Db => cli.db = PathBuf::from(value),
+            Flag::Db => cli.db = Db::parse(&value),
             Flag::Idempotency => cli.mode = mode(&value)?,
         }
     }

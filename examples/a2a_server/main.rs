@@ -4,7 +4,8 @@
 //! cargo run --release --example a2a_server -- --listen 127.0.0.1:8080 --db ./a2a-example.db
 //! ```
 //!
-//! One SQLite file holds the idempotency cache, the tasks and the mission outbox. Prints
+//! One database holds the idempotency cache, the tasks and the mission outbox: a SQLite file,
+//! or with `--db postgres://...` a PostgreSQL database that several replicas share. Prints
 //! `listening on http://ADDR` once it serves; stops cleanly on SIGTERM or Ctrl-C. A bad flag,
 //! bad environment or unusable database or address exits with status 2.
 
@@ -32,7 +33,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::agent::{A2aServer, Agent};
 use crate::card::{agent_card, CardLayer};
-use crate::cli::{Cli, Command, Mode};
+use crate::cli::{Cli, Command, Db, Mode};
 use crate::mission::Missions;
 use crate::tasks::TaskStore;
 
@@ -78,19 +79,19 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(65);
 /// Starts the server, runs it until a signal, and stops it. Errors are startup errors.
 async fn serve(cli: Cli) -> Result<(), String> {
     // First: the idempotency store creates the database file, with mode 0600, and locks it.
-    let idem = idempotency(&cli)?;
+    let idem = idempotency(&cli).await?;
     let database = idem.database().expect("every mode opens the store");
     let store = TaskStore::open(database)
         .await
-        .map_err(|e| format!("cannot open tables in {}: {e}", cli.db.display()))?;
+        .map_err(|e| format!("cannot open tables in {}: {e}", cli.db))?;
     let missions = Missions::new(store);
     let resumed = missions
         .resume()
         .await
-        .map_err(|e| format!("cannot read the tasks in {}: {e:?}", cli.db.display()))?;
+        .map_err(|e| format!("cannot read the tasks in {}: {e:?}", cli.db))?;
     let mut signals = Signals::new()?;
     let (handle, addr) = start(&cli, &idem, missions).await?;
-    tracing::info!(%addr, db = %cli.db.display(), mode = ?cli.mode, resumed, "serving");
+    tracing::info!(%addr, db = %cli.db, mode = ?cli.mode, resumed, "serving");
     announce(addr)?;
     signals.recv().await;
     tracing::info!("shutting down");
@@ -107,11 +108,15 @@ async fn serve(cli: Cli) -> Result<(), String> {
 /// The extension as the mode asks, configured by `AIWG_IDEMPOTENCY_*` (checked in every mode:
 /// a malformed value is a mistake even where it has no effect). Every mode opens the store:
 /// its writer commits the tasks, deduplicated or not.
-fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
+async fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
     let config = IdempotencyConfig::from_env().map_err(|e| e.to_string())?;
     let required = !matches!(cli.mode, Mode::Optional);
-    let idem = Idempotency::open(&cli.db, IdempotencyConfig { required, ..config })
-        .map_err(|e| format!("cannot open database {}: {e}", cli.db.display()))?;
+    let config = IdempotencyConfig { required, ..config };
+    let idem = match &cli.db {
+        Db::File(path) => Idempotency::open(path, config),
+        Db::Postgres(url) => Idempotency::connect(url, config).await,
+    };
+    let idem = idem.map_err(|e| format!("cannot open database {}: {e}", cli.db))?;
     Ok(match cli.mode {
         Mode::Off => idem.without_deduplication(),
         Mode::Required | Mode::Optional => idem,

@@ -1,43 +1,28 @@
-//! The task store: tables `tasks` and `outbox` in the same SQLite file as the idempotency cache.
+//! The task store: tables `tasks` and `outbox` in the idempotency store's own database, a
+//! SQLite file or a PostgreSQL database (`tasks/sqlite.rs`, `tasks/postgres.rs`, one SQL text
+//! per statement in `tasks/sql.rs`).
 //!
 //! A task and the outbox event it causes commit in one transaction, so the outbox never
 //! announces a task that does not exist and no task misses its event. A send stages them in
 //! its call's unit of work, so they commit with the call's cache entry: a crash at any instant
-//! leaves both or neither, and a retry never creates a second task. Every other write goes
-//! through the same writer (`Database::transact`), reads go to the store's read connections:
-//! no connection of the example's own, no mutex, no blocking thread per request.
+//! leaves both or neither, and a retry never creates a second task, on any replica. Every
+//! other write goes through the store too (SQLite's writer, PostgreSQL's pool): no connection
+//! of the example's own, no mutex, no blocking thread per request.
 
-use idem::{rusqlite, Database, TransactError, UnitOfWork, WriteError};
+mod postgres;
+mod sql;
+mod sqlite;
+
+use idem::deadpool_postgres::{Pool, PoolError};
+use idem::tokio_postgres;
+use idem::{rusqlite, Database, TransactError, UnitOfWork};
 use jsonrpsee::core::RpcResult;
 use jsonrpsee::types::ErrorObjectOwned;
-use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
 use crate::clock;
 use crate::errors;
 use crate::model::Task;
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS tasks (
-    id          TEXT NOT NULL PRIMARY KEY,
-    context_id  TEXT NOT NULL,
-    state       TEXT NOT NULL,     -- working | completed | canceled
-    due_at      INTEGER NOT NULL,  -- epoch ms at which the mission completes
-    created_at  INTEGER NOT NULL,  -- epoch ms
-    updated_at  INTEGER NOT NULL,  -- epoch ms
-    task_json   TEXT NOT NULL      -- the whole task (history, artifacts) as this example models it
-);
-CREATE INDEX IF NOT EXISTS idx_tasks_state ON tasks(state);
-CREATE TABLE IF NOT EXISTS outbox (
-    id           INTEGER PRIMARY KEY AUTOINCREMENT,
-    task_id      TEXT NOT NULL REFERENCES tasks(id),
-    event_type   TEXT NOT NULL,    -- mission.assigned | mission.completed | mission.canceled
-    payload      TEXT NOT NULL,    -- JSON
-    created_at   INTEGER NOT NULL, -- epoch ms
-    delivered_at INTEGER           -- set by a relay once delivered (none in this example)
-);
-CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
-";
 
 /// An outbox row to write with a task change.
 pub struct Event {
@@ -48,7 +33,13 @@ pub struct Event {
 /// The `tasks` and `outbox` tables.
 #[derive(Clone)]
 pub struct TaskStore {
-    db: Database,
+    db: Backend,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Sqlite(Database),
+    Postgres(Pool),
 }
 
 /// A task as read, with what a later change of it is checked against.
@@ -60,6 +51,165 @@ pub struct Loaded {
     seen: String,
 }
 
+/// A change of a task, and the event it causes, if any; an error leaves the task untouched.
+type Change = Box<dyn FnOnce(&mut Task) -> Result<Option<Event>, ErrorObjectOwned> + Send>;
+
+/// A `tasks` row to write, its columns as both databases take them.
+struct TaskRow {
+    id: String,
+    context_id: String,
+    state: &'static str,
+    due_at: i64,
+    now: i64,
+    task_json: String,
+}
+
+/// An `outbox` row to write.
+struct EventRow {
+    task_id: String,
+    event_type: &'static str,
+    payload: String,
+    now: i64,
+}
+
+impl TaskRow {
+    fn of(task: &Task, due_at_ms: u64) -> Result<Self, Failure> {
+        Ok(Self {
+            id: task.id.clone(),
+            context_id: task.context_id.clone(),
+            state: task.state.name(),
+            due_at: due_at_ms as i64,
+            now: clock::now_ms() as i64,
+            task_json: serde_json::to_string(task)?,
+        })
+    }
+}
+
+impl EventRow {
+    fn of(task_id: &str, event: &Event) -> Self {
+        Self {
+            task_id: task_id.to_owned(),
+            event_type: event.event_type,
+            payload: event.payload.to_string(),
+            now: clock::now_ms() as i64,
+        }
+    }
+}
+
+impl TaskStore {
+    /// Creates the tables in the store's database if they are not there yet.
+    pub async fn open(db: Database) -> Result<Self, String> {
+        let db = match db.postgres() {
+            Some(pool) => {
+                postgres::create(&pool).await?;
+                Backend::Postgres(pool)
+            }
+            None => {
+                sqlite::create(&db).await?;
+                Backend::Sqlite(db)
+            }
+        };
+        Ok(Self { db })
+    }
+
+    /// Stages a new task, and the event that announces it, in the call's unit of work.
+    pub fn stage_insert(
+        &self,
+        unit: &UnitOfWork,
+        task: &Task,
+        due_at_ms: u64,
+        event: Event,
+    ) -> RpcResult<()> {
+        let (row, event) = (
+            TaskRow::of(task, due_at_ms)?,
+            EventRow::of(&task.id, &event),
+        );
+        match &self.db {
+            Backend::Sqlite(_) => sqlite::stage_insert(unit, row, event),
+            Backend::Postgres(_) => postgres::stage_insert(unit, row, event),
+        }
+    }
+
+    /// Stages `task`, changed from what `loaded` read, in the call's unit of work. It applies
+    /// only if the row is unchanged since: a concurrent change fails the call (uncached), and
+    /// its retry runs on the task as it is then.
+    pub fn stage_update(&self, unit: &UnitOfWork, loaded: Loaded, task: &Task) -> RpcResult<()> {
+        let row = TaskRow::of(task, loaded.due_at_ms)?;
+        match &self.db {
+            Backend::Sqlite(_) => sqlite::stage_update(unit, row, loaded.seen),
+            Backend::Postgres(_) => postgres::stage_update(unit, row, loaded.seen),
+        }
+    }
+
+    /// The task `id`, or -32001.
+    pub async fn get(&self, id: String) -> RpcResult<Task> {
+        Ok(self.load(id).await?.task)
+    }
+
+    /// The task `id` with its deadline, or -32001.
+    pub async fn load(&self, id: String) -> RpcResult<Loaded> {
+        let loaded = match &self.db {
+            Backend::Sqlite(db) => sqlite::load(db, id).await,
+            Backend::Postgres(pool) => postgres::load(pool, id).await,
+        };
+        Ok(loaded?)
+    }
+
+    /// Applies `change` to task `id` and writes the result and its event (if any) atomically.
+    /// An error from `change` leaves the task untouched.
+    pub async fn update(
+        &self,
+        id: String,
+        change: impl FnOnce(&mut Task) -> Result<Option<Event>, ErrorObjectOwned> + Send + 'static,
+    ) -> RpcResult<Task> {
+        let change: Change = Box::new(change);
+        let updated = match &self.db {
+            Backend::Sqlite(db) => sqlite::update(db, id, change).await,
+            Backend::Postgres(pool) => postgres::update(pool, id, change).await,
+        };
+        Ok(updated?)
+    }
+
+    /// Ids and deadlines of the missions still running: after a restart they are resumed.
+    pub async fn working(&self) -> RpcResult<Vec<(String, u64)>> {
+        let rows = match &self.db {
+            Backend::Sqlite(db) => sqlite::in_state(db, "working").await,
+            Backend::Postgres(pool) => postgres::in_state(pool, "working").await,
+        };
+        let rows = rows?.into_iter();
+        Ok(rows.map(|(id, due)| (id, due.max(0) as u64)).collect())
+    }
+}
+
+/// The task as a row held it, or -32001.
+fn loaded(id: &str, row: Option<(String, i64)>) -> Result<Loaded, Failure> {
+    match row {
+        Some((seen, due_at)) => Ok(Loaded {
+            task: serde_json::from_str(&seen)?,
+            due_at_ms: due_at.max(0) as u64,
+            seen,
+        }),
+        None => Err(errors::task_not_found(id).into()),
+    }
+}
+
+/// Applies `change` to a task read for update: the task, its row, and the event to record.
+fn apply(loaded: Loaded, change: Change) -> Result<(Task, TaskRow, Option<EventRow>), Failure> {
+    let Loaded {
+        mut task,
+        due_at_ms,
+        ..
+    } = loaded;
+    let event = change(&mut task)?;
+    let row = TaskRow::of(&task, due_at_ms)?;
+    let event = event.map(|event| EventRow::of(&task.id, &event));
+    Ok((task, row, event))
+}
+
+fn changed_meanwhile(id: &str) -> String {
+    format!("task {id} changed while the call ran")
+}
+
 /// Why a unit of store work stopped: the store failed, or the change itself refused.
 enum Failure {
     Storage(String),
@@ -68,6 +218,18 @@ enum Failure {
 
 impl From<rusqlite::Error> for Failure {
     fn from(e: rusqlite::Error) -> Self {
+        Self::Storage(e.to_string())
+    }
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Self::Storage(e.to_string())
+    }
+}
+
+impl From<PoolError> for Failure {
+    fn from(e: PoolError) -> Self {
         Self::Storage(e.to_string())
     }
 }
@@ -105,151 +267,11 @@ impl From<TransactError<Failure>> for Failure {
     }
 }
 
-impl TaskStore {
-    /// Creates the tables in the store's database if they are not there yet.
-    pub async fn open(db: Database) -> Result<Self, String> {
-        db.transact(|conn| conn.execute_batch(SCHEMA))
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(Self { db })
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Storage(detail) => f.write_str(detail),
+            Failure::Refused(error) => write!(f, "{error}"),
+        }
     }
-
-    /// Stages a new task, and the event that announces it, in the call's unit of work.
-    pub fn stage_insert(
-        &self,
-        unit: &UnitOfWork,
-        task: &Task,
-        due_at_ms: u64,
-        event: Event,
-    ) -> RpcResult<()> {
-        let task_json = serde_json::to_string(task).map_err(Failure::from)?;
-        let (id, context_id, state) = (task.id.clone(), task.context_id.clone(), task.state.name());
-        unit.stage(move |conn| {
-            conn.prepare_cached(
-                "INSERT INTO tasks (id, context_id, state, due_at, created_at, updated_at, task_json)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
-            )?
-            .execute(params![id, context_id, state, due_at_ms as i64, clock::now_ms() as i64, task_json])?;
-            record(conn, &id, &event)?;
-            Ok(())
-        })
-    }
-
-    /// Stages `task`, changed from what `loaded` read, in the call's unit of work. It applies
-    /// only if the row is unchanged since: a concurrent change fails the call (uncached), and
-    /// its retry runs on the task as it is then.
-    pub fn stage_update(&self, unit: &UnitOfWork, loaded: Loaded, task: &Task) -> RpcResult<()> {
-        let task_json = serde_json::to_string(task).map_err(Failure::from)?;
-        let (id, state) = (task.id.clone(), task.state.name());
-        unit.stage(move |conn| {
-            let changed = conn
-                .prepare_cached(
-                    "UPDATE tasks SET state = ?2, updated_at = ?3, task_json = ?4
-                     WHERE id = ?1 AND task_json = ?5",
-                )?
-                .execute(params![
-                    id,
-                    state,
-                    clock::now_ms() as i64,
-                    task_json,
-                    loaded.seen
-                ])?;
-            match changed {
-                1 => Ok(()),
-                _ => Err(WriteError::from(format!(
-                    "task {id} changed while the call ran"
-                ))),
-            }
-        })
-    }
-
-    /// The task `id`, or -32001.
-    pub async fn get(&self, id: String) -> RpcResult<Task> {
-        Ok(self.load(id).await?.task)
-    }
-
-    /// The task `id` with its deadline, or -32001.
-    pub async fn load(&self, id: String) -> RpcResult<Loaded> {
-        self.read(move |conn| load(conn, &id)).await
-    }
-
-    /// Applies `change` to task `id` and writes the result and its event (if any) atomically,
-    /// through the store's writer. An error from `change` leaves the task untouched.
-    pub async fn update(
-        &self,
-        id: String,
-        change: impl FnOnce(&mut Task) -> Result<Option<Event>, ErrorObjectOwned> + Send + 'static,
-    ) -> RpcResult<Task> {
-        let changed = self.db.transact(move |conn| {
-            // The writer's transaction holds the write lock: nothing changes between the
-            // read and the write.
-            let Loaded { mut task, .. } = load(conn, &id)?;
-            let event = change(&mut task)?;
-            conn.prepare_cached(
-                "UPDATE tasks SET state = ?2, updated_at = ?3, task_json = ?4 WHERE id = ?1",
-            )?
-            .execute(params![
-                task.id,
-                task.state.name(),
-                clock::now_ms() as i64,
-                serde_json::to_string(&task)?
-            ])?;
-            if let Some(event) = event {
-                record(conn, &task.id, &event)?;
-            }
-            Ok::<_, Failure>(task)
-        });
-        changed.await.map_err(|e| Failure::from(e).into())
-    }
-
-    /// Ids and deadlines of the missions still running: after a restart they are resumed.
-    pub async fn working(&self) -> RpcResult<Vec<(String, u64)>> {
-        self.read(|conn| {
-            let mut statement = conn.prepare("SELECT id, due_at FROM tasks WHERE state = ?1")?;
-            let rows = statement.query_map(["working"], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, i64>(1)?.max(0) as u64,
-                ))
-            })?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
-        })
-        .await
-    }
-
-    async fn read<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&Connection) -> Result<T, Failure> + Send + 'static,
-    ) -> RpcResult<T> {
-        let read = self.db.read(work).await;
-        read.map_err(|e| Failure::from(e).into())
-    }
-}
-
-fn load(conn: &Connection, id: &str) -> Result<Loaded, Failure> {
-    let row: Option<(String, i64)> = conn
-        .prepare_cached("SELECT task_json, due_at FROM tasks WHERE id = ?1")?
-        .query_row([id], |row| Ok((row.get(0)?, row.get(1)?)))
-        .optional()?;
-    match row {
-        Some((seen, due_at)) => Ok(Loaded {
-            task: serde_json::from_str(&seen)?,
-            due_at_ms: due_at.max(0) as u64,
-            seen,
-        }),
-        None => Err(errors::task_not_found(id).into()),
-    }
-}
-
-fn record(conn: &Connection, task_id: &str, event: &Event) -> rusqlite::Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO outbox (task_id, event_type, payload, created_at) VALUES (?1, ?2, ?3, ?4)",
-    )?
-    .execute(params![
-        task_id,
-        event.event_type,
-        event.payload.to_string(),
-        clock::now_ms() as i64
-    ])?;
-    Ok(())
 }

@@ -20,13 +20,12 @@ pub mod request;
 #[path = "request_hash.rs"]
 mod request_hash;
 #[path = "side_effects.rs"]
-mod side_effects;
+pub mod side_effects;
 #[path = "sse.rs"]
 pub mod sse;
 #[path = "streams.rs"]
 mod streams;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::future::{join_all, BoxFuture};
@@ -35,6 +34,7 @@ use serde_json::{json, Value};
 use client::{CardEntry, Client, Reply};
 use request::{new_message_id, send, send_with_id_field};
 use request_hash::request_hash;
+pub use side_effects::Db;
 use side_effects::SideEffects;
 
 /// AC-3 waits past the TTL; longer TTLs than this are skipped rather than waited for.
@@ -144,8 +144,8 @@ pub struct Target {
 }
 
 impl Target {
-    /// `db`: the server's SQLite file, if the harness may read it (side-effect checks).
-    pub fn new(url: &str, db: Option<PathBuf>) -> Self {
+    /// `db`: the server's database, if the harness may read it (side-effect checks).
+    pub fn new(url: &str, db: Option<Db>) -> Self {
         Self {
             client: Client::new(url),
             side_effects: SideEffects { db },

@@ -15,24 +15,23 @@
 
 mod harness;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use harness::client::Client;
-use harness::{check, Outcome, Restart, Scenario, Target};
+use harness::{check, Db, Outcome, Restart, Scenario, Target};
 
 /// How long a restarted server may take to answer again.
 const RESTART_TIMEOUT: Duration = Duration::from_secs(60);
 
 const USAGE: &str =
-    "usage: conformance --url http://HOST:PORT [--restart-cmd \"shell command\"] [--db PATH]";
+    "usage: conformance --url http://HOST:PORT [--restart-cmd \"shell command\"] [--db PATH|URL]";
 
 struct Args {
     url: String,
     restart_cmd: Option<String>,
-    db: Option<PathBuf>,
+    db: Option<Db>,
 }
 
 #[tokio::main]
@@ -88,7 +87,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         match flag.as_str() {
             "--url" => url = Some(value()?),
             "--restart-cmd" => restart_cmd = Some(value()?),
-            "--db" => db = Some(PathBuf::from(value()?)),
+            "--db" => db = Some(Db::parse(&value()?)),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }

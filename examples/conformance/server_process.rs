@@ -1,5 +1,5 @@
 //! The example A2A server (`examples/a2a_server`) as a real child process on a temporary SQLite
-//! file, for the tests: started on `127.0.0.1:0` with the flags a test chooses, its address read
+//! file (or a database a test names, a PostgreSQL one say), for the tests: started on `127.0.0.1:0` with the flags a test chooses, its address read
 //! from the one `listening on` line, stopped with SIGTERM when a test asks, killed with SIGKILL
 //! on restart and on drop (also when a test panics).
 
@@ -30,7 +30,8 @@ pub struct ServerProcess {
 
 /// How to start (and restart) the process, and what it printed.
 struct Launch {
-    db: PathBuf,
+    /// The `--db` argument: a file path or a database URL.
+    db: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
     /// The tail of what the server wrote to stderr, for failure messages.
@@ -47,9 +48,15 @@ impl ServerProcess {
 
     /// Like [`start`](Self::start), with extra command-line flags (kept for restarts).
     pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_on(None, args, env)
+    }
+
+    /// Like [`start_with`](Self::start_with), on the database `db` (`--db`) if one is given.
+    pub fn start_on(db: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
+        let file = dir.path().join("a2a.db");
         let launch = Launch {
-            db: dir.path().join("a2a.db"),
+            db: db.map_or_else(|| file.display().to_string(), str::to_owned),
             args: args.iter().map(|a| a.to_string()).collect(),
             env: env
                 .iter()
@@ -72,8 +79,14 @@ impl ServerProcess {
         self.child.id()
     }
 
+    /// The SQLite file (of a server started without a database URL).
     pub fn db(&self) -> &Path {
-        &self.launch.db
+        Path::new(&self.launch.db)
+    }
+
+    /// The database, as the harness reads its side effects.
+    pub fn side_effects_db(&self) -> super::harness::Db {
+        super::harness::Db::parse(&self.launch.db)
     }
 
     /// The last lines the server (each process of it) wrote to stderr, for failure messages.
@@ -114,7 +127,8 @@ impl ServerProcess {
         self.launch.more_stdout.lock().unwrap().clone()
     }
 
-    fn kill(&mut self) {
+    /// SIGKILL: the process dies at once, mid-call if it is in one.
+    pub fn kill(&mut self) {
         // `Child::kill` is SIGKILL on Unix; an already exited child is not an error here.
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -1,11 +1,13 @@
-//! Side effects read straight from the server's SQLite file: the `tasks` rows and the
+//! Side effects read straight from the server's database: the `tasks` rows and the
 //! `mission.assigned` outbox rows that a replay or a collision must not add (spec §6.1), and
 //! whether a messageId has its `idempotency_cache` row (spec §4.4) yet. Only possible where the
-//! harness is given the database path (our example server).
+//! harness is given the database (our example server): its SQLite file, read-only, or its
+//! PostgreSQL URL.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use idem::tokio_postgres;
 use rusqlite::{Connection, OpenFlags};
 
 /// The server may be writing; wait for its lock rather than fail the read.
@@ -18,51 +20,67 @@ pub struct Counts {
     pub assigned: i64,
 }
 
+/// The server's database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Db {
+    File(PathBuf),
+    Postgres(String),
+}
+
+impl Db {
+    /// A `postgres://` URL, or a file path.
+    pub fn parse(value: &str) -> Self {
+        match value.starts_with("postgres://") || value.starts_with("postgresql://") {
+            true => Self::Postgres(value.to_owned()),
+            false => Self::File(PathBuf::from(value)),
+        }
+    }
+}
+
 /// The database to read, if the harness has one; without it every check passes vacuously.
 #[derive(Debug, Clone, Default)]
 pub struct SideEffects {
-    pub db: Option<PathBuf>,
+    pub db: Option<Db>,
 }
 
 impl SideEffects {
     /// The current counts, or `None` without a database.
     pub fn snapshot(&self) -> Result<Option<Counts>, String> {
-        self.read(|conn| {
-            let tasks = conn.query_row("SELECT COUNT(*) FROM tasks", [], |r| r.get(0))?;
-            let assigned = conn.query_row(
-                "SELECT COUNT(*) FROM outbox WHERE event_type = 'mission.assigned'",
-                [],
-                |r| r.get(0),
-            )?;
-            Ok(Counts { tasks, assigned })
-        })
+        let Some(tasks) = self.count("SELECT COUNT(*) FROM tasks", None)? else {
+            return Ok(None);
+        };
+        let assigned = self.count(
+            "SELECT COUNT(*) FROM outbox WHERE event_type = 'mission.assigned'",
+            None,
+        )?;
+        Ok(assigned.map(|assigned| Counts { tasks, assigned }))
     }
 
     /// Whether the cache holds a row for `message_id`, or `None` without a database.
     pub fn cached(&self, message_id: &str) -> Result<Option<bool>, String> {
-        self.read(|conn| {
-            conn.query_row(
-                "SELECT EXISTS (SELECT 1 FROM idempotency_cache WHERE message_id = ?1)",
-                [message_id],
-                |r| r.get(0),
-            )
-        })
+        let sql = "SELECT COUNT(*) FROM idempotency_cache WHERE message_id = $1";
+        Ok(self.count(sql, Some(message_id))?.map(|n| n > 0))
     }
 
-    fn read<T>(
-        &self,
-        query: impl FnOnce(&Connection) -> rusqlite::Result<T>,
-    ) -> Result<Option<T>, String> {
-        let Some(db) = &self.db else { return Ok(None) };
-        let read = || {
-            // Read-only: the harness must neither create a missing file nor write to the server's.
-            let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-            conn.busy_timeout(BUSY_TIMEOUT)?;
-            query(&conn)
-        };
-        read()
-            .map(Some)
-            .map_err(|e| format!("reading {}: {e}", db.display()))
+    /// The one integer `sql` (PostgreSQL's dialect, at most one text parameter `$1`) returns.
+    fn count(&self, sql: &str, param: Option<&str>) -> Result<Option<i64>, String> {
+        match &self.db {
+            None => Ok(None),
+            Some(Db::File(path)) => {
+                let read = || {
+                    // Read-only: the harness must neither create a missing file nor write to
+                    // the server's.
+                    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+                    conn.busy_timeout(BUSY_TIMEOUT)?;
+                    let sql = sql.replace('$', "?");
+                    conn.query_row(&sql, rusqlite::params_from_iter(param), |r| r.get(0))
+                };
+                read()
+                    .map(Some)
+                    .map_err(|e| format!("reading {}: {e}", path.display()))
+            }
+            Some(Db::Postgres(url)) => postgres_count(url, sql, param).map(Some),
+        }
     }
 
     /// Fails unless exactly `added` tasks and `mission.assigned` events appeared since `before`.
@@ -88,4 +106,31 @@ impl SideEffects {
             now.assigned - before.assigned
         ))
     }
+}
+
+/// Runs the query on a connection of its own, on a thread and runtime of its own: the checks
+/// are synchronous, and may be called from inside an async test.
+fn postgres_count(url: &str, sql: &str, param: Option<&str>) -> Result<i64, String> {
+    let (url, sql, param) = (url.to_owned(), sql.to_owned(), param.map(str::to_owned));
+    let read = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| format!("connecting to {url}: {e}"))?;
+            tokio::spawn(connection);
+            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &param {
+                Some(param) => vec![param],
+                None => vec![],
+            };
+            let row = client.query_one(&sql, &params).await;
+            row.map(|row| row.get::<_, i64>(0))
+                .map_err(|e| format!("reading {url}: {e}"))
+        })
+    });
+    read.join()
+        .map_err(|_| "the reading thread panicked".to_owned())?
 }

@@ -41,7 +41,7 @@ fn tail(text: &str, lines: usize) -> String {
 }
 
 fn target(server: &ServerProcess) -> Target {
-    Target::new(&server.url, Some(server.db().to_owned()))
+    Target::new(&server.url, Some(server.side_effects_db()))
 }
 
 #[tokio::test]

@@ -1,0 +1,114 @@
+//! The task store's statements on PostgreSQL: staged writes run in the transaction that
+//! stores the call's cache entry, everything else on the idempotency store's pool.
+
+use idem::deadpool_postgres::{GenericClient, Pool};
+use idem::tokio_postgres::{self, Transaction};
+use idem::{UnitOfWork, WriteError};
+use jsonrpsee::core::RpcResult;
+
+use super::sql;
+use super::{Change, EventRow, Failure, Loaded, TaskRow};
+use crate::model::Task;
+
+/// Under an advisory lock: replicas that start together do not race on `CREATE`.
+pub async fn create(pool: &Pool) -> Result<(), String> {
+    let create = async {
+        let mut client = pool.get().await.map_err(Failure::from)?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock(2002)", &[])
+            .await?;
+        tx.batch_execute(sql::POSTGRES_SCHEMA).await?;
+        tx.commit().await?;
+        Ok::<_, Failure>(())
+    };
+    create.await.map_err(|e| e.to_string())
+}
+
+pub fn stage_insert(unit: &UnitOfWork, row: TaskRow, event: EventRow) -> RpcResult<()> {
+    unit.stage_postgres(move |tx| {
+        Box::pin(async move {
+            tx.execute(
+                sql::INSERT_TASK,
+                &[
+                    &row.id,
+                    &row.context_id,
+                    &row.state,
+                    &row.due_at,
+                    &row.now,
+                    &row.task_json,
+                ],
+            )
+            .await?;
+            record(tx, &event).await?;
+            Ok(())
+        })
+    })
+}
+
+pub fn stage_update(unit: &UnitOfWork, row: TaskRow, seen: String) -> RpcResult<()> {
+    unit.stage_postgres(move |tx| {
+        Box::pin(async move {
+            let changed = tx
+                .execute(
+                    sql::UPDATE_TASK_IF_UNCHANGED,
+                    &[&row.id, &row.state, &row.now, &row.task_json, &seen],
+                )
+                .await?;
+            match changed {
+                1 => Ok(()),
+                _ => Err(WriteError::from(super::changed_meanwhile(&row.id))),
+            }
+        })
+    })
+}
+
+pub async fn load(pool: &Pool, id: String) -> Result<Loaded, Failure> {
+    let client = pool.get().await?;
+    load_in(&client, &id, "").await
+}
+
+/// `FOR UPDATE` holds the row until commit: nothing changes between read and write.
+pub async fn update(pool: &Pool, id: String, change: Change) -> Result<Task, Failure> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let loaded = load_in(&tx, &id, " FOR UPDATE").await?;
+    let (task, row, event) = super::apply(loaded, change)?;
+    tx.execute(
+        sql::UPDATE_TASK,
+        &[&row.id, &row.state, &row.now, &row.task_json],
+    )
+    .await?;
+    if let Some(event) = event {
+        record(&tx, &event).await?;
+    }
+    tx.commit().await?;
+    Ok(task)
+}
+
+pub async fn in_state(pool: &Pool, state: &'static str) -> Result<Vec<(String, i64)>, Failure> {
+    let client = pool.get().await?;
+    let rows = client.query(sql::TASKS_IN_STATE, &[&state]).await?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
+async fn load_in(client: &impl GenericClient, id: &str, lock: &str) -> Result<Loaded, Failure> {
+    let statement = client
+        .prepare_cached(&format!("{}{lock}", sql::LOAD_TASK))
+        .await?;
+    let row = client.query_opt(&statement, &[&id]).await?;
+    super::loaded(id, row.map(|row| (row.get(0), row.get(1))))
+}
+
+async fn record(tx: &Transaction<'_>, event: &EventRow) -> Result<(), tokio_postgres::Error> {
+    tx.execute(
+        sql::RECORD_EVENT,
+        &[
+            &event.task_id,
+            &event.event_type,
+            &event.payload,
+            &event.now,
+        ],
+    )
+    .await?;
+    Ok(())
+}

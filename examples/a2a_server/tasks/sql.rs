@@ -1,0 +1,76 @@
+//! The SQL of the `tasks` and `outbox` tables, each statement written once, in PostgreSQL's
+//! dialect; SQLite runs the same text with `?N` for `$N` ([`sqlite`]). Only the tables'
+//! definitions differ (the outbox's generated id), and only here.
+
+pub const SQLITE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS tasks (
+    id          TEXT NOT NULL PRIMARY KEY,
+    context_id  TEXT NOT NULL,
+    state       TEXT NOT NULL,     -- working | completed | canceled
+    due_at      INTEGER NOT NULL,  -- epoch ms at which the mission completes
+    created_at  INTEGER NOT NULL,  -- epoch ms
+    updated_at  INTEGER NOT NULL,  -- epoch ms
+    task_json   TEXT NOT NULL      -- the whole task (history, artifacts) as this example models it
+);
+CREATE INDEX IF NOT EXISTS idx_tasks_state ON tasks(state);
+CREATE TABLE IF NOT EXISTS outbox (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id      TEXT NOT NULL REFERENCES tasks(id),
+    event_type   TEXT NOT NULL,    -- mission.assigned | mission.completed | mission.canceled
+    payload      TEXT NOT NULL,    -- JSON
+    created_at   INTEGER NOT NULL, -- epoch ms
+    delivered_at INTEGER           -- set by a relay once delivered (none in this example)
+);
+CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
+";
+
+/// The same tables on PostgreSQL: BIGINT epoch milliseconds, an identity column.
+pub const POSTGRES_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS tasks (
+    id          TEXT NOT NULL PRIMARY KEY,
+    context_id  TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    due_at      BIGINT NOT NULL,
+    created_at  BIGINT NOT NULL,
+    updated_at  BIGINT NOT NULL,
+    task_json   TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_tasks_state ON tasks(state);
+CREATE TABLE IF NOT EXISTS outbox (
+    id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_id      TEXT NOT NULL REFERENCES tasks(id),
+    event_type   TEXT NOT NULL,
+    payload      TEXT NOT NULL,
+    created_at   BIGINT NOT NULL,
+    delivered_at BIGINT
+);
+CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
+";
+
+/// `$1` id, `$2` context id, `$3` state, `$4` due at, `$5` now, `$6` task JSON.
+pub const INSERT_TASK: &str = "INSERT INTO tasks
+    (id, context_id, state, due_at, created_at, updated_at, task_json)
+    VALUES ($1, $2, $3, $4, $5, $5, $6)";
+
+/// `$1` id, `$2` state, `$3` now, `$4` task JSON.
+pub const UPDATE_TASK: &str =
+    "UPDATE tasks SET state = $2, updated_at = $3, task_json = $4 WHERE id = $1";
+
+/// [`UPDATE_TASK`], applied only if the row still holds `$5`, the task JSON as read.
+pub const UPDATE_TASK_IF_UNCHANGED: &str =
+    "UPDATE tasks SET state = $2, updated_at = $3, task_json = $4 WHERE id = $1 AND task_json = $5";
+
+/// `$1` id.
+pub const LOAD_TASK: &str = "SELECT task_json, due_at FROM tasks WHERE id = $1";
+
+/// `$1` state.
+pub const TASKS_IN_STATE: &str = "SELECT id, due_at FROM tasks WHERE state = $1";
+
+/// `$1` task id, `$2` event type, `$3` payload, `$4` now.
+pub const RECORD_EVENT: &str =
+    "INSERT INTO outbox (task_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)";
+
+/// `sql` as SQLite spells its numbered parameters.
+pub fn sqlite(sql: &str) -> String {
+    sql.replace('$', "?")
+}

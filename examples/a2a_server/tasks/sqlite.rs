@@ -1,0 +1,91 @@
+//! The task store's statements on SQLite: staged writes run on the idempotency store's
+//! writer thread, reads on its read connections.
+
+use idem::{rusqlite, Database, UnitOfWork, WriteError};
+use jsonrpsee::core::RpcResult;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::sql::{self, sqlite};
+use super::{Change, EventRow, Failure, Loaded, TaskRow};
+use crate::model::Task;
+
+pub async fn create(db: &Database) -> Result<(), String> {
+    let created = db.transact(|conn| conn.execute_batch(sql::SQLITE_SCHEMA));
+    created.await.map_err(|e| e.to_string())
+}
+
+pub fn stage_insert(unit: &UnitOfWork, row: TaskRow, event: EventRow) -> RpcResult<()> {
+    unit.stage(move |conn| {
+        conn.prepare_cached(&sqlite(sql::INSERT_TASK))?
+            .execute(params![
+                row.id,
+                row.context_id,
+                row.state,
+                row.due_at,
+                row.now,
+                row.task_json
+            ])?;
+        record(conn, &event)?;
+        Ok(())
+    })
+}
+
+pub fn stage_update(unit: &UnitOfWork, row: TaskRow, seen: String) -> RpcResult<()> {
+    unit.stage(move |conn| {
+        let changed = conn
+            .prepare_cached(&sqlite(sql::UPDATE_TASK_IF_UNCHANGED))?
+            .execute(params![row.id, row.state, row.now, row.task_json, seen])?;
+        match changed {
+            1 => Ok(()),
+            _ => Err(WriteError::from(super::changed_meanwhile(&row.id))),
+        }
+    })
+}
+
+pub async fn load(db: &Database, id: String) -> Result<Loaded, Failure> {
+    let read = db.read(move |conn| load_in(conn, &id)).await;
+    Ok(read?)
+}
+
+/// The writer's transaction holds the write lock: nothing changes between read and write.
+pub async fn update(db: &Database, id: String, change: Change) -> Result<Task, Failure> {
+    let changed = db.transact(move |conn| {
+        let loaded = load_in(conn, &id)?;
+        let (task, row, event) = super::apply(loaded, change)?;
+        conn.prepare_cached(&sqlite(sql::UPDATE_TASK))?
+            .execute(params![row.id, row.state, row.now, row.task_json])?;
+        if let Some(event) = event {
+            record(conn, &event)?;
+        }
+        Ok::<_, Failure>(task)
+    });
+    Ok(changed.await?)
+}
+
+pub async fn in_state(db: &Database, state: &'static str) -> Result<Vec<(String, i64)>, Failure> {
+    let read = db.read(move |conn| {
+        let mut statement = conn.prepare_cached(&sqlite(sql::TASKS_IN_STATE))?;
+        let rows = statement.query_map([state], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        Ok::<_, Failure>(rows.collect::<Result<Vec<_>, _>>()?)
+    });
+    Ok(read.await?)
+}
+
+fn load_in(conn: &Connection, id: &str) -> Result<Loaded, Failure> {
+    let row: Option<(String, i64)> = conn
+        .prepare_cached(&sqlite(sql::LOAD_TASK))?
+        .query_row([id], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    super::loaded(id, row)
+}
+
+fn record(conn: &Connection, event: &EventRow) -> rusqlite::Result<()> {
+    conn.prepare_cached(&sqlite(sql::RECORD_EVENT))?
+        .execute(params![
+            event.task_id,
+            event.event_type,
+            event.payload,
+            event.now
+        ])?;
+    Ok(())
+}
