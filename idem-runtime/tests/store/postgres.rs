@@ -51,6 +51,31 @@ async fn a_waiter_on_another_replica_wakes_when_the_execution_stores_its_entry()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_listener_lost_its_connection_is_not_stranded() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&a, &key(1), "message/send", &hash).await;
+    let Claim::InFlight(waiter) = b.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!()
+    };
+    let waiting = tokio::spawn(waiter.wait(Duration::from_secs(60), false));
+    // Every listening connection dies (a restart, a proxy's idle timeout), and the end of the
+    // claim is announced while they are down: that notification is lost.
+    fx.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE query LIKE 'LISTEN%' AND datname = current_database()",
+    )
+    .await;
+    ticket.complete(response("done")).await.unwrap();
+    let waited = tokio::time::timeout(WOKEN, waiting).await;
+    let Ok(Ok(Waited::Done(entry))) = waited else {
+        panic!("stranded: the reconnect must make the waiter read again")
+    };
+    assert_eq!(entry.response.body, b"done");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_claim_wakes_waiters_on_another_replica_and_the_key_is_free() {
     let Some(fx) = fixture().await else { return };
     let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
