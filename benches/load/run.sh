@@ -3,7 +3,8 @@
 # fresh executions with the extension, and fresh executions with it off, in one run so the
 # ratios compare like with like. Each server gets a fresh database in a temp dir; the most
 # threads each server process had while under load is sampled from /proc.
-#   CONNECTIONS (default 64), DURATION (seconds, default 10), A2A_SERVER_BIN (see below)
+#   CONNECTIONS (default 64), DURATION (seconds, default 10), A2A_SERVER_BIN (see below),
+#   POSTGRES_URL (a server on which to create one database per load: measures PostgreSQL)
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/idem-target}"
@@ -19,8 +20,13 @@ command -v wrk >/dev/null || { echo "run.sh needs wrk: apt-get install wrk" >&2;
 # Prints "REQ_PER_SEC MAX_THREADS" for one load.
 load() {
   local mode=$1 script=$2
-  local out="$dir/$mode-$script.out" url=""
-  "$bin" --listen 127.0.0.1:0 --db "$dir/$mode-$script.db" --idempotency "$mode" >"$out" 2>"$dir/stderr" &
+  local out="$dir/$mode-$script.out" url="" db="$dir/$mode-$script.db"
+  if [ -n "${POSTGRES_URL:-}" ]; then
+    local name="idem_load_${mode}_${script%.lua}_$$"
+    psql -q "$POSTGRES_URL" -c "DROP DATABASE IF EXISTS $name" -c "CREATE DATABASE $name" >/dev/null
+    db="${POSTGRES_URL%/*}/$name"
+  fi
+  "$bin" --listen 127.0.0.1:0 --db "$db" --idempotency "$mode" >"$out" 2>"$dir/stderr" &
   local pid=$!
   for _ in $(seq 100); do
     url=$(sed -n 's/^listening on //p' "$out")
@@ -45,7 +51,7 @@ report() {
   printf '%-9s %-11s %10s req/s  %4s threads\n' "$1" "$2" $3 $4
 }
 
-printf '%s connections, %s s each\n' "$connections" "$duration"
+printf '%s connections, %s s each, on %s\n' "$connections" "$duration" "$([ -n "${POSTGRES_URL:-}" ] && echo PostgreSQL || echo SQLite)"
 read -r replay_rps replay_threads < <(load required replay.lua)
 report required replay.lua "$replay_rps" "$replay_threads"
 read -r fresh_rps fresh_threads < <(load required fresh.lua)

@@ -1,17 +1,17 @@
 //! The handle an application builds once and installs on its jsonrpsee server.
 
-use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::cache::IdempotencyCache;
+use crate::claim::IdempotencyCache;
 use crate::config::IdempotencyConfig;
-use crate::database::Database;
-use crate::http_layer::HttpLayer;
-use crate::rpc_layer::RpcLayer;
-use crate::sqlite_store::SqliteStore;
+use crate::layers::http::HttpLayer;
+use crate::layers::rpc::RpcLayer;
+use crate::state::State;
+use crate::store::database::Database;
+use crate::store::sqlite::SqliteStore;
 use crate::store::StoreError;
 
 /// The methods governed by default (spec §4.1), in both A2A spellings.
@@ -43,24 +43,6 @@ pub struct Idempotency {
     state: Arc<State>,
 }
 
-/// Shared by both layers and every guarded call.
-#[derive(Clone)]
-pub(crate) struct State {
-    /// `None` when the extension is off.
-    pub(crate) cache: Option<IdempotencyCache>,
-    /// `false` when the store serves units of work only and deduplicates nothing.
-    pub(crate) deduplicate: bool,
-    pub(crate) config: IdempotencyConfig,
-    pub(crate) governed: HashSet<String>,
-}
-
-impl State {
-    /// The cache, when calls are deduplicated.
-    pub(crate) fn deduplicating(&self) -> Option<&IdempotencyCache> {
-        self.cache.as_ref().filter(|_| self.deduplicate)
-    }
-}
-
 impl Idempotency {
     /// Opens the SQLite cache at `path` and starts its periodic sweep (needs a tokio runtime).
     pub fn open(path: impl AsRef<Path>, config: IdempotencyConfig) -> Result<Self, StoreError> {
@@ -73,7 +55,7 @@ impl Idempotency {
     /// and starts its periodic sweep.
     #[cfg(feature = "postgres")]
     pub async fn connect(url: &str, config: IdempotencyConfig) -> Result<Self, StoreError> {
-        let store = crate::postgres_store::PostgresStore::connect(url, &config).await?;
+        let store = crate::store::postgres::PostgresStore::connect(url, &config).await?;
         let cache = IdempotencyCache::new(store);
         cache.spawn_sweeper(config.sweep_interval);
         Ok(Self::new(cache, config))

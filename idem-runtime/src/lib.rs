@@ -6,70 +6,54 @@
 
 #![warn(missing_docs)]
 
-mod activation;
-mod cache;
-mod canonical_hash;
-mod canonical_pass;
+// The request's path, in the order it runs: the HTTP layer and the RPC layer (`layers/`), the
+// guard that `#[idempotent]` expands to (`guard/`), the claim (`claim.rs`), the store
+// (`store/`, one folder per backend). `hash/` and `message_id.rs` turn a request into its key
+// and hash; `idempotency.rs` builds it all, `state.rs` is what the parts share.
+mod claim;
 mod clock;
 mod config;
-mod database;
 mod error;
-mod file_lock;
 mod guard;
-mod http_layer;
+mod hash;
 mod idempotency;
-mod jcs;
-mod key_index;
-mod memory_tier;
+mod layers;
 mod message_id;
-mod number_exactness;
-#[cfg(feature = "postgres")]
-mod postgres_listener;
-#[cfg(feature = "postgres")]
-mod postgres_store;
-mod recording;
-mod replayable;
-mod rpc_layer;
-mod scope;
-mod sqlite_checkpointer;
-mod sqlite_readers;
-mod sqlite_store;
-mod sqlite_writer;
-mod sse;
+mod state;
 mod store;
-mod stream;
-mod unary;
 mod unit_of_work;
+mod wire;
 
-pub use activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
-pub use cache::{Claim, IdempotencyCache, InFlight, Progress, Ticket, Waited};
-pub use canonical_hash::{
+pub use claim::{Claim, IdempotencyCache, InFlight, Progress, Ticket, Waited};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{ConfigError, IdempotencyConfig, CLAIM_LEASE_ENV, MAX_ENTRIES_ENV, TTL_ENV};
+pub use error::{ErrorCode, IdempotencyError, EXTENSION_URI};
+pub use guard::recording::MAX_RECORDED_STREAM_BYTES;
+pub use guard::replayable::Replayable;
+pub use guard::sse::EVENT_STREAM;
+pub use guard::stream::EventStream;
+pub use guard::{CallContext, Guarded};
+pub use hash::{
     canonical_json, canonical_params, hash_params, parse_params, request_hash, spelling, HashError,
     RequestHash, Spelling,
 };
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{ConfigError, IdempotencyConfig, CLAIM_LEASE_ENV, MAX_ENTRIES_ENV, TTL_ENV};
-pub use database::{Database, TransactError};
-pub use error::{ErrorCode, IdempotencyError, EXTENSION_URI};
-pub use guard::{CallContext, Guarded, Payload};
-pub use http_layer::{HttpLayer, HttpService, IDEMPOTENT_REPLAYED};
 pub use idempotency::{Idempotency, DEFAULT_GOVERNED_METHODS};
+pub use layers::activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
+pub use layers::http::{HttpLayer, HttpService, IDEMPOTENT_REPLAYED};
+pub use layers::rpc::{RpcLayer, RpcService};
 pub use message_id::{MessageId, MessageIdError, MessageIdPolicy};
-#[cfg(feature = "postgres")]
-pub use postgres_store::{PostgresOptions, PostgresStore};
-pub use recording::MAX_RECORDED_STREAM_BYTES;
-pub use replayable::Replayable;
-pub use rpc_layer::{RpcLayer, RpcService};
 /// The SQLite crate the staged writes are written with, re-exported so versions match.
 pub use rusqlite;
-pub use sqlite_store::SqliteStore;
-pub use sse::EVENT_STREAM;
+pub use store::database::{Database, TransactError};
+#[cfg(feature = "postgres")]
+pub use store::postgres::{PostgresOptions, PostgresStore};
+pub use store::sqlite::SqliteStore;
 pub use store::{
     Acquired, Elsewhere, Entry, Found, Lease, OpenStream, ReadJob, Store, StoreError,
     StoredResponse,
 };
-pub use stream::EventStream;
 pub use unit_of_work::{SqlWrite, UnitOfWork, WriteError};
+pub use wire::Payload;
 /// The PostgreSQL crates the staged writes and the pool are written with, re-exported so
 /// versions match.
 #[cfg(feature = "postgres")]

@@ -4,7 +4,7 @@
 //! carry any version and variant digits, so the default check is on shape and entropy only; ids whose
 //! version marks a non-random scheme are logged as anomalies (§7.2), and refused only in strict mode.
 
-use crate::canonical_pass::FoundId;
+use crate::hash::canonical_pass::FoundId;
 use serde_json::Value;
 use std::fmt;
 

@@ -16,13 +16,13 @@ use http_body_util::BodyExt;
 use jsonrpsee::server::http::{content_type_is_json, response};
 use jsonrpsee::server::{HttpBody, HttpRequest, HttpResponse};
 
-use crate::activation::is_activated;
-use crate::cache::IdempotencyCache;
-use crate::canonical_hash::request_spelling;
+use crate::claim::IdempotencyCache;
 use crate::error::EXTENSION_URI;
-use crate::idempotency::State;
-use crate::scope::{HttpScope, Outcome, StreamSource, WebSocket};
-use crate::sse;
+use crate::guard::sse;
+use crate::hash::request_spelling;
+use crate::layers::activation::is_activated;
+use crate::layers::scope::{HttpScope, Outcome, StreamSource, WebSocket};
+use crate::state::State;
 
 /// Bodies up to this size (by their `Content-Length`) are read here to be recognised as
 /// resends; larger or chunked ones go to jsonrpsee unread, which enforces its own limit.
@@ -128,7 +128,7 @@ enum Read {
     /// A resend of an answered request: its answer.
     Resend(HttpResponse<HttpBody>),
     /// Not one: the request, its body read back in, and the body's spelling.
-    New(HttpRequest<HttpBody>, crate::canonical_hash::Spelling),
+    New(HttpRequest<HttpBody>, crate::hash::Spelling),
     /// The body could not be read: jsonrpsee's answer to that.
     Failed(HttpResponse<HttpBody>),
 }
@@ -142,7 +142,7 @@ async fn read_resend(request: HttpRequest<HttpBody>, cache: &IdempotencyCache) -
     };
     let spelling = request_spelling(&body);
     if let Some(entry) = cache.store().spelled(&spelling) {
-        if !crate::stream::is_event_stream(&entry) {
+        if !crate::guard::stream::is_event_stream(&entry) {
             return Read::Resend(response::ok_response(entry.response.body.clone()));
         }
     }

@@ -1,12 +1,17 @@
 //! What the guard stores: one entry per message id, and the durable `Store` that keeps them.
 
+pub(crate) mod database;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::canonical_hash::{RequestHash, Spelling};
+use crate::hash::{RequestHash, Spelling};
 use crate::message_id::MessageId;
 use crate::unit_of_work::{SqlWrite, WriteError};
 

@@ -7,12 +7,16 @@
 //! and numbers whose decimal value the IEEE-754 double would change (spec §7.3: two payloads
 //! must never share a hash).
 
+pub(crate) mod canonical_pass;
+pub(crate) mod jcs;
+mod number_exactness;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::fmt;
 
-pub use crate::canonical_pass::HashError;
-use crate::canonical_pass::{canonicalize, FoundId};
+pub use crate::hash::canonical_pass::HashError;
+use crate::hash::canonical_pass::{canonicalize, FoundId};
 
 /// A request hash: 64 lowercase hex digits.
 ///
@@ -83,7 +87,7 @@ pub(crate) fn hash_and_message_id(raw_params: &[u8]) -> Result<(RequestHash, Fou
 
 /// Parses raw `params`, refusing what the hash cannot bind honestly (see [`HashError`]).
 pub fn parse_params(raw_params: &[u8]) -> Result<Value, HashError> {
-    let text = crate::canonical_pass::check(raw_params)?;
+    let text = crate::hash::canonical_pass::check(raw_params)?;
     serde_json::from_str(text).map_err(|e| HashError::Syntax {
         offset: 0,
         detail: e.to_string(),
@@ -114,7 +118,7 @@ fn canonical_without_message_id(mut params: Value) -> Result<Vec<u8>, HashError>
 /// RFC 8785 canonical bytes of a JSON value (see `jcs.rs`; byte-identical to `serde_jcs`).
 pub fn canonical_json(value: &Value) -> Result<Vec<u8>, HashError> {
     let mut out = Vec::with_capacity(256);
-    crate::jcs::write(value, &mut out).ok_or_else(|| HashError::Syntax {
+    crate::hash::jcs::write(value, &mut out).ok_or_else(|| HashError::Syntax {
         offset: 0,
         detail: "a number JCS cannot print".into(),
     })?;

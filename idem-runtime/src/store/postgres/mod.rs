@@ -1,6 +1,6 @@
 //! The durable [`Store`] on PostgreSQL, for replicas that share one database.
 //!
-//! Every process keeps its own table of the calls it runs (`cache.rs`), and the database
+//! Every process keeps its own table of the calls it runs (`claim.rs`), and the database
 //! arbitrates between processes: a claim is a row of `idempotency_claims`, won with one
 //! `INSERT ... ON CONFLICT`, held as a lease that the winner renews while it executes, and
 //! stamped with a fencing number from a sequence, so a later claim of the key always carries
@@ -8,11 +8,13 @@
 //! while the row still carries its fence: a replica that ran past its lease (a pause, a
 //! partition) commits nothing, and the replica that took the claim over executes against a
 //! database that holds no trace of the first. Ends of claims are announced with `NOTIFY`
-//! (`postgres_listener.rs`), so waiters on other replicas wake without polling.
+//! (`listener.rs`), so waiters on other replicas wake without polling.
 //!
 //! Leases are timed by the database's clock, never a replica's; TTLs by the store's clock,
 //! as on SQLite. Entries are not kept in memory: another replica may evict or sweep one at any
 //! time, and an evicted entry is a miss everywhere.
+
+mod listener;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,11 +26,11 @@ use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMe
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
-use crate::canonical_hash::RequestHash;
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
+use crate::hash::RequestHash;
 use crate::message_id::MessageId;
-use crate::postgres_listener::{Listener, CHANNEL};
+use crate::store::postgres::listener::{Listener, CHANNEL};
 use crate::store::{
     is_expired, Acquired, Elsewhere, Entry, EntryRow, Found, Lease, OpenStream, ReadJob, Store,
     StoreError,

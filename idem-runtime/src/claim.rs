@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::canonical_hash::RequestHash;
+use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::{
     Acquired, Elsewhere, Entry, Found, Lease, OpenStream, Store, StoreError, StoredResponse,
@@ -179,7 +179,7 @@ impl IdempotencyCache {
                     message_id: stream.message_id.clone(),
                     method: stream.method.clone(),
                     request_hash: stream.request_hash.clone(),
-                    response: crate::stream::interrupted(&stream, events),
+                    response: crate::guard::stream::interrupted(&stream, events),
                     inserted_at: stream.started_at,
                 });
                 ticket.lease = Some(lease);

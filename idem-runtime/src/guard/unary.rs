@@ -8,11 +8,12 @@ use std::future::Future;
 use jsonrpsee::types::ErrorObjectOwned;
 use serde::Serialize;
 
+use crate::guard::replayable::Replayable;
 use crate::guard::{
     decide, layer_missing, replay_json, run_catching, store_json, undeduplicated_failure,
-    CallContext, Decision, Guarded, Payload,
+    CallContext, Decision, Guarded,
 };
-use crate::replayable::Replayable;
+use crate::wire::Payload;
 
 impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjectOwned> {
     async fn run<F>(ctx: CallContext, body: F) -> Self

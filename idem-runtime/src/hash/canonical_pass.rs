@@ -340,7 +340,7 @@ impl<'a> Scanner<'a> {
                 self.out.extend_from_slice(raw.as_bytes());
                 self.out.push(b'"');
             }
-            Cow::Owned(decoded) => crate::jcs::write_string(decoded, &mut self.out),
+            Cow::Owned(decoded) => crate::hash::jcs::write_string(decoded, &mut self.out),
         }
     }
 
@@ -450,7 +450,7 @@ impl<'a> Scanner<'a> {
             self.require_digits()?;
         }
         let text = std::str::from_utf8(&self.s[start..self.pos]).expect("ASCII");
-        if !crate::number_exactness::is_exact(text) {
+        if !crate::hash::number_exactness::is_exact(text) {
             return Err(HashError::InexactNumber {
                 text: text.to_owned(),
             });
@@ -535,7 +535,7 @@ fn write_number(token: &str, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jcs::tests::Gen;
+    use crate::hash::jcs::tests::Gen;
     use serde_json::Value;
 
     fn canonical(text: &str) -> Vec<u8> {

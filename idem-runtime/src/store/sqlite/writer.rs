@@ -20,9 +20,9 @@ use rusqlite::{params, Connection};
 use tokio::sync::oneshot;
 
 use crate::clock::Clock;
-use crate::key_index::KeyIndex;
-use crate::memory_tier::MemoryTier;
 use crate::message_id::MessageId;
+use crate::store::sqlite::key_index::KeyIndex;
+use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::{Entry, StoreError};
 
 /// Most writes committed in one transaction.
@@ -151,7 +151,7 @@ impl Writer {
                 if !self.conn.is_autocommit() {
                     let _ = self.conn.execute_batch("ROLLBACK");
                 }
-                self.rows = crate::sqlite_store::count_rows(&self.conn).unwrap_or(self.rows);
+                self.rows = crate::store::sqlite::count_rows(&self.conn).unwrap_or(self.rows);
                 let failed = || Err(StoreError::Commit(failure.clone()));
                 jobs.iter().map(|_| failed()).collect()
             }
@@ -281,7 +281,7 @@ fn evict_least_recently_used(
     if rows <= max_entries {
         return Ok(Vec::new());
     }
-    crate::sqlite_store::deleted_keys(
+    crate::store::sqlite::deleted_keys(
         conn,
         "DELETE FROM idempotency_cache WHERE rowid IN
            (SELECT rowid FROM idempotency_cache ORDER BY last_used_at, rowid LIMIT ?1)

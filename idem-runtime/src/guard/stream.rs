@@ -21,17 +21,18 @@ use serde::{Serialize, Serializer};
 
 use bytes::Bytes;
 
-use crate::cache::Ticket;
+use crate::claim::Ticket;
 use crate::error::{ErrorCode, IdempotencyError};
+use crate::guard::recording::Recording;
+use crate::guard::sse;
 use crate::guard::{
-    decide, layer_missing, replay_json, response_bytes, run_catching, store_failure, store_json,
-    undeduplicated_failure, CallContext, Decision, Guarded, Payload,
+    decide, layer_missing, replay_json, run_catching, store_failure, store_json,
+    undeduplicated_failure, CallContext, Decision, Guarded,
 };
-use crate::recording::Recording;
-use crate::scope::{GovernedCall, Outcome};
-use crate::sse;
+use crate::layers::scope::{GovernedCall, Outcome};
 use crate::store::{Entry, OpenStream, StoreError, StoredResponse};
 use crate::unit_of_work::{Sealed, SqlWrite, UnitOfWork};
+use crate::wire::{response_bytes, Payload};
 
 /// What a streaming `#[idempotent]` method returns: its events, each a result or an error.
 ///
@@ -363,7 +364,10 @@ fn as_recording(progress: Arc<dyn Any + Send + Sync>) -> Option<Arc<Recording>> 
 
 fn too_large() -> ErrorObjectOwned {
     IdempotencyError::new(ErrorCode::StreamTooLarge)
-        .with_detail("limit_bytes", crate::recording::MAX_RECORDED_STREAM_BYTES)
+        .with_detail(
+            "limit_bytes",
+            crate::guard::recording::MAX_RECORDED_STREAM_BYTES,
+        )
         .into()
 }
 

@@ -1,12 +1,19 @@
 //! The durable [`Store`] on SQLite: one file, WAL, `synchronous=FULL`, group commit.
 //!
-//! Writes go to one writer thread (`sqlite_writer.rs`), which commits every queued write in
-//! one transaction; reads go to a few reader threads (`sqlite_readers.rs`) with their own
+//! Writes go to one writer thread (`writer.rs`), which commits every queued write in
+//! one transaction; reads go to a few reader threads (`readers.rs`) with their own
 //! connections, which WAL lets run while the writer commits. No SQLite call ever runs on an
 //! async worker thread, and the thread count does not grow with the load. An OS lock
 //! (`file_lock.rs`) keeps a second process off the file, which is what lets this process keep
 //! what the file holds in memory: the keys (`key_index.rs`: a fresh key reads nothing) and the
 //! recent entries (`memory_tier.rs`: a replay reads nothing).
+
+mod checkpointer;
+mod file_lock;
+pub(crate) mod key_index;
+pub(crate) mod memory_tier;
+mod readers;
+pub(crate) mod writer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,16 +24,16 @@ use std::thread::JoinHandle;
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::canonical_hash::{RequestHash, Spelling};
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
-use crate::file_lock::ServingLock;
-use crate::key_index::KeyIndex;
-use crate::memory_tier::MemoryTier;
+use crate::hash::{RequestHash, Spelling};
 use crate::message_id::MessageId;
-use crate::sqlite_checkpointer::Checkpointer;
-use crate::sqlite_readers::Readers;
-use crate::sqlite_writer::{Batch, Call, Change, Job, Writer};
+use crate::store::sqlite::checkpointer::Checkpointer;
+use crate::store::sqlite::file_lock::ServingLock;
+use crate::store::sqlite::key_index::KeyIndex;
+use crate::store::sqlite::memory_tier::MemoryTier;
+use crate::store::sqlite::readers::Readers;
+use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{
     is_expired, Entry, EntryRow, Found, Lease, OpenStream, ReadJob, Store, StoreError,
 };
@@ -170,7 +177,7 @@ impl SqliteStore {
 
     /// Queues `work` for the writer's next batch; its value arrives once the batch committed.
     /// `rerunnable`: `work` only writes through the connection, so a rolled-back attempt may
-    /// be followed by another (see `sqlite_writer.rs`).
+    /// be followed by another (see `writer.rs`).
     async fn write<T: Send + 'static>(
         &self,
         rerunnable: bool,

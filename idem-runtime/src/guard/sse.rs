@@ -9,7 +9,7 @@ use hyper::body::Frame;
 use jsonrpsee::server::HttpBody;
 use jsonrpsee::types::Id;
 
-use crate::guard::{decode, response_bytes};
+use crate::wire::{decode, response_bytes};
 
 /// The content type of an SSE response.
 pub const EVENT_STREAM: &str = "text/event-stream";

@@ -15,14 +15,15 @@ use jsonrpsee::core::middleware::{Batch, BatchEntry, BatchEntryErr, Notification
 use jsonrpsee::types::{ErrorObjectOwned, Request};
 use jsonrpsee::{MethodResponse, ResponsePayload};
 
-use crate::cache::IdempotencyCache;
-use crate::canonical_hash::{hash_and_message_id, spelling, Spelling};
+use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
-use crate::guard::{collision, decode, Payload};
-use crate::idempotency::State;
+use crate::guard::collision;
+use crate::hash::{hash_and_message_id, spelling, Spelling};
+use crate::layers::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated, WebSocket};
 use crate::message_id::MessageId;
-use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated, WebSocket};
+use crate::state::State;
 use crate::unit_of_work::UnitOfWork;
+use crate::wire::{decode, Payload};
 
 /// The tower layer that wraps jsonrpsee's RPC service (see [`crate::Idempotency::rpc_layer`]).
 #[derive(Clone)]
@@ -242,7 +243,7 @@ impl<S> RpcService<S> {
 fn replay_spelled(cache: &IdempotencyCache, spelling: &Spelling, method: &str) -> Option<Payload> {
     let entry = cache.store().spelled(spelling)?;
     // The same params under another method are the guard's 422, not a replay.
-    if entry.method != method || crate::stream::is_event_stream(&entry) {
+    if entry.method != method || crate::guard::stream::is_event_stream(&entry) {
         return None;
     }
     decode(&entry.response.body)
@@ -259,9 +260,7 @@ async fn collision_instead(call: &GovernedCall, response: MethodResponse) -> Met
 /// The spec's 422 when another payload (or method) holds the call's key.
 async fn held_by_another(call: &GovernedCall) -> Option<ErrorObjectOwned> {
     match call.cache.holder(&call.key).await {
-        Ok(Some((method, hash))) if method != call.method || hash != call.hash => {
-            Some(collision(call, &method, hash.as_str()))
-        }
+        Ok(Some((method, hash))) => collision(call, &method, &hash),
         _ => None,
     }
 }

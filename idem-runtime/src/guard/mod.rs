@@ -6,25 +6,27 @@
 //! response ([`crate::Replayable`], in `unary.rs`) or an event stream ([`crate::EventStream`],
 //! in `stream.rs`); both go through [`decide`] and share the helpers below.
 
+pub(crate) mod recording;
+pub(crate) mod replayable;
+pub(crate) mod sse;
+pub(crate) mod stream;
+pub(crate) mod unary;
+
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::FutureExt;
-use jsonrpsee::types::{ErrorObjectOwned, Id, Response, ResponsePayload};
+use jsonrpsee::types::{ErrorObjectOwned, Id};
 use jsonrpsee::Extensions;
-use serde::{Deserialize, Deserializer};
-use serde_json::value::RawValue;
 
-use crate::cache::{Claim, Progress, Ticket, Waited};
-use crate::canonical_hash::Spelling;
+use crate::claim::{Claim, Progress, Ticket, Waited};
 use crate::error::{ErrorCode, IdempotencyError};
-use crate::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated};
+use crate::hash::{RequestHash, Spelling};
+use crate::layers::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, StoreError, StoredResponse};
 use crate::unit_of_work::UnitOfWork;
-
-/// A JSON-RPC outcome in its wire form: the raw `result`, or the `error` object.
-pub type Payload = Result<Box<RawValue>, ErrorObjectOwned>;
+use crate::wire::{decode, response_bytes, Payload, JSON};
 
 /// What an `#[idempotent]` method may return: [`crate::Replayable`] or [`crate::EventStream`]
 /// in an `RpcResult`. The trait decides what executing and replaying mean for it.
@@ -101,9 +103,8 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
             Ok(Claim::Cached(entry)) => return replay_or_collide(call, entry),
             Ok(Claim::InFlight(flight)) => flight,
         };
-        if !flight.matches(&call.method, &call.hash) {
-            let original_hash = flight.request_hash().as_str().to_owned();
-            return Decision::Refuse(collision(call, flight.method(), &original_hash));
+        if let Some(collision) = collision(call, flight.method(), flight.request_hash()) {
+            return Decision::Refuse(collision);
         }
         match flight.wait(call.in_flight_wait, attach).await {
             Waited::Done(entry) => return replay_or_collide(call, entry),
@@ -119,10 +120,9 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
 }
 
 fn replay_or_collide(call: &GovernedCall, entry: Arc<Entry>) -> Decision {
-    if entry.matches(&call.method, &call.hash) {
-        Decision::Replay(entry)
-    } else {
-        Decision::Refuse(collision(call, &entry.method, entry.request_hash.as_str()))
+    match collision(call, &entry.method, &entry.request_hash) {
+        Some(collision) => Decision::Refuse(collision),
+        None => Decision::Replay(entry),
     }
 }
 
@@ -171,17 +171,6 @@ pub(crate) async fn store_json(
     }
 }
 
-pub(crate) const JSON: &str = "application/json";
-
-/// A JSON-RPC response as jsonrpsee writes it.
-pub(crate) fn response_bytes(id: &Id<'_>, payload: &Payload) -> Vec<u8> {
-    let payload = match payload {
-        Ok(raw) => ResponsePayload::<&RawValue>::success(raw.as_ref()),
-        Err(error) => ResponsePayload::<&RawValue>::error(error.clone()),
-    };
-    serde_json::to_vec(&Response::new(payload, id.clone())).expect("JSON-RPC response serializes")
-}
-
 /// Replays a stored single JSON-RPC response.
 pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
     match decode(&entry.response.body) {
@@ -217,19 +206,24 @@ pub(crate) fn corrupt(call: &GovernedCall) -> ErrorObjectOwned {
     store_failure(call, error)
 }
 
-/// Spec §4.3: another payload (or method) under a key in use. The original entry is untouched.
+/// The one 422 decision (spec §4.3, §4.5): `None` when the call holding the key (cached or
+/// running) is this call's method and request hash; else the collision, recorded in the
+/// call's scope. The holder is untouched either way.
 pub(crate) fn collision(
     call: &GovernedCall,
-    original_method: &str,
-    original_hash: &str,
-) -> ErrorObjectOwned {
-    let mut error = IdempotencyError::new(ErrorCode::KeyReusedWithDifferentPayload)
-        .with_detail("original_request_hash", original_hash)
-        .with_detail("submitted_request_hash", call.hash.as_str());
-    if original_method != call.method {
-        error = error.with_detail("original_method", original_method);
+    held_method: &str,
+    held_hash: &RequestHash,
+) -> Option<ErrorObjectOwned> {
+    if held_method == call.method && *held_hash == call.hash {
+        return None;
     }
-    reject(call, error)
+    let mut error = IdempotencyError::new(ErrorCode::KeyReusedWithDifferentPayload)
+        .with_detail("original_request_hash", held_hash.as_str())
+        .with_detail("submitted_request_hash", call.hash.as_str());
+    if held_method != call.method {
+        error = error.with_detail("original_method", held_method);
+    }
+    Some(reject(call, error))
 }
 
 fn reject(call: &GovernedCall, error: IdempotencyError) -> ErrorObjectOwned {
@@ -259,32 +253,4 @@ fn failure(error: &StoreError) -> IdempotencyError {
         StoreError::ClaimLost(_) => IdempotencyError::new(ErrorCode::ClaimLost),
         _ => IdempotencyError::new(ErrorCode::StoreUnavailable),
     }
-}
-
-/// The `result` or `error` of a JSON-RPC response, as raw as it was written.
-pub(crate) fn decode(body: &[u8]) -> Option<Payload> {
-    #[derive(Deserialize)]
-    struct Stored {
-        #[serde(default, deserialize_with = "present")]
-        result: Option<Box<RawValue>>,
-        error: Option<StoredError>,
-    }
-    #[derive(Deserialize)]
-    struct StoredError {
-        code: i32,
-        message: String,
-        #[serde(default, deserialize_with = "present")]
-        data: Option<Box<RawValue>>,
-    }
-    let stored: Stored = serde_json::from_slice(body).ok()?;
-    match (stored.result, stored.error) {
-        (_, Some(e)) => Some(Err(ErrorObjectOwned::owned(e.code, e.message, e.data))),
-        (Some(result), None) => Some(Ok(result)),
-        (None, None) => None,
-    }
-}
-
-/// Keeps a present `null` as `Some(null)`: absent and `null` are different bytes.
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
-    Box::<RawValue>::deserialize(d).map(Some)
 }

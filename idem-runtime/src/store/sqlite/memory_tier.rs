@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use crate::canonical_hash::Spelling;
+use crate::hash::Spelling;
 use crate::message_id::MessageId;
 use crate::store::Entry;
 
@@ -231,7 +231,7 @@ fn slot(key: &MessageId) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::canonical_hash::request_hash;
+    use crate::hash::request_hash;
     use crate::store::StoredResponse;
 
     fn entry(n: u32, body_bytes: usize) -> Arc<Entry> {

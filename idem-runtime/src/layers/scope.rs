@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use jsonrpsee::types::Id;
 
-use crate::cache::IdempotencyCache;
-use crate::canonical_hash::{RequestHash, Spelling};
+use crate::claim::IdempotencyCache;
 use crate::error::ErrorCode;
+use crate::guard::recording::Recording;
+use crate::hash::{RequestHash, Spelling};
 use crate::message_id::MessageId;
-use crate::recording::Recording;
 
 /// What happened to one governed call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
