@@ -1,0 +1,63 @@
+//! The README's usage section as a program: `cargo run --example minimal`, then POST an A2A
+//! `message/send` with `A2A-Extensions: https://agentic-sandbox.aiwg.io/extensions/idempotency/v1`
+//! to http://127.0.0.1:8080 twice: the second answer is a replay.
+use futures::stream;
+use idem::{idempotent, EventStream, Idempotency, IdempotencyConfig, Replayable, UnitOfWork};
+use jsonrpsee::core::{async_trait, RpcResult};
+use jsonrpsee::server::{middleware::rpc::RpcServiceBuilder, Server};
+use jsonrpsee::{proc_macros::rpc, Extensions};
+use serde_json::{json, Value};
+
+#[rpc(server)]
+pub trait A2a {
+    // `with_extensions` hands the method the request's Extensions, where the layers put the
+    // idempotency key and hash. A2A params are an object: its members are the arguments.
+    #[method(name = "message/send", aliases = ["SendMessage"], with_extensions)]
+    async fn send(&self, message: Value) -> RpcResult<Replayable<Value>>;
+
+    #[method(name = "message/stream", aliases = ["SendStreamingMessage"], with_extensions)]
+    async fn stream(&self, message: Value) -> RpcResult<EventStream<Value>>;
+}
+
+struct Agent;
+
+#[async_trait]
+impl A2aServer for Agent {
+    #[idempotent]
+    async fn send(&self, ext: &Extensions, message: Value) -> RpcResult<Replayable<Value>> {
+        let id = uuid::Uuid::new_v4().to_string(); // runs once per messageId
+        let task = json!({"kind": "task", "id": id, "status": {"state": "submitted"}, "history": [message]});
+        let unit = UnitOfWork::of(ext)?; // the call's unit of work
+        unit.stage(move |db| {
+            // commits with the cache entry, or not at all
+            db.execute("INSERT INTO tasks (id) VALUES (?1)", [&id])?;
+            Ok(())
+        })?;
+        Ok(task.into()) // the typed result, as usual
+    }
+
+    #[idempotent]
+    async fn stream(&self, _ext: &Extensions, message: Value) -> RpcResult<EventStream<Value>> {
+        let events = (0..3).map(move |n| {
+            Ok(json!({"kind": "status-update", "seq": n, "message": message.clone()}))
+        });
+        Ok(EventStream::new(stream::iter(events))) // a Stream of RpcResult<Value>
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let idem = Idempotency::open("minimal.db", IdempotencyConfig::from_env()?)?;
+    let db = idem.database().expect("the store is open");
+    db.transact(|db| db.execute_batch("CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY)"))
+        .await?;
+    let server = Server::builder()
+        .set_http_middleware(tower::ServiceBuilder::new().layer(idem.http_layer()))
+        .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))
+        .build("127.0.0.1:8080")
+        .await?;
+    // AgentCard: capabilities.extensions = [idem.agent_card_extension()] (None when off)
+    let handle = server.start(Agent.into_rpc());
+    handle.stopped().await;
+    Ok(())
+}
