@@ -1,32 +1,28 @@
 //! Splices the idempotency guard around a validated method's body.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{quote, ToTokens};
-use syn::{Block, Ident, Type};
+use quote::quote;
+use syn::{Ident, Type};
 
 use crate::args::Args;
 use crate::method::{Method, Shape};
 
 /// Rewrites the method so its body runs inside `KRATE::__private::guard(ext, body)`.
 pub(crate) fn expand(args: &Args, method: Method) -> TokenStream {
-    let Method {
-        mut func,
-        ext,
-        shape,
-    } = method;
+    let Method { func, ext, shape } = method;
     let krate = &args.krate;
     let guard = quote!(#krate::__private::guard);
-    let body = &func.block;
-    let new_body: Block = match shape {
+    let body = &func.body;
+    let new_body = match shape {
         Shape::Async(ret) => {
             let body = typed_async_block(&ret, body);
-            syn::parse_quote!({ #guard(#ext, #body).await })
+            quote!(#guard(#ext, #body).await)
         }
-        Shape::BoxedFuture => syn::parse_quote!({ ::std::boxed::Box::pin(#guard(#ext, #body)) }),
-        Shape::ImplFuture => syn::parse_quote!({ #guard(#ext, #body) }),
+        Shape::BoxedFuture => quote!(::std::boxed::Box::pin(#guard(#ext, { #body }))),
+        Shape::ImplFuture => quote!(#guard(#ext, { #body })),
     };
-    func.block = Box::new(new_body);
-    func.into_token_stream()
+    let (attrs, vis, sig) = (&func.attrs, &func.vis, &func.sig);
+    quote!(#(#attrs)* #vis #sig { #new_body })
 }
 
 /// An `async move` block whose output is pinned to the declared return type.
@@ -35,7 +31,7 @@ pub(crate) fn expand(args: &Args, method: Method) -> TokenStream {
 /// body, so a mistake there is reported on the attribute instead of on the user's code. The
 /// dead `if let` fixes the type before the body is checked, as async-trait does; the `let`
 /// alone would come too late for a `return` placed before it.
-fn typed_async_block(ret: &Type, body: &Block) -> TokenStream {
+fn typed_async_block(ret: &Type, body: &TokenStream) -> TokenStream {
     let out = Ident::new("__idem_out", Span::mixed_site());
     quote! {
         async move {
@@ -43,7 +39,7 @@ fn typed_async_block(ret: &Type, body: &Block) -> TokenStream {
                 #[allow(unreachable_code)]
                 return #out;
             }
-            let #out: #ret = #body;
+            let #out: #ret = { #body };
             #[allow(unreachable_code)]
             #out
         }

@@ -13,8 +13,9 @@ use proc_macro::TokenStream;
 ///
 /// Put it on a method of an `impl ...Server for ...` block whose `#[method(...)]` has
 /// `with_extensions`; the method takes an `ext: &Extensions` parameter and returns
-/// `RpcResult<Replayable<T>>`. It works on a plain `async fn` and on a method already
-/// desugared by `#[async_trait]`.
+/// `RpcResult<Replayable<T>>` (one answer, replayed byte for byte) or
+/// `RpcResult<EventStream<T>>` (an event stream, recorded and replayed). It works on a plain
+/// `async fn` and on a method already desugared by `#[async_trait]`.
 ///
 /// The only argument is `crate = "path"`, for when `idem` is not reachable as `::idem`.
 #[proc_macro_attribute]

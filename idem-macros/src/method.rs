@@ -1,15 +1,46 @@
 //! Checks that the attribute sits on something it can wrap: a method with `self`, async or
 //! returning a future, that receives the request's `Extensions`.
+//!
+//! Only the signature is parsed; the body stays tokens (as tracing-attributes does), so a
+//! syntax error in it is the compiler's to report, where it is.
 
 use proc_macro2::TokenStream;
 use quote::quote;
+use syn::parse::{Parse, ParseStream};
 use syn::{
-    Error, FnArg, Ident, Item, ItemFn, Pat, Result, ReturnType, Signature, Type, TypeParamBound,
+    braced, Attribute, Error, FnArg, Ident, Item, Pat, Result, ReturnType, Signature, Type,
+    TypeParamBound, Visibility,
 };
+
+/// A function whose body is kept as written.
+pub(crate) struct FnTokens {
+    pub(crate) attrs: Vec<Attribute>,
+    pub(crate) vis: Visibility,
+    pub(crate) sig: Signature,
+    /// What is between the body's braces.
+    pub(crate) body: TokenStream,
+}
+
+impl Parse for FnTokens {
+    fn parse(input: ParseStream) -> Result<Self> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let vis = input.parse()?;
+        let sig = input.parse()?;
+        let content;
+        braced!(content in input);
+        let body = content.parse()?;
+        Ok(Self {
+            attrs,
+            vis,
+            sig,
+            body,
+        })
+    }
+}
 
 /// A method that `#[idempotent]` can wrap.
 pub(crate) struct Method {
-    pub(crate) func: ItemFn,
+    pub(crate) func: FnTokens,
     /// The `&Extensions` parameter, handed to the guard.
     pub(crate) ext: Ident,
     pub(crate) shape: Shape,
@@ -29,10 +60,12 @@ const NOT_A_METHOD: &str = "#[idempotent] goes on a method of an `impl ...Server
 
 /// Parses and validates the item the attribute is on.
 pub(crate) fn parse(item: TokenStream) -> Result<Method> {
-    let func = match syn::parse2::<Item>(item.clone()) {
-        Ok(Item::Fn(func)) => func,
-        Ok(other) => return Err(Error::new_spanned(head(&other), NOT_A_METHOD)),
-        Err(_) => return Err(Error::new_spanned(item, NOT_A_METHOD)),
+    let func = match syn::parse2::<FnTokens>(item.clone()) {
+        Ok(func) => func,
+        Err(_) => match syn::parse2::<Item>(item.clone()) {
+            Ok(other) => return Err(Error::new_spanned(head(&other), NOT_A_METHOD)),
+            Err(_) => return Err(Error::new_spanned(item, NOT_A_METHOD)),
+        },
     };
     require_receiver(&func.sig)?;
     let shape = shape(&func.sig)?;

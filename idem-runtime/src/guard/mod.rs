@@ -29,13 +29,26 @@ use crate::unit_of_work::UnitOfWork;
 use crate::wire::{decode, response_bytes, Payload, JSON};
 
 /// What an `#[idempotent]` method may return: [`crate::Replayable`] or [`crate::EventStream`]
-/// in an `RpcResult`. The trait decides what executing and replaying mean for it.
-pub trait Guarded: Sized + Send + 'static {
+/// in an `RpcResult`. The trait decides what executing and replaying mean for it; it is sealed
+/// (the runtime must know how to store and replay each).
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` cannot store and replay a `{Self}`",
+    label = "this method returns a type that #[idempotent] cannot store",
+    note = "an #[idempotent] method returns `RpcResult<Replayable<T>>` (one answer) or \
+            `RpcResult<EventStream<T>>` (a stream), with `T: Serialize`; `Ok(value.into())` \
+            makes a `Replayable`"
+)]
+pub trait Guarded: sealed::Sealed + Sized + Send + 'static {
     /// Runs `body` under the guard described by `ctx`. Not called directly.
     #[doc(hidden)]
     fn run<F>(ctx: CallContext, body: F) -> impl Future<Output = Self> + Send
     where
         F: Future<Output = Self> + Send;
+}
+
+pub(crate) mod sealed {
+    /// Only the runtime's return types are [`Guarded`](super::Guarded).
+    pub trait Sealed {}
 }
 
 /// What the layers told the guard about one call. Not a public API.

@@ -86,6 +86,11 @@ impl<T> Serialize for EventStream<T> {
     }
 }
 
+impl<T: Serialize + Send + 'static> crate::guard::sealed::Sealed
+    for Result<EventStream<T>, ErrorObjectOwned>
+{
+}
+
 impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObjectOwned> {
     async fn run<F>(ctx: CallContext, body: F) -> Self
     where

@@ -15,6 +15,11 @@ use crate::guard::{
 };
 use crate::wire::Payload;
 
+impl<T: Serialize + Send + 'static> crate::guard::sealed::Sealed
+    for Result<Replayable<T>, ErrorObjectOwned>
+{
+}
+
 impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjectOwned> {
     async fn run<F>(ctx: CallContext, body: F) -> Self
     where
