@@ -14,10 +14,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem::{
-    request_hash, Claim, Clock, IdempotencyCache, IdempotencyConfig, MessageId, SqliteStore, Store,
-    StoredResponse,
-};
+use idem::claim::{Claim, IdempotencyCache};
+use idem::hash::request_hash;
+use idem::message_id::MessageId;
+use idem::store::{SqliteStore, Store, StoredResponse};
+use idem::testing::Clock;
+use idem::IdempotencyConfig;
 use serde_json::json;
 
 fn main() {
@@ -31,11 +33,11 @@ fn main() {
         std::hint::black_box(request_hash(&params).unwrap());
     });
     let spelled = per_op(|| {
-        std::hint::black_box(idem::spelling(&params));
+        std::hint::black_box(idem::hash::spelling(&params));
     });
     let value: serde_json::Value = serde_json::from_slice(&params).unwrap();
     let ours = per_op(|| {
-        std::hint::black_box(idem::canonical_json(&value).unwrap());
+        std::hint::black_box(idem::hash::canonical_json(&value).unwrap());
     });
     let reference = per_op(|| {
         std::hint::black_box(serde_jcs::to_vec(&value).unwrap());
@@ -83,7 +85,7 @@ fn bench_key(i: u64) -> MessageId {
 fn filled_store(dir: &std::path::Path, rows: u64, age_s: u64) -> std::path::PathBuf {
     let path = dir.join(format!("rows-{rows}.db"));
     drop(SqliteStore::open(&path, &IdempotencyConfig::default()).unwrap()); // the schema
-    let mut conn = idem::rusqlite::Connection::open(&path).unwrap();
+    let mut conn = idem::store::rusqlite::Connection::open(&path).unwrap();
     let tx = conn.transaction().unwrap();
     {
         let mut insert = tx
@@ -95,11 +97,11 @@ fn filled_store(dir: &std::path::Path, rows: u64, age_s: u64) -> std::path::Path
             .unwrap();
         let hash = request_hash(b"{}").unwrap();
         let body = vec![b'x'; 200];
-        let inserted_at = idem::SystemClock.now_seconds() - age_s;
+        let inserted_at = idem::testing::SystemClock.now_seconds() - age_s;
         for i in 0..rows {
             let key = bench_key(i);
             insert
-                .execute(idem::rusqlite::params![
+                .execute(idem::store::rusqlite::params![
                     key.as_str(),
                     hash.as_str(),
                     body,
@@ -288,7 +290,7 @@ fn ratio(a: Duration, b: Duration) -> f64 {
 }
 
 /// Claims a fresh key and stores a small response for it, durably.
-async fn store_fresh(cache: &IdempotencyCache, key: &MessageId, hash: &idem::RequestHash) {
+async fn store_fresh(cache: &IdempotencyCache, key: &MessageId, hash: &idem::hash::RequestHash) {
     let Claim::Execute(ticket) = cache.claim(key, "message/send", hash).await.unwrap() else {
         panic!("fresh key")
     };

@@ -4,6 +4,14 @@
 //! layers of an [`Idempotency`] on the server; a retried `message/send` or `message/stream`
 //! then never causes duplicate work. See the README for the whole picture.
 //!
+//! What an application names is here at the root: the attribute, [`Idempotency`] (the handle
+//! that opens the store and hands out the layers), [`IdempotencyConfig`], the two return types
+//! an `#[idempotent]` method may have ([`Replayable`] for one answer, [`EventStream`] for a
+//! stream), [`UnitOfWork`] (the writes that commit with the cache entry), and the errors
+//! ([`IdempotencyError`], [`ErrorCode`]). The rest has a module of its own: [`store`] (the
+//! SQLite and PostgreSQL stores, the application's [`store::Database`]), [`layers`], [`hash`],
+//! [`message_id`], [`config`], [`claim`], [`testing`] (the manual clock).
+//!
 //! ```
 //! use idem::{idempotent, Replayable};
 //! use jsonrpsee::core::{async_trait, RpcResult};

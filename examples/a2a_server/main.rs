@@ -111,16 +111,16 @@ async fn serve(cli: Cli) -> Result<(), String> {
 async fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
     let config = IdempotencyConfig::from_env().map_err(|e| e.to_string())?;
     let required = !matches!(cli.mode, Mode::Optional);
-    let config = IdempotencyConfig { required, ..config };
-    let idem = match &cli.db {
-        Db::File(path) => Idempotency::open(path, config),
-        Db::Postgres(url) => Idempotency::connect(url, config).await,
+    let builder = Idempotency::builder(IdempotencyConfig { required, ..config });
+    let builder = match cli.mode {
+        Mode::Off => builder.without_deduplication(),
+        Mode::Required | Mode::Optional => builder,
     };
-    let idem = idem.map_err(|e| format!("cannot open database {}: {e}", cli.db))?;
-    Ok(match cli.mode {
-        Mode::Off => idem.without_deduplication(),
-        Mode::Required | Mode::Optional => idem,
-    })
+    let idem = match &cli.db {
+        Db::File(path) => builder.sqlite(path),
+        Db::Postgres(url) => builder.postgres(url).await,
+    };
+    idem.map_err(|e| format!("cannot open database {}: {e}", cli.db))
 }
 
 /// Binds first, because the card must name the address actually bound (`--listen :0`).

@@ -13,9 +13,10 @@ mod postgres;
 mod sql;
 mod sqlite;
 
-use idem::deadpool_postgres::{Pool, PoolError};
-use idem::tokio_postgres;
-use idem::{rusqlite, Database, TransactError, UnitOfWork};
+use idem::store::deadpool_postgres::{Pool, PoolError};
+use idem::store::tokio_postgres;
+use idem::store::{rusqlite, Database, TransactError};
+use idem::UnitOfWork;
 use jsonrpsee::core::RpcResult;
 use jsonrpsee::types::ErrorObjectOwned;
 use serde_json::Value;

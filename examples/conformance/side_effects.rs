@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use idem::tokio_postgres;
+use idem::store::tokio_postgres;
 use rusqlite::{Connection, OpenFlags};
 
 /// The server may be writing; wait for its lock rather than fail the read.

@@ -4,7 +4,29 @@
 //! a live cached entry, or an execution in flight. In-flight executions are tracked in memory
 //! under one mutex, and a winner re-reads the store after taking the key, so no check-then-act
 //! gap exists: two concurrent claims of one key can never both win, and an entry committed just
-//! before a claim is always seen. (One process serves a store file at a time.)
+//! before a claim is always seen. One process serves a SQLite file; on PostgreSQL the store's
+//! own claim, a fenced lease, arbitrates between processes. Public for custom stores and their
+//! tests; an application never calls it: the guard does.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use idem_runtime::claim::{Claim, IdempotencyCache};
+//! use idem_runtime::hash::request_hash;
+//! use idem_runtime::message_id::MessageId;
+//! use idem_runtime::store::SqliteStore;
+//! use idem_runtime::IdempotencyConfig;
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = SqliteStore::open(dir.path().join("c.db"), &IdempotencyConfig::default()).unwrap();
+//! let cache = IdempotencyCache::new(store);
+//! let key = MessageId::parse_str("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c").unwrap();
+//! let hash = request_hash(b"{}").unwrap();
+//! let first = cache.claim(&key, "message/send", &hash).await.unwrap();
+//! assert!(matches!(first, Claim::Execute(_)));
+//! // While the first runs, a duplicate finds it in flight.
+//! let second = cache.claim(&key, "message/send", &hash).await.unwrap();
+//! assert!(matches!(second, Claim::InFlight(_)));
+//! # }
+//! ```
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -24,7 +46,11 @@ use crate::unit_of_work::SqlWrite;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use idem_runtime::{Claim, IdempotencyCache, IdempotencyConfig, MessageId, SqliteStore, StoredResponse, request_hash};
+/// use idem_runtime::claim::{Claim, IdempotencyCache};
+/// use idem_runtime::hash::request_hash;
+/// use idem_runtime::message_id::MessageId;
+/// use idem_runtime::store::{SqliteStore, StoredResponse};
+/// use idem_runtime::IdempotencyConfig;
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = SqliteStore::open(dir.path().join("c.db"), &IdempotencyConfig::default()).unwrap();
 /// let cache = IdempotencyCache::new(store);

@@ -29,7 +29,7 @@ impl Clock for SystemClock {
 /// A clock that moves only when told to.
 ///
 /// ```
-/// use idem_runtime::{Clock, ManualClock};
+/// use idem_runtime::testing::{Clock, ManualClock};
 /// use std::time::Duration;
 /// let clock = ManualClock::new(1_000_000);
 /// clock.advance(Duration::from_secs(86_401));

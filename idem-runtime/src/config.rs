@@ -1,4 +1,13 @@
 //! The effective configuration, and the AgentCard extension entry built from it (spec §3.1).
+//!
+//! ```
+//! use idem_runtime::config::{IdempotencyConfig, TTL_ENV};
+//! let config = IdempotencyConfig::from_lookup(|name| (name == TTL_ENV).then(|| "60".into())).unwrap();
+//! assert_eq!(config.ttl_seconds, 60);
+//! assert_eq!(config.agent_card_extension()["params"]["ttl_seconds"], 60);
+//! ```
+
+pub use crate::guard::recording::MAX_RECORDED_STREAM_BYTES;
 
 use crate::error::EXTENSION_URI;
 use crate::message_id::MessageIdPolicy;

@@ -12,7 +12,7 @@ use crate::layers::rpc::RpcLayer;
 use crate::state::State;
 use crate::store::database::Database;
 use crate::store::sqlite::SqliteStore;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// The methods governed by default (spec §4.1), in both A2A spellings.
 pub const DEFAULT_GOVERNED_METHODS: [&str; 4] = [
@@ -43,27 +43,113 @@ pub struct Idempotency {
     state: Arc<State>,
 }
 
+/// Builds an [`Idempotency`]: the config once, then the store it runs on. Every store it
+/// opens gets that config (TTL, bound, lease) and a periodic sweep.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idem_runtime::store::SqliteStore;
+/// use idem_runtime::{Idempotency, IdempotencyConfig};
+/// let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("a2a.db");
+/// // The shorthand of `Idempotency::builder(config).sqlite(path)`:
+/// let idem = Idempotency::open(&path, IdempotencyConfig::default()).unwrap();
+/// drop(idem);
+/// // A custom store is built from the same config, so TTL and bound are given once.
+/// let idem = Idempotency::builder(IdempotencyConfig::default())
+///     .govern("tasks/pushNotificationConfig/set")
+///     .store(|config| SqliteStore::open(&path, config))
+///     .unwrap();
+/// assert!(idem.governs("tasks/pushNotificationConfig/set"));
+/// # }
+/// ```
+#[must_use = "a builder does nothing until a store is given"]
+pub struct IdempotencyBuilder {
+    config: IdempotencyConfig,
+    governed: Vec<String>,
+    deduplicate: bool,
+}
+
+impl IdempotencyBuilder {
+    /// Puts one more method in scope (spec §4.1 lets other extensions extend it).
+    pub fn govern(mut self, method: &str) -> Self {
+        self.governed.push(method.to_owned());
+        self
+    }
+
+    /// Deduplication off: governed methods run undeduplicated, no extension header is read or
+    /// sent, and the AgentCard lists no extension; their units of work still commit through
+    /// the store, so the application keeps one code path.
+    pub fn without_deduplication(mut self) -> Self {
+        self.deduplicate = false;
+        self
+    }
+
+    /// The embedded default: the SQLite file at `path` (created with mode 0600, served by this
+    /// process alone). Needs a tokio runtime (the sweeper).
+    pub fn sqlite(self, path: impl AsRef<Path>) -> Result<Idempotency, StoreError> {
+        self.store(|config| SqliteStore::open(path, config))
+    }
+
+    /// The PostgreSQL database at `url`, which every replica of the server shares.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(self, url: &str) -> Result<Idempotency, StoreError> {
+        self.postgres_with(crate::store::PostgresOptions::new(url))
+            .await
+    }
+
+    /// Like [`postgres`](Self::postgres), with every connection option.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres_with(
+        self,
+        options: crate::store::PostgresOptions,
+    ) -> Result<Idempotency, StoreError> {
+        let clock = Arc::new(crate::clock::SystemClock);
+        let store = crate::store::PostgresStore::connect_with(options, &self.config, clock);
+        let store = store.await?;
+        Ok(self.build(Arc::new(store)))
+    }
+
+    /// A store of the application's making, built from the config.
+    pub fn store<S: Store>(
+        self,
+        open: impl FnOnce(&IdempotencyConfig) -> Result<S, StoreError>,
+    ) -> Result<Idempotency, StoreError> {
+        let store = open(&self.config)?;
+        Ok(self.build(Arc::new(store)))
+    }
+
+    fn build(self, store: Arc<dyn Store>) -> Idempotency {
+        let cache = IdempotencyCache::from_arc(store);
+        cache.spawn_sweeper(self.config.sweep_interval);
+        let mut idem = Idempotency::with_cache(Some(cache), self.config);
+        let state = Arc::make_mut(&mut idem.state);
+        state.deduplicate = self.deduplicate;
+        state.governed.extend(self.governed);
+        idem
+    }
+}
+
 impl Idempotency {
-    /// Opens the SQLite cache at `path` and starts its periodic sweep (needs a tokio runtime).
+    /// A builder with `config`: then the store (SQLite, PostgreSQL or a custom one).
+    pub fn builder(config: IdempotencyConfig) -> IdempotencyBuilder {
+        IdempotencyBuilder {
+            config,
+            governed: Vec::new(),
+            deduplicate: true,
+        }
+    }
+
+    /// Opens the SQLite cache at `path` and starts its sweep: `builder(config).sqlite(path)`.
     pub fn open(path: impl AsRef<Path>, config: IdempotencyConfig) -> Result<Self, StoreError> {
-        let cache = IdempotencyCache::new(SqliteStore::open(path, &config)?);
-        cache.spawn_sweeper(config.sweep_interval);
-        Ok(Self::new(cache, config))
+        Self::builder(config).sqlite(path)
     }
 
     /// Connects to the PostgreSQL database at `url` (shared by every replica of the server)
-    /// and starts its periodic sweep.
+    /// and starts its sweep: `builder(config).postgres(url)`.
     #[cfg(feature = "postgres")]
     pub async fn connect(url: &str, config: IdempotencyConfig) -> Result<Self, StoreError> {
-        let store = crate::store::postgres::PostgresStore::connect(url, &config).await?;
-        let cache = IdempotencyCache::new(store);
-        cache.spawn_sweeper(config.sweep_interval);
-        Ok(Self::new(cache, config))
-    }
-
-    /// The extension over an existing cache (no sweeper is started).
-    pub fn new(cache: IdempotencyCache, config: IdempotencyConfig) -> Self {
-        Self::with_cache(Some(cache), config)
+        Self::builder(config).postgres(url).await
     }
 
     /// The same layers with the extension off: governed methods run undeduplicated (streams
@@ -89,26 +175,10 @@ impl Idempotency {
         }
     }
 
-    /// The same store with deduplication off: governed methods run undeduplicated, no
-    /// extension header is read or sent, and the AgentCard lists no extension; their units of
-    /// work still commit through the store's writer, so the application keeps one code path.
-    pub fn without_deduplication(mut self) -> Self {
-        Arc::make_mut(&mut self.state).deduplicate = false;
-        self
-    }
-
     /// The application's handle on the store's database: `None` with [`off`](Self::off).
     pub fn database(&self) -> Option<Database> {
         let cache = self.state.cache.as_ref()?;
         Some(Database::new(cache.store().clone()))
-    }
-
-    /// Puts one more method in scope (spec §4.1 lets other extensions extend it).
-    pub fn govern(mut self, method: &str) -> Self {
-        Arc::make_mut(&mut self.state)
-            .governed
-            .insert(method.to_owned());
-        self
     }
 
     /// The tower layer for `ServerBuilder::set_http_middleware`.

@@ -10,57 +10,43 @@
 // guard that `#[idempotent]` expands to (`guard/`), the claim (`claim.rs`), the store
 // (`store/`, one folder per backend). `hash/` and `message_id.rs` turn a request into its key
 // and hash; `idempotency.rs` builds it all, `state.rs` is what the parts share.
-mod claim;
+pub mod claim;
 mod clock;
-mod config;
+pub mod config;
 mod error;
 mod guard;
-mod hash;
+pub mod hash;
 mod idempotency;
-mod layers;
-mod message_id;
+pub mod layers;
+pub mod message_id;
 mod state;
-mod store;
+pub mod store;
 mod unit_of_work;
 mod wire;
 
-pub use claim::{Claim, IdempotencyCache, InFlight, Progress, Ticket, Waited};
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{ConfigError, IdempotencyConfig, CLAIM_LEASE_ENV, MAX_ENTRIES_ENV, TTL_ENV};
-pub use error::{ErrorCode, IdempotencyError, EXTENSION_URI};
-pub use guard::recording::MAX_RECORDED_STREAM_BYTES;
+pub use config::IdempotencyConfig;
+pub use error::{ErrorCode, IdempotencyError};
 pub use guard::replayable::Replayable;
-pub use guard::sse::EVENT_STREAM;
 pub use guard::stream::EventStream;
-pub use guard::{CallContext, Guarded};
-pub use hash::{
-    canonical_json, canonical_params, hash_params, parse_params, request_hash, spelling, HashError,
-    RequestHash, Spelling,
-};
-pub use idempotency::{Idempotency, DEFAULT_GOVERNED_METHODS};
-pub use layers::activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
-pub use layers::http::{HttpLayer, HttpService, IDEMPOTENT_REPLAYED};
-pub use layers::rpc::{RpcLayer, RpcService};
-pub use message_id::{MessageId, MessageIdError, MessageIdPolicy};
-/// The SQLite crate the staged writes are written with, re-exported so versions match.
-pub use rusqlite;
-pub use store::database::{Database, TransactError};
-#[cfg(feature = "postgres")]
-pub use store::postgres::{PostgresOptions, PostgresStore};
-pub use store::sqlite::SqliteStore;
-pub use store::{
-    Acquired, Elsewhere, Entry, Found, Lease, OpenStream, ReadJob, Store, StoreError,
-    StoredResponse,
-};
-pub use unit_of_work::{SqlWrite, UnitOfWork, WriteError};
-pub use wire::Payload;
-/// The PostgreSQL crates the staged writes and the pool are written with, re-exported so
-/// versions match.
-#[cfg(feature = "postgres")]
-pub use {deadpool_postgres, tokio_postgres};
+pub use idempotency::{Idempotency, IdempotencyBuilder};
+pub use unit_of_work::UnitOfWork;
+
+/// Clocks: the system's, and a manual one that tests advance by hand (TTL and LRU by the
+/// store's clock).
+///
+/// ```
+/// use idem_runtime::testing::{Clock, ManualClock};
+/// use std::time::Duration;
+/// let clock = ManualClock::new(1_800_000_000_000);
+/// clock.advance(Duration::from_secs(61));
+/// assert_eq!(clock.now_seconds(), 1_800_000_061);
+/// ```
+pub mod testing {
+    pub use crate::clock::{Clock, ManualClock, SystemClock};
+}
 
 /// What `#[idempotent]` expands to reaches the runtime only through here. Not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::guard::guard;
+    pub use crate::guard::{guard, CallContext, Guarded};
 }

@@ -3,6 +3,12 @@
 //! The spec allows UUIDv7, UUIDv4, or any 128-bit random value rendered UUID-shaped. Such a value can
 //! carry any version and variant digits, so the default check is on shape and entropy only; ids whose
 //! version marks a non-random scheme are logged as anomalies (§7.2), and refused only in strict mode.
+//!
+//! ```
+//! use idem_runtime::message_id::MessageId;
+//! assert!(MessageId::parse_str("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c").is_ok());
+//! assert!(MessageId::parse_str("not-a-uuid").is_err());
+//! ```
 
 use crate::hash::canonical_pass::FoundId;
 use serde_json::Value;
@@ -21,7 +27,7 @@ pub enum MessageIdPolicy {
 /// A validated message id, in its one normalized (lowercase) form: the cache key.
 ///
 /// ```
-/// use idem_runtime::MessageId;
+/// use idem_runtime::message_id::MessageId;
 /// let id = MessageId::parse_str("0190B5A4-7C3E-7D2A-9F11-2B3C4D5E6F70").unwrap();
 /// assert_eq!(id.as_str(), "0190b5a4-7c3e-7d2a-9f11-2b3c4d5e6f70");
 /// assert!(MessageId::parse_str("not-a-uuid").is_err());

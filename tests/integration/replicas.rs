@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use idem::tokio_postgres;
+use idem::store::tokio_postgres;
 use serde_json::json;
 
 use crate::conformance::harness::{check, Db, Outcome, Scenario, Target};

@@ -256,7 +256,7 @@ async fn a_stream_past_the_recording_limit_ends_with_an_error_event_stored_as_se
         8,
         "seven 1 MiB events fit in 8 MiB, the eighth does not"
     );
-    assert!(first.raw.len() <= idem::MAX_RECORDED_STREAM_BYTES + 1024);
+    assert!(first.raw.len() <= idem::config::MAX_RECORDED_STREAM_BYTES + 1024);
     let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
     replay.rest().await;
     assert!(replay.replayed());

@@ -5,10 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{
-    idempotent, EventStream, Idempotency, IdempotencyCache, IdempotencyConfig, ManualClock,
-    Replayable, SqliteStore, UnitOfWork,
-};
+use idem::store::SqliteStore;
+use idem::testing::ManualClock;
+use idem::{idempotent, EventStream, Idempotency, IdempotencyConfig, Replayable, UnitOfWork};
 use jsonrpsee::core::{async_trait, RpcResult};
 use jsonrpsee::proc_macros::rpc;
 use jsonrpsee::server::middleware::rpc::RpcServiceBuilder;
@@ -185,8 +184,9 @@ pub struct TestServer {
 impl TestServer {
     /// Starts a server with the extension on `db`.
     pub async fn start(db: &Path, config: IdempotencyConfig, clock: Arc<ManualClock>) -> Self {
-        let store = SqliteStore::open_with_clock(db, &config, clock).expect("open store");
-        let idem = Idempotency::new(IdempotencyCache::new(store), config);
+        let idem = Idempotency::builder(config)
+            .store(|config| SqliteStore::open_with_clock(db, config, clock))
+            .expect("open store");
         let database = idem.database().expect("a store");
         database
             .transact(|db| db.execute_batch(EFFECTS))

@@ -1,9 +1,10 @@
 //! The task store's statements on PostgreSQL: staged writes run in the transaction that
 //! stores the call's cache entry, everything else on the idempotency store's pool.
 
-use idem::deadpool_postgres::{GenericClient, Pool};
-use idem::tokio_postgres::{self, Transaction};
-use idem::{UnitOfWork, WriteError};
+use idem::store::deadpool_postgres::{GenericClient, Pool};
+use idem::store::tokio_postgres::{self, Transaction};
+use idem::store::WriteError;
+use idem::UnitOfWork;
 use jsonrpsee::core::RpcResult;
 
 use super::sql;

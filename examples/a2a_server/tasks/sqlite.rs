@@ -1,7 +1,8 @@
 //! The task store's statements on SQLite: staged writes run on the idempotency store's
 //! writer thread, reads on its read connections.
 
-use idem::{rusqlite, Database, UnitOfWork, WriteError};
+use idem::store::{rusqlite, Database, WriteError};
+use idem::UnitOfWork;
 use jsonrpsee::core::RpcResult;
 use rusqlite::{params, Connection, OptionalExtension};
 

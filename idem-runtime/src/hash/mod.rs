@@ -6,8 +6,19 @@
 //! honestly: duplicate member names (serde_json would silently keep the last), lone surrogates,
 //! and numbers whose decimal value the IEEE-754 double would change (spec §7.3: two payloads
 //! must never share a hash).
+//!
+//! ```
+//! use idem_runtime::hash::request_hash;
+//! // Member order, whitespace and the messageId do not count; everything else does.
+//! let a = request_hash(br#"{"message":{"messageId":"m1","parts":[],"role":"user"}}"#).unwrap();
+//! let b = request_hash(br#"{ "message": {"role":"user","parts":[],"messageId":"m2"} }"#).unwrap();
+//! assert_eq!(a, b);
+//! assert_eq!(a.as_str().len(), 64);
+//! ```
 
 pub(crate) mod canonical_pass;
+/// How deep params may nest: deeper is refused as not canonicalizable.
+pub use canonical_pass::MAX_DEPTH;
 pub(crate) mod jcs;
 mod number_exactness;
 
@@ -21,7 +32,7 @@ use crate::hash::canonical_pass::{canonicalize, FoundId};
 /// A request hash: 64 lowercase hex digits.
 ///
 /// ```
-/// use idem_runtime::request_hash;
+/// use idem_runtime::hash::request_hash;
 /// let a = request_hash(br#"{"message":{"messageId":"a","parts":[]},"x":1}"#).unwrap();
 /// let b = request_hash(br#"{ "x" : 1, "message":{"parts":[],"messageId":"b"}}"#).unwrap();
 /// assert_eq!(a, b); // key order, whitespace and the messageId itself do not count
@@ -56,7 +67,7 @@ pub type Spelling = [u8; 32];
 /// The [`Spelling`] of raw `params` bytes.
 ///
 /// ```
-/// use idem_runtime::spelling;
+/// use idem_runtime::hash::spelling;
 /// assert_eq!(spelling(br#"{"a":1}"#), spelling(br#"{"a":1}"#));
 /// assert_ne!(spelling(br#"{"a":1}"#), spelling(br#"{ "a":1}"#)); // same hash, other spelling
 /// ```

@@ -14,8 +14,8 @@ pub const X_A2A_EXTENSIONS: &str = "x-a2a-extensions";
 /// use http::{HeaderMap, HeaderValue};
 /// let mut headers = HeaderMap::new();
 /// headers.append("A2A-Extensions", HeaderValue::from_static("urn:a ,  urn:b"));
-/// assert!(idem_runtime::is_activated(&headers, "urn:b"));
-/// assert!(!idem_runtime::is_activated(&headers, "urn:c"));
+/// assert!(idem_runtime::layers::is_activated(&headers, "urn:b"));
+/// assert!(!idem_runtime::layers::is_activated(&headers, "urn:c"));
 /// ```
 pub fn is_activated(headers: &HeaderMap, uri: &str) -> bool {
     [A2A_EXTENSIONS, X_A2A_EXTENSIONS]
@@ -31,7 +31,7 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
-    const URI: &str = crate::EXTENSION_URI;
+    const URI: &str = crate::error::EXTENSION_URI;
 
     fn headers(lines: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

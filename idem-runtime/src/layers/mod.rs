@@ -4,7 +4,29 @@
 //! key, the call's unit of work); `scope.rs` is what the first hands the second, `activation.rs`
 //! how a request activates the extension.
 
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_runtime::{Idempotency, IdempotencyConfig};
+//! use jsonrpsee::server::{middleware::rpc::RpcServiceBuilder, Server};
+//! let idem = Idempotency::open("a2a.db", IdempotencyConfig::default())?;
+//! let (http, rpc) = (idem.http_layer(), idem.rpc_layer());
+//! let server = Server::builder()
+//!     .set_http_middleware(tower::ServiceBuilder::new().layer(http))
+//!     .set_rpc_middleware(RpcServiceBuilder::new().layer(rpc))
+//!     .build("127.0.0.1:8080")
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
 pub(crate) mod activation;
 pub(crate) mod http;
 pub(crate) mod rpc;
 pub(crate) mod scope;
+
+pub use crate::error::EXTENSION_URI;
+pub use crate::guard::sse::EVENT_STREAM;
+pub use crate::idempotency::DEFAULT_GOVERNED_METHODS;
+pub use activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
+pub use http::{HttpLayer, HttpService, IDEMPOTENT_REPLAYED};
+pub use rpc::{RpcLayer, RpcService};

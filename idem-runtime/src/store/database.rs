@@ -12,7 +12,8 @@ use crate::unit_of_work::SqlWrite;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use idem_runtime::{Idempotency, IdempotencyConfig, TransactError};
+/// use idem_runtime::{Idempotency, IdempotencyConfig};
+/// use idem_runtime::store::TransactError;
 /// let dir = tempfile::tempdir().unwrap();
 /// let idem = Idempotency::open(dir.path().join("a2a.db"), IdempotencyConfig::default()).unwrap();
 /// let db = idem.database().unwrap();

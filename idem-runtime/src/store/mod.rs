@@ -1,9 +1,35 @@
-//! What the guard stores: one entry per message id, and the durable `Store` that keeps them.
+//! The durable stores: one entry per message id, the claims of calls in flight, and the
+//! application's writes that commit with them. [`SqliteStore`] is the embedded default (one
+//! process per file); [`PostgresStore`] serves replicas that share a database; a custom
+//! backend implements [`Store`]. [`Database`] is the application's own way to the store's
+//! database, for work that does not belong to one call.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use idem_runtime::store::{SqliteStore, Store};
+//! use idem_runtime::IdempotencyConfig;
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = SqliteStore::open(dir.path().join("a2a.db"), &IdempotencyConfig::default()).unwrap();
+//! assert_eq!(store.row_count().await.unwrap(), 0);
+//! # }
+//! ```
 
 pub(crate) mod database;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
+
+pub use crate::unit_of_work::{SqlWrite, WriteError};
+pub use database::{Database, TransactError};
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresOptions, PostgresStore};
+/// The SQLite crate the staged writes are written with, re-exported so versions match.
+pub use rusqlite;
+pub use sqlite::SqliteStore;
+/// The PostgreSQL crates the staged writes and the pool are written with, re-exported so
+/// versions match.
+#[cfg(feature = "postgres")]
+pub use {deadpool_postgres, tokio_postgres};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +39,6 @@ use bytes::Bytes;
 
 use crate::hash::{RequestHash, Spelling};
 use crate::message_id::MessageId;
-use crate::unit_of_work::{SqlWrite, WriteError};
 
 /// A cached outcome (spec §4.4), bound to the method and the request hash it answered.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::{request_hash, Claim, Waited};
+use idem_runtime::claim::{Claim, Waited};
+use idem_runtime::hash::request_hash;
 
 use crate::fixture::{Backend, Fixture, T0_MS};
 use crate::support::*;
@@ -297,7 +298,10 @@ pub async fn staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone
     let outcomes = futures::future::join_all(completions).await;
     for (n, outcome) in outcomes.iter().enumerate() {
         match n {
-            7 => assert!(matches!(outcome, Err(idem_runtime::StoreError::Write(_)))),
+            7 => assert!(matches!(
+                outcome,
+                Err(idem_runtime::store::StoreError::Write(_))
+            )),
             _ => assert!(outcome.is_ok(), "{n}: {outcome:?}"),
         }
     }

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use idem_runtime::{request_hash, Claim, IdempotencyCache, IdempotencyConfig, StoreError, Waited};
+use idem_runtime::claim::{Claim, IdempotencyCache, Waited};
+use idem_runtime::hash::request_hash;
+use idem_runtime::store::StoreError;
+use idem_runtime::IdempotencyConfig;
 
 use crate::fixture::{Backend, Fixture};
 use crate::support::*;
@@ -295,12 +298,12 @@ async fn a_server_that_is_not_there_is_an_error_not_a_hang() {
         .port();
     let url = format!("postgres://idem@127.0.0.1:{port}/none");
     let defaults = IdempotencyConfig::default();
-    let connecting = idem_runtime::PostgresStore::connect(&url, &defaults);
+    let connecting = idem_runtime::store::PostgresStore::connect(&url, &defaults);
     let outcome = tokio::time::timeout(Duration::from_secs(30), connecting).await;
     let Ok(Err(error)) = outcome else {
         panic!("no error within 30 s")
     };
     assert!(error.to_string().contains("postgres"), "{error}");
-    let bad = idem_runtime::PostgresStore::connect("not a url", &defaults);
+    let bad = idem_runtime::store::PostgresStore::connect("not a url", &defaults);
     assert!(bad.await.is_err());
 }

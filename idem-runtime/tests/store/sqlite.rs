@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::{request_hash, Claim, IdempotencyConfig, SqliteStore, Store};
+use idem_runtime::claim::Claim;
+use idem_runtime::hash::request_hash;
+use idem_runtime::store::{SqliteStore, Store};
+use idem_runtime::IdempotencyConfig;
 
 use crate::fixture::Fixture;
 use crate::support::*;
@@ -92,7 +95,10 @@ async fn closed_store_fails_loudly() {
     let store = SqliteStore::open_with_clock(&fx.path, &config(60, 10), fx.clock.clone()).unwrap();
     store.close();
     let err = store.sweep().await.unwrap_err();
-    assert!(matches!(err, idem_runtime::StoreError::Closed), "{err}");
+    assert!(
+        matches!(err, idem_runtime::store::StoreError::Closed),
+        "{err}"
+    );
 }
 
 #[test]
@@ -132,7 +138,7 @@ async fn a_second_store_on_the_same_file_is_refused_until_the_first_closes() {
     let refused = SqliteStore::open(&fx.path, &config(60, 10)).err().unwrap();
     let message = refused.to_string();
     assert!(
-        matches!(refused, idem_runtime::StoreError::InUse { .. }),
+        matches!(refused, idem_runtime::store::StoreError::InUse { .. }),
         "{message}"
     );
     assert!(
@@ -155,7 +161,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
     let cache = fx.cache(&config(60, 2)).await;
     let store = cache.store().clone();
     let (a, b, c) = (key(1), key(2), key(3));
-    let spelled_a = idem_runtime::spelling(br#"{"v":"a"}"#);
+    let spelled_a = idem_runtime::hash::spelling(br#"{"v":"a"}"#);
     execute(&cache, &a, r#"{"v":"a"}"#, "A").await;
     store.note_spelling(&a, spelled_a);
     let entry = store
@@ -163,7 +169,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
         .expect("a resend of the same bytes");
     assert_eq!(entry.response.body, b"A");
     assert_eq!(entry.method, "message/send", "the caller checks its method");
-    let other = idem_runtime::spelling(br#"{"v":"b"}"#);
+    let other = idem_runtime::hash::spelling(br#"{"v":"b"}"#);
     assert!(store.spelled(&other).is_none(), "other bytes: hash them");
 
     // The LRU bound: a, then b and c; a is the least recently used and leaves everywhere.
@@ -177,7 +183,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
     assert!(wins(&cache, &a, &hash_a).await);
 
     // The TTL, by the store's own rule (live at exactly ttl, gone one second later).
-    let spelled_b = idem_runtime::spelling(b"{}");
+    let spelled_b = idem_runtime::hash::spelling(b"{}");
     store.note_spelling(&b, spelled_b);
     fx.clock.advance(Duration::from_secs(60));
     assert!(store.spelled(&spelled_b).is_some());
@@ -196,7 +202,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
 #[tokio::test]
 async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
     let fx = Fixture::sqlite();
-    let spelled = idem_runtime::spelling(br#"{"v":1}"#);
+    let spelled = idem_runtime::hash::spelling(br#"{"v":1}"#);
     {
         let cache = fx.cache(&config(86_400, 100)).await;
         execute(&cache, &key(1), r#"{"v":1}"#, "one").await;
@@ -229,7 +235,7 @@ async fn with_the_tier_off_every_answer_is_the_same() {
     };
     let cache = fx.cache(&off).await;
     execute(&cache, &key(1), "{}", "one").await;
-    let spelled = idem_runtime::spelling(b"{}");
+    let spelled = idem_runtime::hash::spelling(b"{}");
     cache.store().note_spelling(&key(1), spelled);
     assert!(cache.store().spelled(&spelled).is_none());
     assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"one");
@@ -252,13 +258,16 @@ async fn a_write_that_runs_once_runs_once_through_a_redone_batch() {
     let twice = vec![fx.effect("dup"), fx.effect("dup")];
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
-    let once = store.apply(vec![idem_runtime::SqlWrite::once(move |db| {
+    let once = store.apply(vec![idem_runtime::store::SqlWrite::once(move |db| {
         counted.fetch_add(1, Ordering::SeqCst);
         db.execute("INSERT INTO effects (name) VALUES ('once')", [])?;
         Ok(())
     })]);
     let (failed, once) = tokio::join!(failing.complete_with(response("x"), twice), once);
-    assert!(matches!(failed, Err(idem_runtime::StoreError::Write(_))));
+    assert!(matches!(
+        failed,
+        Err(idem_runtime::store::StoreError::Write(_))
+    ));
     once.unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(fx.effects().await, vec!["once".to_owned()]);

@@ -98,7 +98,7 @@ const STALE_CLAIM_MS: i64 = 60_000;
 /// Where and how the PostgreSQL store connects.
 ///
 /// ```
-/// use idem_runtime::PostgresOptions;
+/// use idem_runtime::store::PostgresOptions;
 /// let options = PostgresOptions::new("postgres://app@127.0.0.1:5432/a2a");
 /// assert_eq!(options.pool_size, 16);
 /// assert!(options.listen_url.is_none());
@@ -131,8 +131,10 @@ impl PostgresOptions {
 /// The PostgreSQL store: several processes may serve one database.
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), idem_runtime::StoreError> {
-/// use idem_runtime::{IdempotencyCache, IdempotencyConfig, PostgresStore};
+/// # async fn run() -> Result<(), idem_runtime::store::StoreError> {
+/// use idem_runtime::claim::IdempotencyCache;
+/// use idem_runtime::IdempotencyConfig;
+/// use idem_runtime::store::PostgresStore;
 /// let config = IdempotencyConfig::default();
 /// let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/a2a", &config).await?;
 /// let cache = IdempotencyCache::new(store);

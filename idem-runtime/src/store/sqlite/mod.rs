@@ -81,7 +81,8 @@ const SWEEP_CHUNK: u64 = 100;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use idem_runtime::{IdempotencyConfig, SqliteStore, Store};
+/// use idem_runtime::IdempotencyConfig;
+/// use idem_runtime::store::{SqliteStore, Store};
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = SqliteStore::open(dir.path().join("cache.db"), &IdempotencyConfig::default()).unwrap();
 /// assert_eq!(store.row_count().await.unwrap(), 0);
