@@ -16,6 +16,7 @@ pub const EXTENSION_URI: &str = "https://agentic-sandbox.aiwg.io/extensions/idem
 /// assert_eq!(ErrorCode::KeyReusedWithDifferentPayload.http_status(), 422);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorCode {
     /// Spec §4.5: the messageId is cached with another request hash (or method).
     KeyReusedWithDifferentPayload,
@@ -46,11 +47,19 @@ pub enum ErrorCode {
     /// The call ran past its claim's lease and another replica took the key over: nothing of
     /// the call was committed (fenced), nothing is cached; a retry gets the other's outcome.
     ClaimLost,
+    /// A streaming method called inside a JSON-RPC batch: an event stream is one response of
+    /// its own.
+    StreamInBatch,
+    /// The method's result, or one of its stream's events, does not serialize to JSON.
+    ResultNotSerializable,
+    /// The event stream is not there to serve (taken twice, or the stored entry of a stream
+    /// is not one): an internal inconsistency, reported rather than hidden.
+    StreamUnavailable,
 }
 
 impl ErrorCode {
     /// Every code, in the order of `error-codes.json`.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::KeyReusedWithDifferentPayload,
         ErrorCode::KeyMalformed,
         ErrorCode::RequestInProgress,
@@ -64,6 +73,9 @@ impl ErrorCode {
         ErrorCode::WriteFailed,
         ErrorCode::StreamInterrupted,
         ErrorCode::ClaimLost,
+        ErrorCode::StreamInBatch,
+        ErrorCode::ResultNotSerializable,
+        ErrorCode::StreamUnavailable,
     ];
 
     /// The numeric JSON-RPC `error.code`.
@@ -82,6 +94,9 @@ impl ErrorCode {
             Self::WriteFailed => -32603,
             Self::StreamInterrupted => -32603,
             Self::ClaimLost => -32603,
+            Self::StreamInBatch => -32600,
+            Self::ResultNotSerializable => -32603,
+            Self::StreamUnavailable => -32603,
         }
     }
 
@@ -101,6 +116,9 @@ impl ErrorCode {
             Self::WriteFailed => "IDEMPOTENCY_WRITE_FAILED",
             Self::StreamInterrupted => "IDEMPOTENCY_STREAM_INTERRUPTED",
             Self::ClaimLost => "IDEMPOTENCY_CLAIM_LOST",
+            Self::StreamInBatch => "IDEMPOTENCY_STREAM_IN_BATCH",
+            Self::ResultNotSerializable => "IDEMPOTENCY_RESULT_NOT_SERIALIZABLE",
+            Self::StreamUnavailable => "IDEMPOTENCY_STREAM_UNAVAILABLE",
         }
     }
 
@@ -120,7 +138,10 @@ impl ErrorCode {
             | Self::HttpOnly
             | Self::WriteFailed
             | Self::StreamInterrupted
-            | Self::ClaimLost => 200,
+            | Self::ClaimLost
+            | Self::StreamInBatch
+            | Self::ResultNotSerializable
+            | Self::StreamUnavailable => 200,
         }
     }
 
@@ -142,6 +163,9 @@ impl ErrorCode {
             Self::ClaimLost => {
                 "The call's claim was taken over by another replica; nothing of it was stored, retry"
             }
+            Self::StreamInBatch => "Streaming calls cannot be batched",
+            Self::ResultNotSerializable => "The method's result does not serialize to JSON",
+            Self::StreamUnavailable => "The event stream is not available",
         }
     }
 

@@ -38,7 +38,7 @@ pub const DEFAULT_GOVERNED_METHODS: [&str; 4] = [
 ///     .await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Idempotency {
     state: Arc<State>,
 }

@@ -37,6 +37,7 @@ pub struct MessageId(String);
 
 /// Why a message id was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum MessageIdError {
     /// No `params.message.messageId`.
     #[error("params.message.messageId is missing")]

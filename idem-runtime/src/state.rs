@@ -24,3 +24,16 @@ impl State {
         self.cache.as_ref().filter(|_| self.deduplicate)
     }
 }
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut governed: Vec<&String> = self.governed.iter().collect();
+        governed.sort();
+        f.debug_struct("Idempotency")
+            .field("deduplicating", &self.deduplicating().is_some())
+            .field("database", &self.cache.is_some())
+            .field("governed", &governed)
+            .field("config", &self.config)
+            .finish()
+    }
+}

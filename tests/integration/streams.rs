@@ -214,6 +214,11 @@ async fn streams_cannot_be_batched() {
     let reply = post_activated(&server.url, batch).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.json()[0]["error"]["code"], -32600);
+    assert_eq!(
+        reply.json()[0]["error"]["data"]["code"],
+        "IDEMPOTENCY_STREAM_IN_BATCH",
+        "from the error table"
+    );
     assert_eq!(server.executions(), 0);
 }
 

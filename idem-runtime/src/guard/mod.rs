@@ -84,6 +84,14 @@ where
     F::Output::run(ctx, body)
 }
 
+/// A result or event that serde cannot write: the method's bug, answered (and cached) as such.
+pub(crate) fn not_serializable(error: &serde_json::Error) -> ErrorObjectOwned {
+    tracing::error!(%error, "an #[idempotent] method's result does not serialize");
+    IdempotencyError::new(ErrorCode::ResultNotSerializable)
+        .with_detail("reason", error.to_string())
+        .into()
+}
+
 /// The error of a guarded method called on a server without the layers: loud, never silent.
 pub(crate) fn layer_missing() -> ErrorObjectOwned {
     tracing::error!(

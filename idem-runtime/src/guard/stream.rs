@@ -26,7 +26,7 @@ use crate::error::{ErrorCode, IdempotencyError};
 use crate::guard::recording::Recording;
 use crate::guard::sse;
 use crate::guard::{
-    decide, layer_missing, replay_json, run_catching, store_failure, store_json,
+    decide, layer_missing, not_serializable, replay_json, run_catching, store_failure, store_json,
     undeduplicated_failure, CallContext, Decision, Guarded,
 };
 use crate::layers::scope::{GovernedCall, Outcome};
@@ -100,11 +100,7 @@ impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObje
             return Err(layer_missing());
         };
         if scope.is_batch() {
-            return Err(ErrorObjectOwned::owned(
-                -32600,
-                "streaming calls cannot be batched",
-                None::<()>,
-            ));
+            return Err(IdempotencyError::new(ErrorCode::StreamInBatch).into());
         }
         match (ctx.governed, ctx.undeduplicated_id) {
             (Some(call), _) => run_governed(&call, body, ctx.unit).await,
@@ -241,13 +237,7 @@ async fn next_frame<T: Serialize>(
     let payload: Payload = match AssertUnwindSafe(events.next()).catch_unwind().await {
         Ok(None) => return Next::End,
         Ok(Some(item)) => item.and_then(|event| {
-            serde_json::value::to_raw_value(&event).map_err(|e| {
-                ErrorObjectOwned::owned(
-                    -32603,
-                    format!("event does not serialize: {e}"),
-                    None::<()>,
-                )
-            })
+            serde_json::value::to_raw_value(&event).map_err(|e| not_serializable(&e))
         }),
         Err(_panic) => Err(IdempotencyError::new(ErrorCode::ExecutionPanicked).into()),
     };
@@ -378,5 +368,5 @@ fn too_large() -> ErrorObjectOwned {
 
 /// An internal inconsistency (a stream taken twice, a JSON entry where a stream was expected).
 fn consumed() -> ErrorObjectOwned {
-    ErrorObjectOwned::owned(-32603, "the event stream is not available", None::<()>)
+    IdempotencyError::new(ErrorCode::StreamUnavailable).into()
 }

@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use crate::guard::replayable::Replayable;
 use crate::guard::{
-    decide, layer_missing, replay_json, run_catching, store_json, undeduplicated_failure,
-    CallContext, Decision, Guarded,
+    decide, layer_missing, not_serializable, replay_json, run_catching, store_json,
+    undeduplicated_failure, CallContext, Decision, Guarded,
 };
 use crate::wire::Payload;
 
@@ -57,12 +57,5 @@ impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjec
 
 /// Serializes the outcome once: these bytes are stored and answered.
 fn into_payload<T: Serialize>(output: Result<Replayable<T>, ErrorObjectOwned>) -> Payload {
-    serde_json::value::to_raw_value(&output?).map_err(|e| {
-        tracing::error!(error = %e, "the method's result does not serialize");
-        ErrorObjectOwned::owned(
-            -32603,
-            format!("result does not serialize: {e}"),
-            None::<()>,
-        )
-    })
+    serde_json::value::to_raw_value(&output?).map_err(|e| not_serializable(&e))
 }

@@ -15,6 +15,7 @@ use std::cmp::Ordering;
 
 /// Why params could not be hashed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HashError {
     #[error("params are not valid UTF-8 (at byte {offset})")]
     /// Not UTF-8; `offset` is where the valid prefix ends.

@@ -32,7 +32,7 @@ const RECOGNISED_BODY_BYTES: u64 = 64 * 1024;
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// The tower layer for `ServerBuilder::set_http_middleware` (see [`crate::Idempotency::http_layer`]).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct HttpLayer {
     state: Arc<State>,
 }
@@ -55,7 +55,7 @@ impl<S> tower::Layer<S> for HttpLayer {
 }
 
 /// The HTTP service of [`HttpLayer`].
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct HttpService<S> {
     inner: S,
     state: Arc<State>,

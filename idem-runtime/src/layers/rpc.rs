@@ -26,7 +26,7 @@ use crate::unit_of_work::UnitOfWork;
 use crate::wire::{decode, Payload};
 
 /// The tower layer that wraps jsonrpsee's RPC service (see [`crate::Idempotency::rpc_layer`]).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RpcLayer {
     state: Arc<State>,
 }
@@ -49,7 +49,7 @@ impl<S> tower::Layer<S> for RpcLayer {
 }
 
 /// The RPC service of [`RpcLayer`].
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RpcService<S> {
     inner: S,
     state: Arc<State>,

@@ -366,6 +366,7 @@ pub trait Store: Send + Sync + 'static {
 
 /// The store failed; the guard answers -32603 rather than pretend an outcome is cached.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     #[error("{backend}: {source}")]
     /// The database refused an operation, or could not be reached.
