@@ -1,22 +1,17 @@
-//! The conformance harness (`examples/conformance`) against the example A2A server running as a
+//! The conformance harness (crate `idem-conformance`) against the example A2A server running as a
 //! real child process: one test per scenario, each with its own process and SQLite file, with
 //! side effects counted in that file. Also the harness's command line, end to end.
 //!
 //! The tests run the built example binaries: `cargo test` builds the examples first, but
 //! `cargo test --test integration` alone does not (`cargo build --examples` before it).
 
-#[path = "../../examples/conformance/harness.rs"]
-pub mod harness;
-#[path = "../../examples/conformance/server_process.rs"]
-pub mod server_process;
-
 use std::process::Command;
 
 use futures::FutureExt;
-use harness::client::{CardEntry, EXTENSION_URI};
-use harness::{check, skip_reason, Outcome, Restart, Scenario, Target};
+use idem_conformance::client::{CardEntry, EXTENSION_URI};
+use idem_conformance::server_process::{example_binary, ServerProcess, SHORT_TTL};
+use idem_conformance::{check, skip_reason, Outcome, Restart, Scenario, Target};
 use serde_json::json;
-use server_process::{example_binary, ServerProcess, SHORT_TTL};
 
 /// Runs `scenario` against a fresh server started with `env`; it must pass (not be skipped).
 async fn passes(scenario: Scenario, env: &[(&str, &str)]) {

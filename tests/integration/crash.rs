@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::conformance::server_process::ServerProcess;
 use crate::support::{new_id, send_with, try_post, Reply, SseReply, ACTIVATED};
+use idem_conformance::server_process::ServerProcess;
 
 const CLIENTS: usize = 16;
 

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::conformance::server_process::{example_binary, ServerProcess};
 use crate::support::{new_id, post, post_activated, send_with, Reply, SseReply, URI};
+use idem_conformance::server_process::{example_binary, ServerProcess};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 

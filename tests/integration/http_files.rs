@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::conformance::harness::client::Reply;
-use crate::conformance::server_process::{ServerProcess, SHORT_TTL};
+use idem_conformance::client::Reply;
+use idem_conformance::server_process::{ServerProcess, SHORT_TTL};
 
 /// The example server's default address, which the files target so they run as they are.
 const DEFAULT_ORIGIN: &str = "http://127.0.0.1:8080";

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use idem::IdempotencyConfig;
-use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
+use serde_json::json;
 
 use crate::support::*;
 
@@ -14,20 +13,9 @@ fn config() -> IdempotencyConfig {
     IdempotencyConfig::default()
 }
 
-/// The request hash computed independently of the library: serde_jcs + sha2 over params
-/// with `message.messageId` removed.
+/// The request hash computed independently of the library (the harness's: serde_jcs + sha2).
 fn independent_hash(body: &str) -> String {
-    let mut request: Value = serde_json::from_str(body).unwrap();
-    let params = request["params"].as_object_mut().unwrap();
-    params["message"]
-        .as_object_mut()
-        .unwrap()
-        .remove("messageId");
-    let canonical = serde_jcs::to_vec(&params).unwrap();
-    Sha256::digest(&canonical)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    idem_conformance::request_hash::request_hash(body).unwrap()
 }
 
 #[tokio::test]

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use idem::store::tokio_postgres;
 use serde_json::json;
 
-use crate::conformance::harness::{check, Db, Outcome, Scenario, Target};
-use crate::conformance::server_process::{ServerProcess, SHORT_TTL};
 use crate::support::{
     new_id, post_activated, send_with, stream_request, try_post, Reply, SseReply, ACTIVATED,
 };
+use idem_conformance::server_process::{ServerProcess, SHORT_TTL};
+use idem_conformance::{check, Db, Outcome, Scenario, Target};
 
 /// A database of the test's own, dropped with it. Holds the server shared while it lives:
 /// the test that restarts PostgreSQL holds it alone.
@@ -73,8 +73,8 @@ impl Database {
         })
     }
 
-    fn side_effects(&self) -> crate::conformance::harness::side_effects::SideEffects {
-        crate::conformance::harness::side_effects::SideEffects {
+    fn side_effects(&self) -> idem_conformance::side_effects::SideEffects {
+        idem_conformance::side_effects::SideEffects {
             db: Some(Db::Postgres(self.url.clone())),
         }
     }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use idem_runtime::claim::{Claim, IdempotencyCache, Waited};
+use idem_runtime::claim::{Claim, IdempotencyCache, Ticket, Waited};
 use idem_runtime::hash::request_hash;
 use idem_runtime::store::StoreError;
 use idem_runtime::IdempotencyConfig;
@@ -32,9 +32,18 @@ fn leased(claim_lease: Duration) -> IdempotencyConfig {
 /// that returns within it was woken, not timed out.
 const WOKEN: Duration = Duration::from_secs(5);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_on_another_replica_wakes_when_the_execution_stores_its_entry() {
-    let Some(fx) = fixture().await else { return };
+/// Replica `a` runs a call of key 1; a duplicate on replica `b` waits on it (bound 60 s,
+/// lease 120 s: only a wake-up ends the wait early).
+struct Waiting {
+    fx: Fixture,
+    /// Kept: a dropped cache is a dead replica.
+    _a: IdempotencyCache,
+    b: IdempotencyCache,
+    ticket: Ticket,
+    waiting: tokio::task::JoinHandle<Waited>,
+}
+
+async fn held_on_a_awaited_on_b(fx: Fixture) -> Waiting {
     let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
     let hash = request_hash(b"{}").unwrap();
     let ticket = won(&a, &key(1), "message/send", &hash).await;
@@ -43,11 +52,31 @@ async fn a_waiter_on_another_replica_wakes_when_the_execution_stores_its_entry()
     };
     assert!(waiter.matches("message/send", &hash));
     let waiting = tokio::spawn(waiter.wait(Duration::from_secs(60), false));
+    Waiting {
+        fx,
+        _a: a,
+        b,
+        ticket,
+        waiting,
+    }
+}
+
+/// What the waiter saw, if it was woken within [`WOKEN`].
+async fn woken(waiting: tokio::task::JoinHandle<Waited>) -> Option<Waited> {
+    tokio::time::timeout(WOKEN, waiting)
+        .await
+        .ok()
+        .map(Result::unwrap)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_another_replica_wakes_when_the_execution_stores_its_entry() {
+    let Some(fx) = fixture().await else { return };
+    let held = held_on_a_awaited_on_b(fx).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!waiting.is_finished(), "it waits for the outcome");
-    ticket.complete(response("done")).await.unwrap();
-    let waited = tokio::time::timeout(WOKEN, waiting).await;
-    let Ok(Ok(Waited::Done(entry))) = waited else {
+    assert!(!held.waiting.is_finished(), "it waits for the outcome");
+    held.ticket.complete(response("done")).await.unwrap();
+    let Some(Waited::Done(entry)) = woken(held.waiting).await else {
         panic!("not woken by the end of the claim")
     };
     assert_eq!(entry.response.body, b"done");
@@ -56,23 +85,14 @@ async fn a_waiter_on_another_replica_wakes_when_the_execution_stores_its_entry()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_listener_lost_its_connection_is_not_stranded() {
     let Some(fx) = fixture().await else { return };
-    let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
-    let hash = request_hash(b"{}").unwrap();
-    let ticket = won(&a, &key(1), "message/send", &hash).await;
-    let Claim::InFlight(waiter) = b.claim(&key(1), "message/send", &hash).await.unwrap() else {
-        panic!()
-    };
-    let waiting = tokio::spawn(waiter.wait(Duration::from_secs(60), false));
     // Every listening connection dies (a restart, a proxy's idle timeout), and the end of the
     // claim is announced while they are down: that notification is lost.
-    fx.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-         WHERE query LIKE 'LISTEN%' AND datname = current_database()",
-    )
-    .await;
-    ticket.complete(response("done")).await.unwrap();
-    let waited = tokio::time::timeout(WOKEN, waiting).await;
-    let Ok(Ok(Waited::Done(entry))) = waited else {
+    let kill_listeners = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE query LIKE 'LISTEN%' AND datname = current_database()";
+    let held = held_on_a_awaited_on_b(fx).await;
+    held.fx.execute(kill_listeners).await;
+    held.ticket.complete(response("done")).await.unwrap();
+    let Some(Waited::Done(entry)) = woken(held.waiting).await else {
         panic!("stranded: the reconnect must make the waiter read again")
     };
     assert_eq!(entry.response.body, b"done");
@@ -81,17 +101,12 @@ async fn a_waiter_whose_listener_lost_its_connection_is_not_stranded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_claim_wakes_waiters_on_another_replica_and_the_key_is_free() {
     let Some(fx) = fixture().await else { return };
-    let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
+    let held = held_on_a_awaited_on_b(fx).await;
+    drop(held.ticket);
+    let waited = woken(held.waiting).await;
+    assert!(matches!(waited, Some(Waited::Released)), "woken");
     let hash = request_hash(b"{}").unwrap();
-    let ticket = won(&a, &key(1), "message/send", &hash).await;
-    let Claim::InFlight(waiter) = b.claim(&key(1), "message/send", &hash).await.unwrap() else {
-        panic!()
-    };
-    let waiting = tokio::spawn(waiter.wait(Duration::from_secs(60), false));
-    drop(ticket);
-    let waited = tokio::time::timeout(WOKEN, waiting).await;
-    assert!(matches!(waited, Ok(Ok(Waited::Released))), "woken");
-    assert!(wins(&b, &key(1), &hash).await, "the key is free");
+    assert!(wins(&held.b, &key(1), &hash).await, "the key is free");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

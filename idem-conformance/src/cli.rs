@@ -1,7 +1,7 @@
 //! The idempotency/v1 conformance harness as a command line tool, for any A2A server:
 //!
 //! ```sh
-//! cargo run --example conformance -- --url http://127.0.0.1:8080 \
+//! cargo run -p idem-conformance -- --url http://127.0.0.1:8080 \
 //!     [--restart-cmd "systemctl restart my-agent"] [--db ./a2a-example.db]
 //! ```
 //!
@@ -13,14 +13,12 @@
 //! also needs a JSON-RPC 1.0 interface), side effects are counted only with `--db` (our example
 //! server's SQLite file).
 
-mod harness;
-
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use crate::client::Client;
+use crate::{check, Db, Outcome, Restart, Scenario, Target};
 use futures::FutureExt;
-use harness::client::Client;
-use harness::{check, Db, Outcome, Restart, Scenario, Target};
 
 /// How long a restarted server may take to answer again.
 const RESTART_TIMEOUT: Duration = Duration::from_secs(60);
@@ -34,8 +32,9 @@ struct Args {
     db: Option<Db>,
 }
 
+/// Runs the command line on the process's arguments.
 #[tokio::main]
-async fn main() -> ExitCode {
+pub async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!("idempotency/v1 conformance harness\n{USAGE}");

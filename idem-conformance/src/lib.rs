@@ -2,8 +2,9 @@
 //! same guarantees for streams in `streams.rs`), runnable against any server that implements the
 //! extension. Each scenario is an async fn returning a
 //! clear failure message; [`check`] decides whether it applies (from the AgentCard and the hooks
-//! the caller has) and runs it. Used by the `conformance` example (CLI) and by
-//! `tests/integration/conformance.rs`.
+//! the caller has) and runs it. Used by the `conformance` command
+//! line (`cli.rs`: `cargo run -p idem-conformance -- --url ...`) and by the workspace's tests,
+//! which also start the example server through [`server_process`].
 //!
 //! Hooks a server may not offer: `metadata.delayMs` keeps a request in flight and
 //! `metadata.durationMs` a stream running (our example server; elsewhere the concurrent
@@ -11,19 +12,13 @@
 //! database path lets the harness count `tasks` rows and `mission.assigned` outbox events (our
 //! example server's schema) and see when an entry is stored (`idempotency_cache`, spec §4.4).
 
-// Explicit paths: this file is compiled both as `mod harness` of the example and through
-// `#[path]` from the tests, and the two resolve a plain `mod x;` to different directories.
-#[path = "client.rs"]
+pub mod cli;
 pub mod client;
-#[path = "request.rs"]
 pub mod request;
-#[path = "request_hash.rs"]
-mod request_hash;
-#[path = "side_effects.rs"]
+pub mod request_hash;
+pub mod server_process;
 pub mod side_effects;
-#[path = "sse.rs"]
 pub mod sse;
-#[path = "streams.rs"]
 mod streams;
 
 use std::time::{Duration, Instant};

@@ -85,8 +85,8 @@ impl ServerProcess {
     }
 
     /// The database, as the harness reads its side effects.
-    pub fn side_effects_db(&self) -> super::harness::Db {
-        super::harness::Db::parse(&self.launch.db)
+    pub fn side_effects_db(&self) -> crate::Db {
+        crate::Db::parse(&self.launch.db)
     }
 
     /// The last lines the server (each process of it) wrote to stderr, for failure messages.

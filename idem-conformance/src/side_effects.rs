@@ -7,7 +7,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use idem::store::tokio_postgres;
 use rusqlite::{Connection, OpenFlags};
 
 /// The server may be writing; wait for its lock rather than fail the read.
