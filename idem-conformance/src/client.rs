@@ -155,7 +155,8 @@ impl CardEntry {
 }
 
 impl Reply {
-    pub fn json(&self) -> Result<Value, String> {
+    /// The body as JSON.
+    pub fn try_json(&self) -> Result<Value, String> {
         serde_json::from_slice(&self.body)
             .map_err(|e| format!("the body is not JSON ({e}): {}", self.describe()))
     }
@@ -171,7 +172,7 @@ impl Reply {
     }
 
     /// Whether `Idempotent-Replayed: true` is present; any other value is a violation (§4.3.3).
-    pub fn replayed(&self) -> Result<bool, String> {
+    pub fn try_replayed(&self) -> Result<bool, String> {
         match self.headers.get("idempotent-replayed") {
             None => Ok(false),
             Some(v) if v == "true" => Ok(true),
@@ -192,12 +193,48 @@ impl Reply {
 
     /// `error.code` and `error.data.code` of a JSON-RPC error response.
     pub fn error_codes(&self) -> Result<(i64, Option<String>), String> {
-        let json = self.json()?;
+        let json = self.try_json()?;
         let code = json["error"]["code"]
             .as_i64()
             .ok_or_else(|| format!("no JSON-RPC error.code in {}", self.describe()))?;
         let data_code = json["error"]["data"]["code"].as_str().map(str::to_owned);
         Ok((code, data_code))
+    }
+
+    /// For tests: the body as JSON; panics, showing the body, if it is not.
+    pub fn json(&self) -> Value {
+        self.try_json().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// For tests: whether the answer is a replay; panics on a malformed header.
+    pub fn replayed(&self) -> bool {
+        self.try_replayed().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A header's value, if present and text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// For tests: `error.code`; panics without one.
+    pub fn error_code(&self) -> i64 {
+        self.error_codes().unwrap_or_else(|e| panic!("{e}")).0
+    }
+
+    /// For tests: `error.data.code`, or `""`.
+    pub fn data_code(&self) -> String {
+        let codes = self.error_codes().unwrap_or_else(|e| panic!("{e}"));
+        codes.1.unwrap_or_default()
+    }
+
+    /// For tests: the answer with JSON-RPC id `id` in a batch reply; panics without one.
+    pub fn batch_answer(&self, id: u64) -> Value {
+        let answers = self.json();
+        let answers = answers.as_array().expect("a batch reply is an array");
+        let answer = answers.iter().find(|a| a["id"] == id);
+        answer
+            .unwrap_or_else(|| panic!("no answer {id} in {answers:?}"))
+            .clone()
     }
 
     /// Status, replay header and (shortened) body, for failure messages.

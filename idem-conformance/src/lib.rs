@@ -396,7 +396,7 @@ pub async fn concurrent_duplicates(target: &Target) -> Result<(), String> {
     }
     let mut fresh = 0;
     for reply in &replies {
-        fresh += usize::from(!reply.replayed()?);
+        fresh += usize::from(!reply.try_replayed()?);
     }
     ensure(fresh == 1, || {
         format!("expected exactly 1 response without Idempotent-Replayed, got {fresh}")
@@ -414,13 +414,13 @@ fn expect_fresh(reply: &Reply, what: &str) -> Result<(), String> {
     ensure((200..300).contains(&reply.status), || {
         format!("{what}: expected a 2xx, got {}", reply.describe())
     })?;
-    ensure(reply.json()?.get("result").is_some(), || {
+    ensure(reply.try_json()?.get("result").is_some(), || {
         format!(
             "{what}: expected a JSON-RPC result, got {}",
             reply.describe()
         )
     })?;
-    ensure(!reply.replayed()?, || {
+    ensure(!reply.try_replayed()?, || {
         format!("{what}: an execution must not carry Idempotent-Replayed")
     })?;
     expect_echo(reply, what)
@@ -428,7 +428,7 @@ fn expect_fresh(reply: &Reply, what: &str) -> Result<(), String> {
 
 /// A replay of `original`: same status, same bytes, `Idempotent-Replayed: true` (§6.1).
 fn expect_replay_of(original: &Reply, replay: &Reply, what: &str) -> Result<(), String> {
-    ensure(replay.replayed()?, || {
+    ensure(replay.try_replayed()?, || {
         format!(
             "{what}: expected Idempotent-Replayed: true, got {}",
             replay.describe()
@@ -459,7 +459,7 @@ fn expect_collision(
 ) -> Result<(), String> {
     let what = "same messageId, other payload";
     expect_error(reply, 422, -32422, KEY_REUSED).map_err(|e| format!("{what}: {e}"))?;
-    let data = &reply.json()?["error"]["data"];
+    let data = &reply.try_json()?["error"]["data"];
     ensure(data["message_id"] == message_id, || {
         format!("{what}: error.data.message_id must be {message_id}: {data}")
     })?;
@@ -489,7 +489,7 @@ fn expect_error(reply: &Reply, status: u16, code: i64, data_code: &str) -> Resul
             reply.describe()
         )
     })?;
-    ensure(!reply.replayed()?, || {
+    ensure(!reply.try_replayed()?, || {
         "an error that was not cached must not carry Idempotent-Replayed".into()
     })?;
     expect_echo(reply, "the error")

@@ -102,7 +102,7 @@ impl StreamCall {
             ));
         }
         let reply = &stream.reply;
-        match (replayed, reply.replayed()?) {
+        match (replayed, reply.try_replayed()?) {
             (true, false) => Err(format!(
                 "{what}: expected Idempotent-Replayed: true, got {}",
                 reply.describe()

@@ -16,8 +16,9 @@ use serde_json::json;
 use crate::support::{
     new_id, post_activated, send_with, stream_request, try_post, Reply, SseReply, ACTIVATED,
 };
+use futures::FutureExt;
 use idem_conformance::server_process::{ServerProcess, SHORT_TTL};
-use idem_conformance::{check, Db, Outcome, Scenario, Target};
+use idem_conformance::{check, Db, Outcome, Restart, Scenario, Target};
 
 /// A database of the test's own, dropped with it. Holds the server shared while it lives:
 /// the test that restarts PostgreSQL holds it alone.
@@ -313,12 +314,27 @@ async fn the_conformance_scenarios_pass_on_postgres() {
     };
     let server = replica(&db, SHORT_TTL);
     let target = Target::new(&server.url, Some(server.side_effects_db()));
-    // AC-4 and the stream restart need a restart hook; `crash.rs` covers them on SQLite.
+    let with_restart = [Scenario::Ac4, Scenario::StreamRestart];
     let restartless = Scenario::ALL
         .into_iter()
-        .filter(|s| !matches!(s, Scenario::Ac4 | Scenario::StreamRestart));
+        .filter(|s| !with_restart.contains(s));
     for scenario in restartless {
         let outcome = check(scenario, &target, None).await;
+        assert!(
+            outcome == Outcome::Pass,
+            "{}: {outcome:?}\n{}",
+            scenario.name(),
+            server.stderr()
+        );
+    }
+    drop(server);
+    // The restart hook: SIGKILL, then a new process on the same database.
+    for scenario in with_restart {
+        let mut server = replica(&db, &[]);
+        let target = Target::new(&server.url, Some(server.side_effects_db()));
+        let process = &mut server;
+        let restart: Restart = Box::new(move || async move { Ok(process.restart()) }.boxed());
+        let outcome = check(scenario, &target, Some(restart)).await;
         assert!(
             outcome == Outcome::Pass,
             "{}: {outcome:?}\n{}",

@@ -298,62 +298,8 @@ impl Db {
     }
 }
 
-/// A captured HTTP response.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: reqwest::header::HeaderMap,
-    pub body: Vec<u8>,
-}
-
-impl Reply {
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
-    }
-
-    /// The answer with JSON-RPC id `id` in a batch reply.
-    pub fn batch_answer(&self, id: u64) -> Value {
-        let answers = self.json();
-        let answers = answers.as_array().expect("a batch reply is an array");
-        let answer = answers.iter().find(|a| a["id"] == id);
-        answer
-            .unwrap_or_else(|| panic!("no answer {id} in {answers:?}"))
-            .clone()
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-
-    pub fn replayed(&self) -> bool {
-        match self.header("idempotent-replayed") {
-            Some("true") => true,
-            None => false,
-            Some(other) => panic!("Idempotent-Replayed must be absent or true, got {other:?}"),
-        }
-    }
-
-    pub fn echoes_extension(&self) -> bool {
-        self.headers
-            .get_all("a2a-extensions")
-            .iter()
-            .any(|v| v.to_str().unwrap().contains(URI))
-    }
-
-    pub fn error_code(&self) -> i64 {
-        self.json()["error"]["code"]
-            .as_i64()
-            .unwrap_or_else(|| panic!("no error in {}", self.json()))
-    }
-
-    pub fn data_code(&self) -> String {
-        self.json()["error"]["data"]["code"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
-    }
-}
+/// A captured HTTP response: the harness's, with its test helpers.
+pub use idem_conformance::client::Reply;
 
 /// POSTs `body` with the activation header (unless `headers` says otherwise).
 pub async fn post(url: &str, body: impl Into<reqwest::Body>, headers: &[(&str, &str)]) -> Reply {

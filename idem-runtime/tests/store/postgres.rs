@@ -261,6 +261,28 @@ async fn replicas_sweeping_at_once_delete_each_expired_row_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_inserting_at_once_keep_the_lru_bound_without_evicting_too_much() {
+    let Some(fx) = fixture().await else { return };
+    let config = config(86_400, 10);
+    let replicas = fx.replicas(&config, 2).await;
+    let inserts = (0..40).map(|n| {
+        let cache = replicas[n as usize % 2].clone();
+        async move { execute(&cache, &key(n), "{}", "x").await }
+    });
+    futures::future::join_all(inserts).await;
+    let before = replicas[0].store().row_count().await.unwrap();
+    assert!(before >= 10, "evicted past the bound: {before} rows");
+    let (a, b) = tokio::join!(replicas[0].store().sweep(), replicas[1].store().sweep());
+    a.unwrap();
+    b.unwrap();
+    assert_eq!(
+        replicas[0].store().row_count().await.unwrap(),
+        10,
+        "exactly the bound"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_schema_is_the_spec_table_plus_the_sqlite_columns() {
     let Some(fx) = fixture().await else { return };
     let _cache = fx.cache(&config(86_400, 100)).await;
