@@ -186,7 +186,7 @@ async fn a_stream_killed_after_its_first_event_is_never_executed_again() {
     let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
     let task = first.next_event().await.expect("the first event");
     let task_id = task["result"]["id"].as_str().unwrap().to_owned();
-    let received = first.raw.clone();
+    let received = first.raw().to_vec();
 
     let url = server.restart(); // SIGKILL mid-stream: the next event was 2 s away
     let mut retry = SseReply::open(&url, body.clone(), ACTIVATED).await;
@@ -196,7 +196,7 @@ async fn a_stream_killed_after_its_first_event_is_never_executed_again() {
     let events = retry.rest().await;
     assert_eq!(events.len(), 2, "{events:?}");
     assert!(
-        retry.raw.starts_with(&received),
+        retry.raw().starts_with(&received),
         "the recorded event, byte-for-byte"
     );
     assert_eq!(events[0], task);
@@ -210,7 +210,8 @@ async fn a_stream_killed_after_its_first_event_is_never_executed_again() {
     again.rest().await;
     assert!(again.replayed());
     assert_eq!(
-        again.raw, retry.raw,
+        again.raw(),
+        retry.raw(),
         "the interrupted outcome is what is cached"
     );
 

@@ -202,7 +202,7 @@ async fn a_stream_retried_on_another_replica_while_it_runs_replays_its_whole_rec
     assert_eq!(retry.status, 200);
     assert!(retry.replayed());
     retry.rest().await;
-    assert_eq!(retry.raw, first.raw, "every event, byte for byte");
+    assert_eq!(retry.raw(), first.raw(), "every event, byte for byte");
     assert_eq!(db.counts(), (1, 1), "executed once");
 }
 

@@ -41,7 +41,7 @@ async fn fresh_stream_is_live_sse_then_replayed_byte_for_byte() {
     assert!(replay.replayed());
     assert_eq!(replay.content_type(), "text/event-stream");
     replay.rest().await;
-    assert_eq!(replay.raw, first.raw, "byte-for-byte");
+    assert_eq!(replay.raw(), first.raw(), "byte-for-byte");
     assert_eq!(server.executions(), 1);
 }
 
@@ -137,7 +137,7 @@ async fn an_error_event_ends_the_stream_and_is_replayed() {
     let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
     replay.rest().await;
     assert!(replay.replayed());
-    assert_eq!(replay.raw, first.raw);
+    assert_eq!(replay.raw(), first.raw());
     assert_eq!(server.executions(), 1);
 }
 
@@ -157,7 +157,8 @@ async fn a_retry_during_the_stream_attaches_and_gets_the_identical_sequence() {
     );
     let (_, _) = tokio::join!(first.rest(), retry.rest());
     assert_eq!(
-        retry.raw, first.raw,
+        retry.raw(),
+        first.raw(),
         "every event so far, then the live ones, to the end"
     );
     assert_eq!(server.executions(), 1);
@@ -202,7 +203,7 @@ async fn streams_survive_a_restart() {
     let mut replay = SseReply::open(&restarted.url, body, ACTIVATED).await;
     replay.rest().await;
     assert!(replay.replayed());
-    assert_eq!(replay.raw, first.raw);
+    assert_eq!(replay.raw(), first.raw());
     assert_eq!(restarted.executions(), 0);
 }
 
@@ -261,11 +262,11 @@ async fn a_stream_past_the_recording_limit_ends_with_an_error_event_stored_as_se
         8,
         "seven 1 MiB events fit in 8 MiB, the eighth does not"
     );
-    assert!(first.raw.len() <= idem::config::MAX_RECORDED_STREAM_BYTES + 1024);
+    assert!(first.raw().len() <= idem::config::MAX_RECORDED_STREAM_BYTES + 1024);
     let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
     replay.rest().await;
     assert!(replay.replayed());
-    assert_eq!(replay.raw, first.raw);
+    assert_eq!(replay.raw(), first.raw());
     assert_eq!(server.executions(), 1);
 }
 

@@ -374,61 +374,48 @@ pub fn send_with(id: u64, method: &str, message_id: &str, text: &str, metadata: 
     .to_string()
 }
 
-/// A streaming response read as it arrives.
+/// The harness's event-stream reader, with the tests' helpers: they panic instead of
+/// returning the harness's errors.
 pub struct SseReply {
     pub status: u16,
     pub headers: reqwest::header::HeaderMap,
-    response: reqwest::Response,
-    buffer: Vec<u8>,
-    /// Every byte received so far.
-    pub raw: Vec<u8>,
+    inner: idem_conformance::sse::SseReply,
 }
 
 impl SseReply {
     pub async fn open(url: &str, body: String, headers: &[(&str, &str)]) -> Self {
-        let response = send_request(url, body, headers).await;
+        let inner = idem_conformance::sse::SseReply::new(send_request(url, body, headers).await);
         Self {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            response,
-            buffer: Vec::new(),
-            raw: Vec::new(),
+            status: inner.reply.status,
+            headers: inner.reply.headers.clone(),
+            inner,
         }
     }
 
-    pub fn content_type(&self) -> &str {
-        self.headers
-            .get("content-type")
-            .map_or("", |v| v.to_str().unwrap())
+    pub fn content_type(&self) -> String {
+        self.inner.reply.content_type()
     }
 
     pub fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
+        self.inner.reply.replayed()
+    }
+
+    /// Every byte received so far.
+    pub fn raw(&self) -> &[u8] {
+        &self.inner.reply.body
     }
 
     /// The next event's JSON, or `None` at the end of the stream.
     pub async fn next_event(&mut self) -> Option<Value> {
-        loop {
-            if let Some(at) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-                let event: Vec<u8> = self.buffer.drain(..at + 2).collect();
-                let json = event.strip_prefix(b"data: ").expect("an SSE data line");
-                return Some(serde_json::from_slice(&json[..json.len() - 2]).unwrap());
-            }
-            let chunk = self.response.chunk().await.expect("stream readable")?;
-            self.raw.extend_from_slice(&chunk);
-            self.buffer.extend_from_slice(&chunk);
-        }
+        self.inner
+            .next_event()
+            .await
+            .expect("a well-formed event stream")
     }
 
     /// Every remaining event.
     pub async fn rest(&mut self) -> Vec<Value> {
-        let mut events = Vec::new();
-        while let Some(event) = self.next_event().await {
-            events.push(event);
-        }
-        events
+        self.inner.rest().await.expect("a well-formed event stream")
     }
 }
 
