@@ -128,10 +128,11 @@ async fn per_async_op<F: std::future::Future<Output = ()>>(
 
 async fn lookups_by_store_size() {
     let dir = tempfile::tempdir().unwrap();
-    let config = |tier| IdempotencyConfig {
-        max_cache_entries: 2_000_000,
-        memory_tier_bytes: tier,
-        ..IdempotencyConfig::default()
+    let config = |tier| {
+        IdempotencyConfig::default().with(|c| {
+            c.max_cache_entries = 2_000_000;
+            c.memory_tier_bytes = tier;
+        })
     };
     let mut figures = Vec::new();
     for rows in [1_000u64, 1_000_000] {
@@ -224,10 +225,7 @@ async fn p99_under_load(
 async fn sweep_under_load() {
     let dir = tempfile::tempdir().unwrap();
     let path = filled_store(dir.path(), 100_000, 2 * 86_400);
-    let config = IdempotencyConfig {
-        max_cache_entries: 1_000_000,
-        ..IdempotencyConfig::default()
-    };
+    let config = IdempotencyConfig::default().with(|c| c.max_cache_entries = 1_000_000);
     let cache = Arc::new(IdempotencyCache::new(
         SqliteStore::open(&path, &config).unwrap(),
     ));

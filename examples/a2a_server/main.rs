@@ -111,7 +111,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
 async fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
     let config = IdempotencyConfig::from_env().map_err(|e| e.to_string())?;
     let required = !matches!(cli.mode, Mode::Optional);
-    let builder = Idempotency::builder(IdempotencyConfig { required, ..config });
+    let builder = Idempotency::builder(config.with(|c| c.required = required));
     let builder = match cli.mode {
         Mode::Off => builder.without_deduplication(),
         Mode::Required | Mode::Optional => builder,

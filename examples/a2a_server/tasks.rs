@@ -263,7 +263,7 @@ impl From<TransactError<Failure>> for Failure {
     fn from(error: TransactError<Failure>) -> Self {
         match error {
             TransactError::Refused(failure) => failure,
-            TransactError::Store(e) => Self::Storage(e.to_string()),
+            other => Self::Storage(other.to_string()),
         }
     }
 }

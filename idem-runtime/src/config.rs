@@ -30,6 +30,7 @@ pub const CLAIM_LEASE_ENV: &str = "AIWG_IDEMPOTENCY_CLAIM_LEASE_MS";
 /// assert_eq!(config.agent_card_extension()["params"]["max_cache_entries"], 100_000);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct IdempotencyConfig {
     /// Entries older than this are a miss and are swept (spec default 86400).
     pub ttl_seconds: u64,
@@ -81,6 +82,19 @@ pub struct ConfigError {
 }
 
 impl IdempotencyConfig {
+    /// This config changed by `change`: the way to set fields, the struct being
+    /// `#[non_exhaustive]` (a later field is not a breaking change).
+    ///
+    /// ```
+    /// use idem_runtime::IdempotencyConfig;
+    /// let config = IdempotencyConfig::default().with(|c| c.ttl_seconds = 60);
+    /// assert_eq!(config.ttl_seconds, 60);
+    /// ```
+    pub fn with(mut self, change: impl FnOnce(&mut Self)) -> Self {
+        change(&mut self);
+        self
+    }
+
     /// Defaults overridden by `AIWG_IDEMPOTENCY_TTL`, `AIWG_IDEMPOTENCY_MAX_ENTRIES` and
     /// `AIWG_IDEMPOTENCY_CLAIM_LEASE_MS`.
     /// A malformed value is an error, never a silent default.

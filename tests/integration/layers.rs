@@ -194,12 +194,7 @@ async fn same_key_under_another_method_is_a_collision() {
 #[tokio::test]
 async fn ac3_past_ttl_the_request_is_new() {
     let db = Db::new();
-    let server = db
-        .server(IdempotencyConfig {
-            ttl_seconds: 60,
-            ..config()
-        })
-        .await;
+    let server = db.server(config().with(|c| c.ttl_seconds = 60)).await;
     let mid = new_id();
     let first = post_activated(&server.url, send(1, &mid, "x")).await;
     let (_, _, inserted_t0) = db.row(&mid).unwrap();
@@ -290,12 +285,7 @@ async fn not_activated_with_required_extension_is_refused() {
 #[tokio::test]
 async fn not_activated_with_optional_extension_runs_undeduplicated() {
     let db = Db::new();
-    let server = db
-        .server(IdempotencyConfig {
-            required: false,
-            ..config()
-        })
-        .await;
+    let server = db.server(config().with(|c| c.required = false)).await;
     assert_eq!(
         server.idem.agent_card_extension().unwrap()["required"],
         false
@@ -377,10 +367,7 @@ async fn concurrent_different_payloads_under_one_key_get_422_at_once() {
 async fn waiting_past_the_bound_is_409_then_the_replay_arrives() {
     let db = Db::new();
     let server = db
-        .server(IdempotencyConfig {
-            in_flight_wait: Duration::from_millis(200),
-            ..config()
-        })
+        .server(config().with(|c| c.in_flight_wait = Duration::from_millis(200)))
         .await;
     let mid = new_id();
     let body = send_with(1, "message/send", &mid, "x", json!({"delayMs": 1000}));

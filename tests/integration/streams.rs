@@ -226,12 +226,7 @@ async fn streams_cannot_be_batched() {
 #[tokio::test]
 async fn undeduplicated_streams_are_still_served() {
     let db = Db::new();
-    let server = db
-        .server(IdempotencyConfig {
-            required: false,
-            ..config()
-        })
-        .await;
+    let server = db.server(config().with(|c| c.required = false)).await;
     let mid = new_id();
     for _ in 0..2 {
         let mut reply =

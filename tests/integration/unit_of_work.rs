@@ -125,10 +125,7 @@ async fn an_error_from_the_body_is_cached_and_its_staged_writes_are_discarded() 
 #[tokio::test]
 async fn calls_that_are_not_deduplicated_commit_their_writes_on_their_own() {
     let db = Db::new();
-    let optional = IdempotencyConfig {
-        required: false,
-        ..IdempotencyConfig::default()
-    };
+    let optional = IdempotencyConfig::default().with(|c| c.required = false);
     let server = db.server(optional).await;
     let mid = new_id();
     let ok = post(&server.url, with_effect(1, &mid, "go", "free"), &[]).await;

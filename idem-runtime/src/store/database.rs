@@ -47,6 +47,7 @@ pub struct Database {
 
 /// Why [`Database::transact`] or [`Database::read`] did not return a value.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransactError<E> {
     /// The closure returned this error; its writes were rolled back.
     #[error("{0}")]

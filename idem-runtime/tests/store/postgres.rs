@@ -22,10 +22,7 @@ async fn two_replicas(fx: &Fixture, claim_lease: Duration) -> [IdempotencyCache;
 }
 
 fn leased(claim_lease: Duration) -> IdempotencyConfig {
-    IdempotencyConfig {
-        claim_lease,
-        ..config(86_400, 1000)
-    }
+    config(86_400, 1000).with(|c| c.claim_lease = claim_lease)
 }
 
 /// Far more than a notification takes, far less than the wait bound and the lease: a waiter

@@ -229,10 +229,7 @@ async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
 #[tokio::test]
 async fn with_the_tier_off_every_answer_is_the_same() {
     let fx = Fixture::sqlite();
-    let off = IdempotencyConfig {
-        memory_tier_bytes: 0,
-        ..config(60, 2)
-    };
+    let off = config(60, 2).with(|c| c.memory_tier_bytes = 0);
     let cache = fx.cache(&off).await;
     execute(&cache, &key(1), "{}", "one").await;
     let spelled = idem_runtime::hash::spelling(b"{}");

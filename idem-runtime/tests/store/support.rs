@@ -19,11 +19,10 @@ pub fn response(body: &str) -> StoredResponse {
 }
 
 pub fn config(ttl_seconds: u64, max_cache_entries: u64) -> IdempotencyConfig {
-    IdempotencyConfig {
-        ttl_seconds,
-        max_cache_entries,
-        ..IdempotencyConfig::default()
-    }
+    IdempotencyConfig::default().with(|c| {
+        c.ttl_seconds = ttl_seconds;
+        c.max_cache_entries = max_cache_entries;
+    })
 }
 
 /// Claims `key` and completes it with `body`; panics unless the claim wins.
