@@ -10,9 +10,11 @@
 //! database that holds no trace of the first. Ends of claims are announced with `NOTIFY`
 //! (`listener.rs`), so waiters on other replicas wake without polling.
 //!
-//! Leases are timed by the database's clock, never a replica's; TTLs by the store's clock,
-//! as on SQLite. Entries are not kept in memory: another replica may evict or sweep one at any
-//! time, and an evicted entry is a miss everywhere.
+//! Every fenced statement checks the claim's owner (this process) as well as its fence, so a
+//! process never commits under another's claim even if the sequence were ever set back (a
+//! restore, a hand reset). Leases are timed by the database's clock, never a replica's; TTLs by
+//! the store's clock, as on SQLite. Entries are not kept in memory: another replica may evict
+//! or sweep one at any time, and an evicted entry is a miss everywhere.
 
 mod listener;
 
@@ -232,6 +234,7 @@ impl PostgresStore {
     /// Keeps the lease of `fence` on `key` alive until it is dropped.
     fn renew(&self, key: &MessageId, fence: i64) -> Lease {
         let (pool, key, lease) = (self.pool.clone(), key.to_string(), self.lease);
+        let owner = self.owner.clone();
         let alive = Arc::downgrade(&self.alive);
         let renewal = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(lease / 3);
@@ -241,7 +244,7 @@ impl PostgresStore {
                 if alive.strong_count() == 0 {
                     return;
                 }
-                match renew_once(&pool, &key, fence, lease).await {
+                match renew_once(&pool, &key, fence, &owner, lease).await {
                     Ok(true) => {}
                     Ok(false) => {
                         tracing::warn!(message_id = %key, fence, "claim lost: another process took it over");
@@ -302,22 +305,58 @@ impl PostgresStore {
         Ok(evicted)
     }
 
-    /// Stores `entry` and ends its claim in `tx`, which `fenced` has checked; announces the end.
+    /// Stores `entry` and ends its claim in one statement, fenced: nothing is stored unless
+    /// the claim still carries `fence` ([`StoreError::ClaimLost`]). Announces the end at commit.
+    /// `true`: this insert may have passed the LRU bound ([`enforce_bound`](Self::enforce_bound)
+    /// is due, in a transaction).
     async fn store_entry(
         &self,
-        tx: &deadpool_postgres::Transaction<'_>,
+        client: &impl GenericClient,
         entry: &Entry,
         fence: i64,
-    ) -> Result<(), StoreError> {
-        let inserted = upsert_entry(tx, entry, self.clock.now_millis()).await?;
-        end_claim(tx, entry.message_id.as_str(), fence).await?;
-        if inserted {
-            let rows = self.rows.fetch_add(1, Ordering::Relaxed) + 1;
-            if rows > self.max_entries {
-                self.enforce_bound(tx).await?;
-            }
+    ) -> Result<bool, StoreError> {
+        let stored = query_one(
+            client,
+            "WITH claim AS (
+               DELETE FROM idempotency_claims
+               WHERE message_id = $1 AND fence = $2 AND owner = $11
+               RETURNING message_id
+             ), stored AS (
+               INSERT INTO idempotency_cache
+                 (message_id, request_hash, response_status, response_headers, response_body,
+                  inserted_at, method, last_used_at)
+               SELECT message_id, $3, $4, $5, $6, $7, $8, $9 FROM claim
+               ON CONFLICT (message_id) DO UPDATE SET request_hash = EXCLUDED.request_hash,
+                 response_status = EXCLUDED.response_status,
+                 response_headers = EXCLUDED.response_headers,
+                 response_body = EXCLUDED.response_body, inserted_at = EXCLUDED.inserted_at,
+                 method = EXCLUDED.method, last_used_at = EXCLUDED.last_used_at
+               RETURNING (xmax = 0) AS inserted
+             ), announced AS (
+               SELECT pg_notify($10, message_id) FROM claim
+             )
+             SELECT (SELECT inserted FROM stored), (SELECT COUNT(*) FROM announced)",
+            &[
+                &entry.message_id.as_str(),
+                &fence,
+                &entry.request_hash.as_str(),
+                &i32::from(entry.response.status),
+                &entry.response.headers_json(),
+                &entry.response.body,
+                &(entry.inserted_at as i64),
+                &entry.method,
+                &(self.clock.now_millis() as i64),
+                &CHANNEL,
+                &self.owner,
+            ],
+        )
+        .await?;
+        let inserted: Option<bool> = stored.get(0);
+        match inserted {
+            None => Err(StoreError::ClaimLost(entry.message_id.to_string())),
+            Some(true) => Ok(self.rows.fetch_add(1, Ordering::Relaxed) + 1 > self.max_entries),
+            Some(false) => Ok(false),
         }
-        Ok(())
     }
 }
 
@@ -372,11 +411,16 @@ impl Store for PostgresStore {
             if let Some(row) = won {
                 let lease = self.renew(key, row.get(0));
                 // The entry may have been committed before the claim was won.
-                if let Some(entry) = self.live_entry(&client, key).await? {
-                    end_claim(&client, id, lease.fence()).await?;
+                let (entry, open) = select_after_claim(&client, key).await?;
+                if let Some(entry) = self.used(entry) {
+                    end_claim(&client, id, lease.fence(), &self.owner).await?;
                     return Ok(Acquired::Entry(Arc::new(entry)));
                 }
-                return Ok(match select_open_stream(&client, key).await? {
+                let open = match open {
+                    true => select_open_stream(&client, key).await?,
+                    false => None,
+                };
+                return Ok(match open {
                     Some((stream, events)) => Acquired::Interrupted(lease, stream, events),
                     None => Acquired::Won(lease),
                 });
@@ -393,13 +437,14 @@ impl Store for PostgresStore {
 
     fn release(&self, key: &MessageId, lease: Lease) {
         let (pool, key, fence) = (self.pool.clone(), key.to_string(), lease.fence());
+        let owner = self.owner.clone();
         drop(lease);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // The lease expires on its own.
         };
         runtime.spawn(async move {
             let released = match pool.get().await {
-                Ok(client) => end_claim(&client, &key, fence).await,
+                Ok(client) => end_claim(&client, &key, fence, &owner).await,
                 Err(error) => Err(error.into()),
             };
             if let Err(error) = released {
@@ -458,10 +503,21 @@ impl Store for PostgresStore {
         lease: &Lease,
     ) -> Result<(), StoreError> {
         let mut client = self.client().await?;
+        if writes.is_empty() {
+            // One statement, its own transaction; the bound, if due, in another.
+            if self.store_entry(&client, &entry, lease.fence()).await? {
+                let tx = client.transaction().await?;
+                self.enforce_bound(&tx).await?;
+                tx.commit().await?;
+            }
+            return Ok(());
+        }
         let tx = client.transaction().await?;
-        fenced(&tx, &entry.message_id, lease).await?;
         apply_writes(&tx, writes).await?;
-        self.store_entry(&tx, &entry, lease.fence()).await?;
+        // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
+        if self.store_entry(&tx, &entry, lease.fence()).await? {
+            self.enforce_bound(&tx).await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -475,7 +531,7 @@ impl Store for PostgresStore {
     ) -> Result<(), StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        fenced(&tx, &stream.message_id, lease).await?;
+        fenced(&tx, &stream.message_id, lease, &self.owner).await?;
         apply_writes(&tx, writes).await?;
         let id = stream.message_id.as_str();
         execute(
@@ -519,12 +575,14 @@ impl Store for PostgresStore {
             &client,
             "INSERT INTO idempotency_stream_events (message_id, seq, event)
              SELECT $1, $2, $3 WHERE EXISTS
-               (SELECT 1 FROM idempotency_claims WHERE message_id = $1 AND fence = $4)",
+               (SELECT 1 FROM idempotency_claims
+                WHERE message_id = $1 AND fence = $4 AND owner = $5)",
             &[
                 &key.as_str(),
                 &(seq as i32),
                 &event.as_ref(),
                 &lease.fence(),
+                &self.owner,
             ],
         )
         .await?;
@@ -537,8 +595,9 @@ impl Store for PostgresStore {
     async fn close_stream(&self, entry: Arc<Entry>, lease: &Lease) -> Result<(), StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        fenced(&tx, &entry.message_id, lease).await?;
-        self.store_entry(&tx, &entry, lease.fence()).await?;
+        if self.store_entry(&tx, &entry, lease.fence()).await? {
+            self.enforce_bound(&tx).await?;
+        }
         let id = entry.message_id.as_str();
         delete_events(&tx, id).await?;
         execute(
@@ -709,11 +768,13 @@ async fn fenced(
     tx: &deadpool_postgres::Transaction<'_>,
     key: &MessageId,
     lease: &Lease,
+    owner: &str,
 ) -> Result<(), StoreError> {
     let row = query_opt(
         tx,
-        "SELECT 1 FROM idempotency_claims WHERE message_id = $1 AND fence = $2 FOR UPDATE",
-        &[&key.as_str(), &lease.fence()],
+        "SELECT 1 FROM idempotency_claims
+         WHERE message_id = $1 AND fence = $2 AND owner = $3 FOR UPDATE",
+        &[&key.as_str(), &lease.fence(), &owner],
     )
     .await?;
     row.map(|_| ())
@@ -725,6 +786,7 @@ async fn renew_once(
     pool: &Pool,
     key: &str,
     fence: i64,
+    owner: &str,
     lease: Duration,
 ) -> Result<bool, StoreError> {
     let client = pool.get().await?;
@@ -734,20 +796,25 @@ async fn renew_once(
         concat!(
             "UPDATE idempotency_claims SET lease_until = ",
             now_ms!(),
-            " + $3 WHERE message_id = $1 AND fence = $2"
+            " + $3 WHERE message_id = $1 AND fence = $2 AND owner = $4"
         ),
-        &[&key, &fence, &lease_ms],
+        &[&key, &fence, &lease_ms, &owner],
     )
     .await?;
     Ok(renewed == 1)
 }
 
 /// Deletes the claim of `fence`, if it is still there, and announces its end.
-async fn end_claim(client: &impl GenericClient, key: &str, fence: i64) -> Result<(), StoreError> {
+async fn end_claim(
+    client: &impl GenericClient,
+    key: &str,
+    fence: i64,
+    owner: &str,
+) -> Result<(), StoreError> {
     execute(
         client,
-        "DELETE FROM idempotency_claims WHERE message_id = $1 AND fence = $2",
-        &[&key, &fence],
+        "DELETE FROM idempotency_claims WHERE message_id = $1 AND fence = $2 AND owner = $3",
+        &[&key, &fence, &owner],
     )
     .await?;
     // Delivered when the transaction commits, and only then.
@@ -789,54 +856,44 @@ async fn apply_writes(
     Ok(())
 }
 
-/// Inserts or replaces; returns whether the key was new.
-async fn upsert_entry(
-    client: &impl GenericClient,
-    entry: &Entry,
-    now_ms: u64,
-) -> Result<bool, StoreError> {
-    let row = query_one(
-        client,
-        "INSERT INTO idempotency_cache
-           (message_id, request_hash, response_status, response_headers, response_body,
-            inserted_at, method, last_used_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-         ON CONFLICT (message_id) DO UPDATE SET request_hash = EXCLUDED.request_hash,
-           response_status = EXCLUDED.response_status,
-           response_headers = EXCLUDED.response_headers,
-           response_body = EXCLUDED.response_body, inserted_at = EXCLUDED.inserted_at,
-           method = EXCLUDED.method, last_used_at = EXCLUDED.last_used_at
-         RETURNING (xmax = 0)",
-        &[
-            &entry.message_id.as_str(),
-            &entry.request_hash.as_str(),
-            &i32::from(entry.response.status),
-            &entry.response.headers_json(),
-            &entry.response.body,
-            &(entry.inserted_at as i64),
-            &entry.method,
-            &(now_ms as i64),
-        ],
-    )
-    .await?;
-    Ok(row.get(0))
-}
+/// The columns of an entry, as `select_entry` and `select_after_claim` read them.
+const ENTRY_COLUMNS: &str =
+    "e.request_hash, e.response_status, e.response_headers, e.response_body, e.inserted_at, e.method";
 
 async fn select_entry(
     client: &impl GenericClient,
     id: &MessageId,
 ) -> Result<Option<Entry>, StoreError> {
-    let row = query_opt(
-        client,
-        "SELECT request_hash, response_status, response_headers, response_body, inserted_at, method
-         FROM idempotency_cache WHERE message_id = $1",
-        &[&id.as_str()],
-    )
-    .await?;
-    let Some(row) = row else { return Ok(None) };
+    let sql = format!("SELECT {ENTRY_COLUMNS} FROM idempotency_cache e WHERE message_id = $1");
+    let row = query_opt(client, &sql, &[&id.as_str()]).await?;
+    row.map(|row| entry_of(&row, id))
+        .transpose()
+        .map(Option::flatten)
+}
+
+/// What a claim just won finds, in one round trip: the entry, if any, and whether a stream
+/// of the key is open.
+async fn select_after_claim(
+    client: &impl GenericClient,
+    id: &MessageId,
+) -> Result<(Option<Entry>, bool), StoreError> {
+    let sql = format!(
+        "SELECT {ENTRY_COLUMNS},
+           EXISTS (SELECT 1 FROM idempotency_open_streams WHERE message_id = $1)
+         FROM (SELECT 1) AS one LEFT JOIN idempotency_cache e ON e.message_id = $1"
+    );
+    let row = query_one(client, &sql, &[&id.as_str()]).await?;
+    Ok((entry_of(&row, id)?, row.get(6)))
+}
+
+/// The entry in the first six columns of `row` (all null: none).
+fn entry_of(row: &Row, id: &MessageId) -> Result<Option<Entry>, StoreError> {
+    let Some(request_hash) = row.get::<_, Option<String>>(0) else {
+        return Ok(None);
+    };
     let status: i32 = row.get(1);
     let row = EntryRow {
-        request_hash: row.get(0),
+        request_hash,
         status: u16::try_from(status).map_err(|_| StoreError::Corrupt {
             message_id: id.to_string(),
             detail: "response_status".into(),
