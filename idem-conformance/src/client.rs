@@ -60,7 +60,18 @@ impl Client {
 
     /// POSTs `body` to the JSON-RPC endpoint, with the activation header when `activated`.
     pub async fn post(&self, body: &str, activated: bool) -> Result<Reply, String> {
-        let response = self.send(body, activated, &[]).await?;
+        let activation: &[(&str, &str)] = &[("A2A-Extensions", EXTENSION_URI)];
+        let headers = if activated { activation } else { &[] };
+        self.post_with(body.to_owned(), headers).await
+    }
+
+    /// POSTs `body` (any bytes) with exactly these extra headers.
+    pub async fn post_with(
+        &self,
+        body: impl Into<reqwest::Body>,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply, String> {
+        let response = self.send(body, headers).await?;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let body = response
@@ -81,24 +92,31 @@ impl Client {
         body: &str,
         headers: &[(&str, &str)],
     ) -> Result<SseReply, String> {
-        let response = self.send(body, true, headers).await?;
-        Ok(SseReply::new(response))
+        let activated: Vec<(&str, &str)> = std::iter::once(("A2A-Extensions", EXTENSION_URI))
+            .chain(headers.iter().copied())
+            .collect();
+        self.open_stream_with(body.to_owned(), &activated).await
+    }
+
+    /// Like [`open_stream`](Self::open_stream), with exactly these extra headers.
+    pub async fn open_stream_with(
+        &self,
+        body: impl Into<reqwest::Body>,
+        headers: &[(&str, &str)],
+    ) -> Result<SseReply, String> {
+        Ok(SseReply::new(self.send(body, headers).await?))
     }
 
     async fn send(
         &self,
-        body: &str,
-        activated: bool,
+        body: impl Into<reqwest::Body>,
         headers: &[(&str, &str)],
     ) -> Result<reqwest::Response, String> {
         let mut request = self
             .http
             .post(format!("{}/", self.url))
             .header("content-type", "application/json")
-            .body(body.to_owned());
-        if activated {
-            request = request.header("A2A-Extensions", EXTENSION_URI);
-        }
+            .body(body);
         for (name, value) in headers {
             request = request.header(*name, *value);
         }

@@ -298,10 +298,11 @@ impl Db {
     }
 }
 
+use idem_conformance::client::Client;
 /// A captured HTTP response: the harness's, with its test helpers.
 pub use idem_conformance::client::Reply;
 
-/// POSTs `body` with the activation header (unless `headers` says otherwise).
+/// POSTs `body` with these headers (the harness's client).
 pub async fn post(url: &str, body: impl Into<reqwest::Body>, headers: &[(&str, &str)]) -> Reply {
     try_post(url, body, headers).await.expect("server answers")
 }
@@ -311,38 +312,8 @@ pub async fn try_post(
     url: &str,
     body: impl Into<reqwest::Body>,
     headers: &[(&str, &str)],
-) -> Result<Reply, reqwest::Error> {
-    let response = try_send_request(url, body, headers).await?;
-    Ok(Reply {
-        status: response.status().as_u16(),
-        headers: response.headers().clone(),
-        body: response.bytes().await?.to_vec(),
-    })
-}
-
-/// A JSON POST with these headers; the response's body is left to read.
-async fn send_request(
-    url: &str,
-    body: impl Into<reqwest::Body>,
-    headers: &[(&str, &str)],
-) -> reqwest::Response {
-    try_send_request(url, body, headers)
-        .await
-        .expect("server answers")
-}
-
-async fn try_send_request(
-    url: &str,
-    body: impl Into<reqwest::Body>,
-    headers: &[(&str, &str)],
-) -> Result<reqwest::Response, reqwest::Error> {
-    let mut request = reqwest::Client::new()
-        .post(url)
-        .header("content-type", "application/json");
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    request.body(body).send().await
+) -> Result<Reply, String> {
+    Client::new(url).post_with(body, headers).await
 }
 
 pub const ACTIVATED: &[(&str, &str)] = &[("A2A-Extensions", URI)];
@@ -384,7 +355,8 @@ pub struct SseReply {
 
 impl SseReply {
     pub async fn open(url: &str, body: String, headers: &[(&str, &str)]) -> Self {
-        let inner = idem_conformance::sse::SseReply::new(send_request(url, body, headers).await);
+        let opened = Client::new(url).open_stream_with(body, headers).await;
+        let inner = opened.expect("server answers");
         Self {
             status: inner.reply.status,
             headers: inner.reply.headers.clone(),
