@@ -14,10 +14,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem::claim::{Claim, IdempotencyCache};
 use idem::hash::request_hash;
 use idem::message_id::MessageId;
-use idem::store::{SqliteStore, Store, StoredResponse};
+use idem::store::{Entry, Lease, SqliteStore, Store, StoredResponse};
 use idem::testing::Clock;
 use idem::IdempotencyConfig;
 use serde_json::json;
@@ -191,7 +190,7 @@ async fn lookups_by_store_size() {
 
 /// p99 latency of claim-and-complete under 64 concurrent writers for `for_how_long`.
 async fn p99_under_load(
-    cache: &Arc<IdempotencyCache>,
+    store: &Arc<SqliteStore>,
     first_key: u64,
     for_how_long: Duration,
 ) -> Duration {
@@ -199,14 +198,14 @@ async fn p99_under_load(
     let deadline = Instant::now() + for_how_long;
     let tasks: Vec<_> = (0..64u64)
         .map(|w| {
-            let (cache, hash) = (cache.clone(), hash.clone());
+            let (store, hash) = (store.clone(), hash.clone());
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut i = first_key + w;
                 while Instant::now() < deadline {
                     let start = Instant::now();
                     let key = bench_key(i);
-                    store_fresh(&cache, &key, &hash).await;
+                    store_fresh(&store, &key, &hash).await;
                     latencies.push(start.elapsed());
                     i += 64;
                 }
@@ -226,19 +225,17 @@ async fn sweep_under_load() {
     let dir = tempfile::tempdir().unwrap();
     let path = filled_store(dir.path(), 100_000, 2 * 86_400);
     let config = IdempotencyConfig::default().with(|c| c.max_cache_entries = 1_000_000);
-    let cache = Arc::new(IdempotencyCache::new(
-        SqliteStore::open(&path, &config).unwrap(),
-    ));
-    let quiet = p99_under_load(&cache, 10_000_000, Duration::from_secs(3)).await;
+    let store = Arc::new(SqliteStore::open(&path, &config).unwrap());
+    let quiet = p99_under_load(&store, 10_000_000, Duration::from_secs(3)).await;
     let sweeper = {
-        let cache = cache.clone();
+        let store = store.clone();
         tokio::spawn(async move {
             let start = Instant::now();
-            let swept = cache.store().sweep().await.unwrap();
+            let swept = store.sweep().await.unwrap();
             (swept, start.elapsed())
         })
     };
-    let swept_p99 = p99_under_load(&cache, 20_000_000, Duration::from_secs(3)).await;
+    let swept_p99 = p99_under_load(&store, 20_000_000, Duration::from_secs(3)).await;
     let (swept, took) = sweeper.await.unwrap();
     assert_eq!(swept, 100_000);
     println!(
@@ -287,18 +284,25 @@ fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64()
 }
 
-/// Claims a fresh key and stores a small response for it, durably.
-async fn store_fresh(cache: &IdempotencyCache, key: &MessageId, hash: &idem::hash::RequestHash) {
-    let Claim::Execute(ticket) = cache.claim(key, "message/send", hash).await.unwrap() else {
-        panic!("fresh key")
-    };
+/// Stores a small response for a fresh key, durably, as a won claim's completion does (the
+/// lookup a claim makes first, then the put; on SQLite this process's table is the claim).
+async fn store_fresh(store: &SqliteStore, key: &MessageId, hash: &idem::hash::RequestHash) {
+    let found = store.lookup(key).await.unwrap();
+    assert!(matches!(found, idem::store::Found::Nothing), "fresh key");
     let body = br#"{"jsonrpc":"2.0","id":1,"result":{"kind":"task"}}"#.to_vec();
-    let response = StoredResponse {
-        status: 200,
-        headers: vec![],
-        body,
+    let entry = Entry {
+        message_id: key.clone(),
+        method: "message/send".into(),
+        request_hash: hash.clone(),
+        response: StoredResponse {
+            status: 200,
+            headers: vec![],
+            body,
+        },
+        inserted_at: store.now_seconds(),
     };
-    ticket.complete(response).await.unwrap();
+    let lease = Lease::exclusive();
+    store.put(Arc::new(entry), vec![], &lease).await.unwrap();
 }
 
 /// Entries per second stored durably by `writers` concurrent claim-and-complete loops.
@@ -306,15 +310,15 @@ async fn store_rate(writers: usize, total: usize) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let store =
         SqliteStore::open(dir.path().join("bench.db"), &IdempotencyConfig::default()).unwrap();
-    let cache = Arc::new(IdempotencyCache::new(store));
+    let store = Arc::new(store);
     let hash = request_hash(b"{}").unwrap();
     let start = Instant::now();
     let tasks: Vec<_> = (0..writers)
         .map(|w| {
-            let (cache, hash) = (cache.clone(), hash.clone());
+            let (store, hash) = (store.clone(), hash.clone());
             tokio::spawn(async move {
                 for i in (w..total).step_by(writers) {
-                    store_fresh(&cache, &bench_key(i as u64), &hash).await;
+                    store_fresh(&store, &bench_key(i as u64), &hash).await;
                 }
             })
         })

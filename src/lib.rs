@@ -10,7 +10,7 @@
 //! stream), [`UnitOfWork`] (the writes that commit with the cache entry), and the errors
 //! ([`IdempotencyError`], [`ErrorCode`]). The rest has a module of its own: [`store`] (the
 //! SQLite and PostgreSQL stores, the application's [`store::Database`]), [`layers`], [`hash`],
-//! [`message_id`], [`config`], [`claim`], [`testing`] (the manual clock).
+//! [`message_id`], [`config`], [`testing`] (the manual clock).
 //!
 //! ```
 //! use idem::{idempotent, Replayable};

@@ -5,28 +5,8 @@
 //! under one mutex, and a winner re-reads the store after taking the key, so no check-then-act
 //! gap exists: two concurrent claims of one key can never both win, and an entry committed just
 //! before a claim is always seen. One process serves a SQLite file; on PostgreSQL the store's
-//! own claim, a fenced lease, arbitrates between processes. Public for custom stores and their
-//! tests; an application never calls it: the guard does.
-//!
-//! ```
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! use idem_runtime::claim::{Claim, IdempotencyCache};
-//! use idem_runtime::hash::request_hash;
-//! use idem_runtime::message_id::MessageId;
-//! use idem_runtime::store::SqliteStore;
-//! use idem_runtime::IdempotencyConfig;
-//! let dir = tempfile::tempdir().unwrap();
-//! let store = SqliteStore::open(dir.path().join("c.db"), &IdempotencyConfig::default()).unwrap();
-//! let cache = IdempotencyCache::new(store);
-//! let key = MessageId::parse_str("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c").unwrap();
-//! let hash = request_hash(b"{}").unwrap();
-//! let first = cache.claim(&key, "message/send", &hash).await.unwrap();
-//! assert!(matches!(first, Claim::Execute(_)));
-//! // While the first runs, a duplicate finds it in flight.
-//! let second = cache.claim(&key, "message/send", &hash).await.unwrap();
-//! assert!(matches!(second, Claim::InFlight(_)));
-//! # }
-//! ```
+//! own claim, a fenced lease, arbitrates between processes. The runtime's own: the guard calls
+//! it, and the store suite (`store/tests/`) drives the stores through it.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -44,24 +24,6 @@ use crate::unit_of_work::SqlWrite;
 
 /// The idempotency cache: a durable [`Store`] plus the executions in flight.
 ///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use idem_runtime::claim::{Claim, IdempotencyCache};
-/// use idem_runtime::hash::request_hash;
-/// use idem_runtime::message_id::MessageId;
-/// use idem_runtime::store::{SqliteStore, StoredResponse};
-/// use idem_runtime::IdempotencyConfig;
-/// let dir = tempfile::tempdir().unwrap();
-/// let store = SqliteStore::open(dir.path().join("c.db"), &IdempotencyConfig::default()).unwrap();
-/// let cache = IdempotencyCache::new(store);
-/// let key = MessageId::parse_str("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c").unwrap();
-/// let hash = request_hash(b"{}").unwrap();
-/// let Claim::Execute(ticket) = cache.claim(&key, "message/send", &hash).await.unwrap() else { panic!() };
-/// let body = br#"{"jsonrpc":"2.0","id":1,"result":{}}"#.to_vec();
-/// ticket.complete(StoredResponse { status: 200, headers: vec![], body }).await.unwrap();
-/// assert!(matches!(cache.claim(&key, "message/send", &hash).await.unwrap(), Claim::Cached(_)));
-/// # }
-/// ```
 #[derive(Clone)]
 pub struct IdempotencyCache {
     inner: Arc<Inner>,
@@ -135,11 +97,6 @@ pub enum Claim {
 }
 
 impl IdempotencyCache {
-    /// A cache over `store`.
-    pub fn new(store: impl Store) -> Self {
-        Self::from_arc(Arc::new(store))
-    }
-
     /// A cache over a shared store.
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
         Self {
@@ -330,6 +287,7 @@ impl Ticket {
 
     /// Stores the outcome durably, then releases the key and hands the entry to the waiters.
     /// Returns only after the entry is committed.
+    #[cfg(test)]
     pub async fn complete(self, response: StoredResponse) -> Result<(), StoreError> {
         self.complete_with(response, Vec::new()).await
     }
@@ -467,6 +425,7 @@ impl InFlight {
     }
 
     /// Whether it answers a call of `method` whose params hash to `hash`.
+    #[cfg(test)]
     pub fn matches(&self, method: &str, hash: &RequestHash) -> bool {
         self.method() == method && self.request_hash() == hash
     }

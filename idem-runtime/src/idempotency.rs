@@ -203,11 +203,6 @@ impl Idempotency {
         &self.state.config
     }
 
-    /// The cache; `None` when the extension is off.
-    pub fn cache(&self) -> Option<&IdempotencyCache> {
-        self.state.deduplicating()
-    }
-
     /// Waits, at most `bound`, until no execution is in flight, e.g. a stream whose client
     /// left: call it after the server stopped, before dropping the last handle. `true` if none
     /// is left (always, with the extension off).

@@ -10,7 +10,7 @@
 // guard that `#[idempotent]` expands to (`guard/`), the claim (`claim.rs`), the store
 // (`store/`, one folder per backend). `hash/` and `message_id.rs` turn a request into its key
 // and hash; `idempotency.rs` builds it all, `state.rs` is what the parts share.
-pub mod claim;
+mod claim;
 mod clock;
 pub mod config;
 mod error;

@@ -18,6 +18,9 @@ pub(crate) mod database;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
+// The suite runs every test on both backends.
+#[cfg(all(test, feature = "postgres"))]
+mod tests;
 
 pub use crate::unit_of_work::{SqlWrite, WriteError};
 pub use database::{Database, TransactError};

@@ -134,12 +134,13 @@ impl PostgresOptions {
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), idem_runtime::store::StoreError> {
-/// use idem_runtime::claim::IdempotencyCache;
-/// use idem_runtime::IdempotencyConfig;
-/// use idem_runtime::store::PostgresStore;
+/// use idem_runtime::store::{PostgresStore, Store};
+/// use idem_runtime::{Idempotency, IdempotencyConfig};
 /// let config = IdempotencyConfig::default();
 /// let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/a2a", &config).await?;
-/// let cache = IdempotencyCache::new(store);
+/// assert_eq!(store.row_count().await?, 0);
+/// // What an application writes instead: the store, its sweeper and both layers.
+/// let idem = Idempotency::connect("postgres://app@127.0.0.1:5432/a2a", config).await?;
 /// # Ok(()) }
 /// ```
 pub struct PostgresStore {

@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::claim::{Claim, Waited};
-use idem_runtime::hash::request_hash;
+use crate::claim::{Claim, Waited};
+use crate::hash::request_hash;
 
-use crate::fixture::{Backend, Fixture, T0_MS};
-use crate::support::*;
+use crate::store::tests::fixture::{Backend, Fixture, T0_MS};
+use crate::store::tests::support::*;
 
 pub async fn round_trip_keeps_every_field(fx: Fixture) {
     let cache = fx.cache(&config(86_400, 100)).await;
@@ -298,10 +298,7 @@ pub async fn staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone
     let outcomes = futures::future::join_all(completions).await;
     for (n, outcome) in outcomes.iter().enumerate() {
         match n {
-            7 => assert!(matches!(
-                outcome,
-                Err(idem_runtime::store::StoreError::Write(_))
-            )),
+            7 => assert!(matches!(outcome, Err(crate::store::StoreError::Write(_)))),
             _ => assert!(outcome.is_ok(), "{n}: {outcome:?}"),
         }
     }
@@ -395,7 +392,7 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $test() {
-                    let fx = crate::fixture::Fixture::sqlite();
+                    let fx = crate::store::tests::fixture::Fixture::sqlite();
                     super::$test(fx).await
                 }
             )*
@@ -404,8 +401,8 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $test() {
-                    let backend = crate::fixture::Backend::Postgres;
-                    if let Some(fx) = crate::fixture::Fixture::new(backend).await {
+                    let backend = crate::store::tests::fixture::Backend::Postgres;
+                    if let Some(fx) = crate::store::tests::fixture::Fixture::new(backend).await {
                         super::$test(fx).await
                     }
                 }

@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use idem_runtime::claim::{Claim, IdempotencyCache, Ticket, Waited};
-use idem_runtime::hash::request_hash;
-use idem_runtime::store::StoreError;
-use idem_runtime::IdempotencyConfig;
+use crate::claim::{Claim, IdempotencyCache, Ticket, Waited};
+use crate::hash::request_hash;
+use crate::store::StoreError;
+use crate::IdempotencyConfig;
 
-use crate::fixture::{Backend, Fixture};
-use crate::support::*;
+use crate::store::tests::fixture::{Backend, Fixture};
+use crate::store::tests::support::*;
 
 async fn fixture() -> Option<Fixture> {
     Fixture::new(Backend::Postgres).await
@@ -283,7 +283,7 @@ async fn replicas_inserting_at_once_keep_the_lru_bound_without_evicting_too_much
 async fn the_schema_is_the_spec_table_plus_the_sqlite_columns() {
     let Some(fx) = fixture().await else { return };
     let _cache = fx.cache(&config(86_400, 100)).await;
-    let client = crate::fixture::connect(fx.url.as_ref().unwrap()).await;
+    let client = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
     let rows = client
         .query(
             "SELECT column_name, data_type, is_nullable FROM information_schema.columns
@@ -332,12 +332,12 @@ async fn a_server_that_is_not_there_is_an_error_not_a_hang() {
         .port();
     let url = format!("postgres://idem@127.0.0.1:{port}/none");
     let defaults = IdempotencyConfig::default();
-    let connecting = idem_runtime::store::PostgresStore::connect(&url, &defaults);
+    let connecting = crate::store::PostgresStore::connect(&url, &defaults);
     let outcome = tokio::time::timeout(Duration::from_secs(30), connecting).await;
     let Ok(Err(error)) = outcome else {
         panic!("no error within 30 s")
     };
     assert!(error.to_string().contains("postgres"), "{error}");
-    let bad = idem_runtime::store::PostgresStore::connect("not a url", &defaults);
+    let bad = crate::store::PostgresStore::connect("not a url", &defaults);
     assert!(bad.await.is_err());
 }

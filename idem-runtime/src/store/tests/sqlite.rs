@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::claim::Claim;
-use idem_runtime::hash::request_hash;
-use idem_runtime::store::{SqliteStore, Store};
-use idem_runtime::IdempotencyConfig;
+use crate::claim::Claim;
+use crate::hash::request_hash;
+use crate::store::{SqliteStore, Store};
+use crate::IdempotencyConfig;
 
-use crate::fixture::Fixture;
-use crate::support::*;
+use crate::store::tests::fixture::Fixture;
+use crate::store::tests::support::*;
 
 #[tokio::test]
 async fn schema_is_the_spec_table_plus_documented_columns() {
@@ -95,10 +95,7 @@ async fn closed_store_fails_loudly() {
     let store = SqliteStore::open_with_clock(&fx.path, &config(60, 10), fx.clock.clone()).unwrap();
     store.close();
     let err = store.sweep().await.unwrap_err();
-    assert!(
-        matches!(err, idem_runtime::store::StoreError::Closed),
-        "{err}"
-    );
+    assert!(matches!(err, crate::store::StoreError::Closed), "{err}");
 }
 
 #[test]
@@ -138,7 +135,7 @@ async fn a_second_store_on_the_same_file_is_refused_until_the_first_closes() {
     let refused = SqliteStore::open(&fx.path, &config(60, 10)).err().unwrap();
     let message = refused.to_string();
     assert!(
-        matches!(refused, idem_runtime::store::StoreError::InUse { .. }),
+        matches!(refused, crate::store::StoreError::InUse { .. }),
         "{message}"
     );
     assert!(
@@ -161,7 +158,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
     let cache = fx.cache(&config(60, 2)).await;
     let store = cache.store().clone();
     let (a, b, c) = (key(1), key(2), key(3));
-    let spelled_a = idem_runtime::hash::spelling(br#"{"v":"a"}"#);
+    let spelled_a = crate::hash::spelling(br#"{"v":"a"}"#);
     execute(&cache, &a, r#"{"v":"a"}"#, "A").await;
     store.note_spelling(&a, spelled_a);
     let entry = store
@@ -169,7 +166,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
         .expect("a resend of the same bytes");
     assert_eq!(entry.response.body, b"A");
     assert_eq!(entry.method, "message/send", "the caller checks its method");
-    let other = idem_runtime::hash::spelling(br#"{"v":"b"}"#);
+    let other = crate::hash::spelling(br#"{"v":"b"}"#);
     assert!(store.spelled(&other).is_none(), "other bytes: hash them");
 
     // The LRU bound: a, then b and c; a is the least recently used and leaves everywhere.
@@ -183,7 +180,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
     assert!(wins(&cache, &a, &hash_a).await);
 
     // The TTL, by the store's own rule (live at exactly ttl, gone one second later).
-    let spelled_b = idem_runtime::hash::spelling(b"{}");
+    let spelled_b = crate::hash::spelling(b"{}");
     store.note_spelling(&b, spelled_b);
     fx.clock.advance(Duration::from_secs(60));
     assert!(store.spelled(&spelled_b).is_some());
@@ -202,7 +199,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
 #[tokio::test]
 async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
     let fx = Fixture::sqlite();
-    let spelled = idem_runtime::hash::spelling(br#"{"v":1}"#);
+    let spelled = crate::hash::spelling(br#"{"v":1}"#);
     {
         let cache = fx.cache(&config(86_400, 100)).await;
         execute(&cache, &key(1), r#"{"v":1}"#, "one").await;
@@ -232,7 +229,7 @@ async fn with_the_tier_off_every_answer_is_the_same() {
     let off = config(60, 2).with(|c| c.memory_tier_bytes = 0);
     let cache = fx.cache(&off).await;
     execute(&cache, &key(1), "{}", "one").await;
-    let spelled = idem_runtime::hash::spelling(b"{}");
+    let spelled = crate::hash::spelling(b"{}");
     cache.store().note_spelling(&key(1), spelled);
     assert!(cache.store().spelled(&spelled).is_none());
     assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"one");
@@ -255,16 +252,13 @@ async fn a_write_that_runs_once_runs_once_through_a_redone_batch() {
     let twice = vec![fx.effect("dup"), fx.effect("dup")];
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
-    let once = store.apply(vec![idem_runtime::store::SqlWrite::once(move |db| {
+    let once = store.apply(vec![crate::store::SqlWrite::once(move |db| {
         counted.fetch_add(1, Ordering::SeqCst);
         db.execute("INSERT INTO effects (name) VALUES ('once')", [])?;
         Ok(())
     })]);
     let (failed, once) = tokio::join!(failing.complete_with(response("x"), twice), once);
-    assert!(matches!(
-        failed,
-        Err(idem_runtime::store::StoreError::Write(_))
-    ));
+    assert!(matches!(failed, Err(crate::store::StoreError::Write(_))));
     once.unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(fx.effects().await, vec!["once".to_owned()]);

@@ -6,11 +6,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use idem_runtime::claim::IdempotencyCache;
-use idem_runtime::store::tokio_postgres;
-use idem_runtime::store::{PostgresOptions, PostgresStore, SqlWrite, SqliteStore, Store};
-use idem_runtime::testing::ManualClock;
-use idem_runtime::IdempotencyConfig;
+use crate::claim::IdempotencyCache;
+use crate::store::{PostgresOptions, PostgresStore, SqlWrite, SqliteStore, Store};
+use crate::testing::ManualClock;
+use crate::IdempotencyConfig;
+use tokio_postgres;
 
 pub const T0_MS: u64 = 1_800_000_000_000;
 

@@ -1,10 +1,10 @@
 //! What the store tests share: keys, responses, configs, and a call claimed and completed.
 
-use idem_runtime::claim::{Claim, IdempotencyCache, Ticket};
-use idem_runtime::hash::{request_hash, RequestHash};
-use idem_runtime::message_id::MessageId;
-use idem_runtime::store::StoredResponse;
-use idem_runtime::IdempotencyConfig;
+use crate::claim::{Claim, IdempotencyCache, Ticket};
+use crate::hash::{request_hash, RequestHash};
+use crate::message_id::MessageId;
+use crate::store::StoredResponse;
+use crate::IdempotencyConfig;
 
 pub fn key(n: u32) -> MessageId {
     MessageId::parse_str(&format!("9b2e7c1a-3f4d-4e5a-8b6c-{n:012x}")).unwrap()
@@ -40,7 +40,7 @@ pub async fn execute(cache: &IdempotencyCache, key: &MessageId, params: &str, bo
 pub async fn wins(
     cache: &IdempotencyCache,
     key: &MessageId,
-    hash: &idem_runtime::hash::RequestHash,
+    hash: &crate::hash::RequestHash,
 ) -> bool {
     matches!(
         cache.claim(key, "message/send", hash).await.unwrap(),
