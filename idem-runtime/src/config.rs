@@ -52,6 +52,11 @@ pub struct IdempotencyConfig {
     /// (PostgreSQL): the executor renews it every third of this while it runs; a process
     /// that dies leaves a claim that the next retry takes over once this has passed.
     pub claim_lease: Duration,
+    /// Largest request body the HTTP layer takes: a larger one (by `Content-Length`) is read
+    /// and dropped, and answered with HTTP 413 and `IDEMPOTENCY_REQUEST_TOO_LARGE`, never a
+    /// reset connection. Set jsonrpsee's `max_request_body_size` to the same value (both
+    /// default to 10 MiB). Streams have their own bound, `MAX_RECORDED_STREAM_BYTES`.
+    pub max_request_body_bytes: u64,
 }
 
 impl Default for IdempotencyConfig {
@@ -65,6 +70,7 @@ impl Default for IdempotencyConfig {
             sweep_interval: Duration::from_secs(60),
             memory_tier_bytes: 64 << 20,
             claim_lease: Duration::from_secs(10),
+            max_request_body_bytes: 10 * 1024 * 1024,
         }
     }
 }

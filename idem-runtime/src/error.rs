@@ -55,11 +55,14 @@ pub enum ErrorCode {
     /// The event stream is not there to serve (taken twice, or the stored entry of a stream
     /// is not one): an internal inconsistency, reported rather than hidden.
     StreamUnavailable,
+    /// The request body is larger than `IdempotencyConfig::max_request_body_bytes` (HTTP 413;
+    /// `data.limit_bytes` names the limit).
+    RequestTooLarge,
 }
 
 impl ErrorCode {
     /// Every code, in the order of `error-codes.json`.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::KeyReusedWithDifferentPayload,
         ErrorCode::KeyMalformed,
         ErrorCode::RequestInProgress,
@@ -76,6 +79,7 @@ impl ErrorCode {
         ErrorCode::StreamInBatch,
         ErrorCode::ResultNotSerializable,
         ErrorCode::StreamUnavailable,
+        ErrorCode::RequestTooLarge,
     ];
 
     /// The numeric JSON-RPC `error.code`.
@@ -97,6 +101,7 @@ impl ErrorCode {
             Self::StreamInBatch => -32600,
             Self::ResultNotSerializable => -32603,
             Self::StreamUnavailable => -32603,
+            Self::RequestTooLarge => -32600,
         }
     }
 
@@ -119,6 +124,7 @@ impl ErrorCode {
             Self::StreamInBatch => "IDEMPOTENCY_STREAM_IN_BATCH",
             Self::ResultNotSerializable => "IDEMPOTENCY_RESULT_NOT_SERIALIZABLE",
             Self::StreamUnavailable => "IDEMPOTENCY_STREAM_UNAVAILABLE",
+            Self::RequestTooLarge => "IDEMPOTENCY_REQUEST_TOO_LARGE",
         }
     }
 
@@ -130,6 +136,7 @@ impl ErrorCode {
             | Self::PayloadNotCanonicalizable
             | Self::ExtensionSupportRequired => 400,
             Self::RequestInProgress => 409,
+            Self::RequestTooLarge => 413,
             // An executed call's outcome, or a server fault, keeps jsonrpsee's usual 200.
             Self::StoreUnavailable
             | Self::LayerMissing
@@ -166,6 +173,7 @@ impl ErrorCode {
             Self::StreamInBatch => "Streaming calls cannot be batched",
             Self::ResultNotSerializable => "The method's result does not serialize to JSON",
             Self::StreamUnavailable => "The event stream is not available",
+            Self::RequestTooLarge => "Request body too large",
         }
     }
 

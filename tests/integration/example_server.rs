@@ -449,3 +449,18 @@ async fn off_mode_has_no_extension_and_no_replay() {
         assert!(!reply.echoes_extension());
     }
 }
+
+/// An 11 MB body (over the default 10 MiB): 413 with a JSON-RPC error, not a reset connection.
+#[tokio::test]
+async fn an_oversized_request_gets_413_not_a_reset() {
+    let server = ServerProcess::start(&[]);
+    let text = "x".repeat(11 * 1024 * 1024);
+    let body = crate::support::send(1, &crate::support::new_id(), &text);
+    let reply = crate::support::post_activated(&server.url, body).await;
+    assert_eq!(reply.status, 413);
+    assert_eq!(reply.data_code(), "IDEMPOTENCY_REQUEST_TOO_LARGE");
+    assert_eq!(
+        reply.json()["error"]["data"]["limit_bytes"],
+        10 * 1024 * 1024
+    );
+}

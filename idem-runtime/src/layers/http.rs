@@ -17,7 +17,7 @@ use jsonrpsee::server::http::{content_type_is_json, response};
 use jsonrpsee::server::{HttpBody, HttpRequest, HttpResponse};
 
 use crate::claim::IdempotencyCache;
-use crate::error::EXTENSION_URI;
+use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::sse;
 use crate::hash::request_spelling;
 use crate::layers::activation::is_activated;
@@ -27,6 +27,10 @@ use crate::state::State;
 /// Bodies up to this size (by their `Content-Length`) are read here to be recognised as
 /// resends; larger or chunked ones go to jsonrpsee unread, which enforces its own limit.
 const RECOGNISED_BODY_BYTES: u64 = 64 * 1024;
+
+/// How many bytes of a too large body are read (and dropped) so that the client, still
+/// sending, reads the 413 instead of a reset; past this the connection is closed.
+const DRAINED_BODY_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The response header that marks a replay (spec §4.3). Sent only as `true`, never as `false`.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
@@ -85,6 +89,10 @@ where
             request.extensions_mut().insert(WebSocket);
             return Box::pin(self.inner.call(request));
         }
+        let limit = self.state.config.max_request_body_bytes;
+        if content_length(&request).is_some_and(|n| n > limit) {
+            return Box::pin(async move { Ok(too_large(request, limit).await) });
+        }
         // A server with the extension off neither reads nor echoes the activation header.
         let cache = self.state.deduplicating().cloned();
         let activated = cache.is_some() && is_activated(request.headers(), EXTENSION_URI);
@@ -115,13 +123,33 @@ where
 
 /// A JSON POST whose body is small enough to read here.
 fn recognisable(request: &HttpRequest<HttpBody>) -> bool {
-    let length = request
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     request.method() == http::Method::POST
         && content_type_is_json(request)
-        && length.is_some_and(|n| n <= RECOGNISED_BODY_BYTES)
+        && content_length(request).is_some_and(|n| n <= RECOGNISED_BODY_BYTES)
+}
+
+fn content_length(request: &HttpRequest<HttpBody>) -> Option<u64> {
+    let length = request.headers().get(http::header::CONTENT_LENGTH)?;
+    length.to_str().ok()?.parse().ok()
+}
+
+/// Reads and drops the body (up to `DRAINED_BODY_BYTES`), then answers 413 with the error
+/// that names the limit.
+async fn too_large(request: HttpRequest<HttpBody>, limit: u64) -> HttpResponse<HttpBody> {
+    let mut body = request.into_body();
+    let mut read = 0u64;
+    while let Some(Ok(frame)) = body.frame().await {
+        read += frame.data_ref().map_or(0, |data| data.len() as u64);
+        if read > DRAINED_BODY_BYTES {
+            break;
+        }
+    }
+    tracing::warn!(limit, "request body over the limit: 413");
+    let error = IdempotencyError::new(ErrorCode::RequestTooLarge).with_detail("limit_bytes", limit);
+    let bytes = crate::wire::response_bytes(&jsonrpsee::types::Id::Null, &Err(error.into()));
+    let mut response = response::ok_response(bytes);
+    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    response
 }
 
 enum Read {
