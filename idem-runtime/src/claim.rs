@@ -23,7 +23,6 @@ use crate::store::{
 use crate::unit_of_work::SqlWrite;
 
 /// The idempotency cache: a durable [`Store`] plus the executions in flight.
-///
 #[derive(Clone)]
 pub struct IdempotencyCache {
     inner: Arc<Inner>,

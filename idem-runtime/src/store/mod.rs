@@ -86,6 +86,40 @@ pub(crate) struct EntryRow {
     pub(crate) method: String,
 }
 
+/// An open stream's columns as both backends store them.
+pub(crate) struct OpenStreamRow {
+    pub(crate) method: String,
+    pub(crate) request_hash: String,
+    pub(crate) jsonrpc_id: String,
+    pub(crate) started_at: i64,
+}
+
+impl OpenStreamRow {
+    /// The open stream of key `id` this row holds, or which column is wrong.
+    pub(crate) fn decode(self, id: &MessageId) -> Result<OpenStream, StoreError> {
+        let column = "idempotency_open_streams.request_hash";
+        Ok(OpenStream {
+            message_id: id.clone(),
+            request_hash: stored_hash(id, column, &self.request_hash)?,
+            method: self.method,
+            jsonrpc_id: self.jsonrpc_id,
+            started_at: self.started_at.max(0) as u64,
+        })
+    }
+}
+
+/// The request hash a row of key `id` holds in `column`, or the corruption that names it.
+pub(crate) fn stored_hash(
+    id: &MessageId,
+    column: &str,
+    hex: &str,
+) -> Result<RequestHash, StoreError> {
+    RequestHash::from_hex(hex).ok_or_else(|| StoreError::Corrupt {
+        message_id: id.to_string(),
+        detail: column.to_owned(),
+    })
+}
+
 impl EntryRow {
     /// The entry of key `id` this row holds, or which column is wrong.
     pub(crate) fn decode(self, id: &MessageId) -> Result<Entry, StoreError> {
@@ -93,8 +127,7 @@ impl EntryRow {
             message_id: id.to_string(),
             detail: detail.to_owned(),
         };
-        let request_hash =
-            RequestHash::from_hex(&self.request_hash).ok_or_else(|| corrupt("request_hash"))?;
+        let request_hash = stored_hash(id, "request_hash", &self.request_hash)?;
         let headers: serde_json::Map<String, serde_json::Value> =
             serde_json::from_slice(&self.headers).map_err(|_| corrupt("response_headers"))?;
         let headers = headers

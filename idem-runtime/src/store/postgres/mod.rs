@@ -34,8 +34,8 @@ use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::postgres::listener::{Listener, CHANNEL};
 use crate::store::{
-    is_expired, Acquired, Elsewhere, Entry, EntryRow, Found, Lease, OpenStream, ReadJob, Store,
-    StoreError,
+    is_expired, stored_hash, Acquired, Elsewhere, Entry, EntryRow, Found, Lease, OpenStream,
+    OpenStreamRow, ReadJob, Store, StoreError,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -839,11 +839,7 @@ async fn held(
     )
     .await?;
     let Some(row) = row else { return Ok(None) };
-    let hash: String = row.get(1);
-    let hash = RequestHash::from_hex(&hash).ok_or_else(|| StoreError::Corrupt {
-        message_id: key.to_string(),
-        detail: "idempotency_claims.request_hash".into(),
-    })?;
+    let hash = stored_hash(key, "idempotency_claims.request_hash", row.get(1))?;
     Ok(Some((row.get(0), hash, row.get(2))))
 }
 
@@ -930,11 +926,13 @@ async fn select_open_stream(
     )
     .await?;
     let Some(row) = row else { return Ok(None) };
-    let hash: String = row.get(1);
-    let request_hash = RequestHash::from_hex(&hash).ok_or_else(|| StoreError::Corrupt {
-        message_id: id.to_string(),
-        detail: "idempotency_open_streams.request_hash".into(),
-    })?;
+    let stream = OpenStreamRow {
+        method: row.get(0),
+        request_hash: row.get(1),
+        jsonrpc_id: row.get(2),
+        started_at: row.get(3),
+    }
+    .decode(id)?;
     let statement = client
         .prepare_cached(
             "SELECT event FROM idempotency_stream_events WHERE message_id = $1 ORDER BY seq",
@@ -946,13 +944,5 @@ async fn select_open_stream(
         .into_iter()
         .map(|row| Bytes::from(row.get::<_, Vec<u8>>(0)))
         .collect();
-    let started_at: i64 = row.get(3);
-    let stream = OpenStream {
-        message_id: id.clone(),
-        method: row.get(0),
-        request_hash,
-        jsonrpc_id: row.get(2),
-        started_at: started_at.max(0) as u64,
-    };
     Ok(Some((stream, events)))
 }

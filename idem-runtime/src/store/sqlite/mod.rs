@@ -26,7 +26,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
-use crate::hash::{RequestHash, Spelling};
+use crate::hash::Spelling;
 use crate::message_id::MessageId;
 use crate::store::sqlite::checkpointer::Checkpointer;
 use crate::store::sqlite::file_lock::ServingLock;
@@ -35,7 +35,8 @@ use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::sqlite::readers::Readers;
 use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{
-    is_expired, Entry, EntryRow, Found, Lease, OpenStream, ReadJob, Store, StoreError,
+    is_expired, Entry, EntryRow, Found, Lease, OpenStream, OpenStreamRow, ReadJob, Store,
+    StoreError,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -573,21 +574,18 @@ fn select_open_stream(
              FROM idempotency_open_streams WHERE message_id = ?1",
         )?
         .query_row([id.as_str()], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, i64>(3)?,
-            ))
+            Ok(OpenStreamRow {
+                method: row.get(0)?,
+                request_hash: row.get(1)?,
+                jsonrpc_id: row.get(2)?,
+                started_at: row.get(3)?,
+            })
         })
         .optional()?;
-    let Some((method, hash, jsonrpc_id, started_at)) = row else {
+    let Some(row) = row else {
         return Ok(None);
     };
-    let request_hash = RequestHash::from_hex(&hash).ok_or_else(|| StoreError::Corrupt {
-        message_id: id.to_string(),
-        detail: "idempotency_open_streams.request_hash".into(),
-    })?;
+    let stream = row.decode(id)?;
     let events = conn
         .prepare_cached(
             "SELECT event FROM idempotency_stream_events WHERE message_id = ?1 ORDER BY seq",
@@ -595,13 +593,6 @@ fn select_open_stream(
         .query_map([id.as_str()], |row| row.get::<_, Vec<u8>>(0))?
         .map(|event| event.map(Bytes::from))
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let stream = OpenStream {
-        message_id: id.clone(),
-        method,
-        request_hash,
-        jsonrpc_id,
-        started_at: started_at.max(0) as u64,
-    };
     Ok(Some((stream, events)))
 }
 
