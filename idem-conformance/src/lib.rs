@@ -14,6 +14,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod postgres;
 pub mod request;
 pub mod request_hash;
 pub mod server_process;

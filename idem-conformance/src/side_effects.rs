@@ -78,7 +78,7 @@ impl SideEffects {
                     .map(Some)
                     .map_err(|e| format!("reading {}: {e}", path.display()))
             }
-            Some(Db::Postgres(url)) => postgres_count(url, sql, param).map(Some),
+            Some(Db::Postgres(url)) => crate::postgres::count(url, sql, param).map(Some),
         }
     }
 
@@ -105,31 +105,4 @@ impl SideEffects {
             now.assigned - before.assigned
         ))
     }
-}
-
-/// Runs the query on a connection of its own, on a thread and runtime of its own: the checks
-/// are synchronous, and may be called from inside an async test.
-fn postgres_count(url: &str, sql: &str, param: Option<&str>) -> Result<i64, String> {
-    let (url, sql, param) = (url.to_owned(), sql.to_owned(), param.map(str::to_owned));
-    let read = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        runtime.block_on(async {
-            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .map_err(|e| format!("connecting to {url}: {e}"))?;
-            tokio::spawn(connection);
-            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &param {
-                Some(param) => vec![param],
-                None => vec![],
-            };
-            let row = client.query_one(&sql, &params).await;
-            row.map(|row| row.get::<_, i64>(0))
-                .map_err(|e| format!("reading {url}: {e}"))
-        })
-    });
-    read.join()
-        .map_err(|_| "the reading thread panicked".to_owned())?
 }

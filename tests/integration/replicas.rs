@@ -7,25 +7,23 @@
 //! (`.ci/run` starts one); without it the tests say SKIPPED and do not run, unless
 //! `IDEM_REQUIRE_POSTGRES=1`, where they fail.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use idem::store::tokio_postgres;
 use serde_json::json;
 
 use crate::support::{
     new_id, post_activated, send_with, stream_request, try_post, Reply, SseReply, ACTIVATED,
 };
 use futures::FutureExt;
+use idem_conformance::postgres::{self, TestDatabase};
 use idem_conformance::server_process::{ServerProcess, SHORT_TTL};
+use idem_conformance::side_effects::SideEffects;
 use idem_conformance::{check, Db, Outcome, Restart, Scenario, Target};
 
 /// A database of the test's own, dropped with it. Holds the server shared while it lives:
 /// the test that restarts PostgreSQL holds it alone.
 struct Database {
-    admin: String,
-    name: String,
-    url: String,
+    test: TestDatabase,
     _server: ServerGuard,
 }
 
@@ -38,7 +36,7 @@ enum ServerGuard {
 
 static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-static DATABASES: AtomicUsize = AtomicUsize::new(0);
+const WHAT: &str = "a PostgreSQL replica test";
 
 impl Database {
     async fn create() -> Option<Self> {
@@ -53,103 +51,33 @@ impl Database {
     }
 
     async fn create_holding(server: ServerGuard) -> Option<Self> {
-        let admin = postgres_url("IDEM_TEST_POSTGRES_URL")?;
-        let n = DATABASES.fetch_add(1, Ordering::SeqCst);
-        let name = format!("idem_replicas_{}_{n}", std::process::id());
-        let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        let (base, _) = admin.rsplit_once('/').unwrap();
-        let url = format!("{base}/{name}");
+        let test = TestDatabase::create("idem_replicas", WHAT).await?;
         Some(Self {
-            admin,
-            name,
-            url,
+            test,
             _server: server,
         })
     }
 
-    fn side_effects(&self) -> idem_conformance::side_effects::SideEffects {
-        idem_conformance::side_effects::SideEffects {
-            db: Some(Db::Postgres(self.url.clone())),
-        }
+    fn url(&self) -> &str {
+        &self.test.url
     }
 
     /// (tasks, mission.assigned events) in the database now.
     fn counts(&self) -> (i64, i64) {
-        let counts = self.side_effects().snapshot().unwrap().unwrap();
+        let side_effects = SideEffects {
+            db: Some(Db::Postgres(self.test.url.clone())),
+        };
+        let counts = side_effects.snapshot().unwrap().unwrap();
         (counts.tasks, counts.assigned)
     }
 
     fn claims(&self) -> i64 {
-        let sql = "SELECT COUNT(*) FROM idempotency_claims";
-        let url = self.url.clone();
-        std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async {
-                    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                        .await
-                        .unwrap();
-                    tokio::spawn(connection);
-                    client.query_one(sql, &[]).await.unwrap().get(0)
-                })
-        })
-        .join()
-        .unwrap()
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        let (admin, name) = (self.admin.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                if let Ok((client, connection)) =
-                    tokio_postgres::connect(&admin, tokio_postgres::NoTls).await
-                {
-                    tokio::spawn(connection);
-                    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    let _ = client.batch_execute(&sql).await;
-                }
-            });
-        })
-        .join();
-    }
-}
-
-/// The variable's value, or `None` after saying loudly that the test does not run.
-fn postgres_url(variable: &str) -> Option<String> {
-    match std::env::var(variable) {
-        Ok(value) if !value.is_empty() => Some(value),
-        _ if std::env::var("IDEM_REQUIRE_POSTGRES").as_deref() == Ok("1") => {
-            panic!("IDEM_REQUIRE_POSTGRES=1 but {variable} is not set")
-        }
-        _ => {
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "*** SKIPPED: a PostgreSQL replica test, for want of {variable} \
-                 (`source .ci/postgres.sh && start_postgres` sets it) ***"
-            );
-            None
-        }
+        postgres::count(self.url(), "SELECT COUNT(*) FROM idempotency_claims", None).unwrap()
     }
 }
 
 fn replica(db: &Database, env: &[(&str, &str)]) -> ServerProcess {
-    ServerProcess::start_on(Some(&db.url), &[], env)
+    ServerProcess::start_on(Some(db.url()), &[], env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,8 +180,8 @@ async fn a_postgres_restart_fails_calls_clearly_and_the_servers_recover_without_
         return;
     };
     let (Some(stop), Some(start)) = (
-        postgres_url("IDEM_TEST_POSTGRES_STOP"),
-        postgres_url("IDEM_TEST_POSTGRES_START"),
+        postgres::variable("IDEM_TEST_POSTGRES_STOP", WHAT),
+        postgres::variable("IDEM_TEST_POSTGRES_START", WHAT),
     ) else {
         return;
     };

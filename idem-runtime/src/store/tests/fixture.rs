@@ -1,21 +1,18 @@
 //! One store test, either backend: a SQLite file in a temporary directory, or a fresh
 //! database on the PostgreSQL server that `IDEM_TEST_POSTGRES_URL` names (`.ci/run` starts
-//! one). Without that variable the PostgreSQL variants say so loudly and do not run, unless
-//! `IDEM_REQUIRE_POSTGRES=1` (as in CI), where they fail.
+//! one; `idem_conformance::postgres` makes the database, and skips loudly without a server).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+pub use idem_conformance::postgres::connect;
+use idem_conformance::postgres::TestDatabase;
 
 use crate::claim::IdempotencyCache;
 use crate::store::{PostgresOptions, PostgresStore, SqlWrite, SqliteStore, Store};
 use crate::testing::ManualClock;
 use crate::IdempotencyConfig;
-use tokio_postgres;
 
 pub const T0_MS: u64 = 1_800_000_000_000;
-
-/// The variable that names the PostgreSQL server the tests may use.
-pub const POSTGRES_URL_ENV: &str = "IDEM_TEST_POSTGRES_URL";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -30,11 +27,9 @@ pub struct Fixture {
     pub path: std::path::PathBuf,
     /// The PostgreSQL database of this test.
     pub url: Option<String>,
-    database: Option<(String, String)>,
+    _database: Option<TestDatabase>,
     pub clock: Arc<ManualClock>,
 }
-
-static DATABASES: AtomicUsize = AtomicUsize::new(0);
 
 impl Fixture {
     pub fn sqlite() -> Self {
@@ -44,7 +39,7 @@ impl Fixture {
             path: dir.path().join("cache.db"),
             _dir: dir,
             url: None,
-            database: None,
+            _database: None,
             clock: Arc::new(ManualClock::new(T0_MS)),
         }
     }
@@ -58,22 +53,11 @@ impl Fixture {
     }
 
     async fn postgres() -> Option<Self> {
-        let admin = postgres_url()?;
-        let name = format!(
-            "idem_test_{}_{}",
-            std::process::id(),
-            DATABASES.fetch_add(1, Ordering::SeqCst)
-        );
-        let client = connect(&admin).await;
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        let url = database_url(&admin, &name);
+        let database = TestDatabase::create("idem_test", "a PostgreSQL store test").await?;
         let mut fx = Self::sqlite();
         fx.backend = Backend::Postgres;
-        fx.url = Some(url);
-        fx.database = Some((admin, name));
+        fx.url = Some(database.url.clone());
+        fx._database = Some(database);
         Some(fx)
     }
 
@@ -180,60 +164,4 @@ impl Fixture {
             }
         }
     }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let Some((admin, name)) = self.database.take() else {
-            return;
-        };
-        // Its own thread and runtime: a drop may happen inside a runtime that is stopping.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                let client = connect(&admin).await;
-                let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                let _ = client.batch_execute(&sql).await;
-            });
-        });
-        let _ = dropped.join();
-    }
-}
-
-/// The PostgreSQL server's URL, or `None` after saying loudly that the test does not run.
-pub fn postgres_url() -> Option<String> {
-    match std::env::var(POSTGRES_URL_ENV) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("IDEM_REQUIRE_POSTGRES").as_deref() == Ok("1") => {
-            panic!("IDEM_REQUIRE_POSTGRES=1 but {POSTGRES_URL_ENV} is not set")
-        }
-        _ => {
-            // Straight to stderr, past the test harness's capture: a skip is never silent.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "*** SKIPPED: a PostgreSQL store test, for want of a server; set \
-                 {POSTGRES_URL_ENV} (`source .ci/postgres.sh && start_postgres` starts one) ***"
-            );
-            None
-        }
-    }
-}
-
-/// A direct connection, driven on the current runtime.
-pub async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
-    tokio::spawn(connection);
-    client
-}
-
-/// `admin` with its database name replaced by `name`.
-fn database_url(admin: &str, name: &str) -> String {
-    let (base, _) = admin.rsplit_once('/').expect("a URL that names a database");
-    format!("{base}/{name}")
 }
