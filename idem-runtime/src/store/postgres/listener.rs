@@ -120,12 +120,24 @@ async fn listen_once(
     connected: &watch::Sender<u64>,
 ) -> Result<(), tokio_postgres::Error> {
     let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
-    let (tx, mut messages) = futures::channel::mpsc::unbounded();
+    // The connection is driven by a task of its own, which wakes the waiters as notifications
+    // arrive; this one only has to send `LISTEN` through the client.
+    let waiters = waiters.clone();
     let driver = tokio::spawn(async move {
-        let mut stream = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = stream.next().await {
-            if tx.unbounded_send(message).is_err() {
-                return;
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(note)) => {
+                    if let Some(sender) = waiters.lock().expect("waiters lock").get(note.payload())
+                    {
+                        sender.send_modify(|n| *n += 1);
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "idempotency listener: connection lost");
+                    return;
+                }
             }
         }
     });
@@ -136,21 +148,7 @@ async fn listen_once(
     }
     // Whatever ended while no connection listened: let every waiter read the store again.
     connected.send_modify(|n| *n += 1);
-    while let Some(message) = messages.next().await {
-        match message {
-            Ok(AsyncMessage::Notification(note)) => {
-                if let Some(sender) = waiters.lock().expect("waiters lock").get(note.payload()) {
-                    sender.send_modify(|n| *n += 1);
-                }
-            }
-            Ok(_) => {}
-            Err(error) => {
-                tracing::warn!(%error, "idempotency listener: connection lost");
-                break;
-            }
-        }
-    }
-    driver.abort();
+    let _ = driver.await;
     drop(client);
     Ok(())
 }
