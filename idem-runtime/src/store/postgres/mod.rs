@@ -299,10 +299,12 @@ impl PostgresStore {
             &[&max],
         )
         .await?;
-        self.rows.fetch_sub(
-            evicted.min(self.rows.load(Ordering::Relaxed)),
-            Ordering::Relaxed,
-        );
+        // Saturating in one step: two evictions at once must not wrap the estimate around.
+        let _ = self
+            .rows
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |rows| {
+                Some(rows.saturating_sub(evicted))
+            });
         Ok(evicted)
     }
 
