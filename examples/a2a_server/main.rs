@@ -14,6 +14,8 @@ mod card;
 mod cli;
 mod clock;
 mod errors;
+mod front;
+mod metrics;
 mod mission;
 mod model;
 mod shapes;
@@ -32,8 +34,9 @@ use tower::ServiceBuilder;
 use tracing_subscriber::EnvFilter;
 
 use crate::agent::{A2aServer, Agent};
-use crate::card::{agent_card, CardLayer};
+use crate::card::agent_card;
 use crate::cli::{Cli, Command, Db, Mode};
+use crate::front::FrontLayer;
 use crate::mission::Missions;
 use crate::tasks::TaskStore;
 
@@ -90,7 +93,8 @@ async fn serve(cli: Cli) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot read the tasks in {}: {e:?}", cli.db))?;
     let mut signals = Signals::new()?;
-    let (handle, addr) = start(&cli, &idem, missions).await?;
+    let metrics = metrics::install()?;
+    let (handle, addr) = start(&cli, &idem, missions, metrics).await?;
     tracing::info!(%addr, db = %cli.db, mode = ?cli.mode, resumed, "serving");
     announce(addr)?;
     signals.recv().await;
@@ -128,6 +132,7 @@ async fn start(
     cli: &Cli,
     idem: &Idempotency,
     missions: Missions,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
 ) -> Result<(ServerHandle, SocketAddr), String> {
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await
@@ -138,7 +143,7 @@ async fn start(
     let server = Server::builder()
         .set_http_middleware(
             ServiceBuilder::new()
-                .layer(CardLayer::new(&card))
+                .layer(FrontLayer::new(&card, metrics))
                 .layer(idem.http_layer()),
         )
         .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))

@@ -85,6 +85,18 @@ pub enum Waited {
     StillRunning,
 }
 
+impl Waited {
+    /// The `result` label of the in-flight wait metric.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Self::Done(_) => "done",
+            Self::Progressing(_) => "attached",
+            Self::Released => "released",
+            Self::StillRunning => "still_running",
+        }
+    }
+}
+
 /// The outcome of a claim.
 pub enum Claim {
     /// The key is ours: run the call, then [`Ticket::complete`].
@@ -256,11 +268,26 @@ impl IdempotencyCache {
             loop {
                 ticks.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
-                if let Err(e) = inner.store.sweep().await {
-                    tracing::warn!(error = %e, "idempotency cache sweep failed");
-                }
+                sweep(inner.store.as_ref()).await;
             }
         })
+    }
+}
+
+/// One sweep, measured: its duration, what it deleted, and the store's figures after it.
+async fn sweep(store: &dyn Store) {
+    let started = std::time::Instant::now();
+    match store.sweep().await {
+        Ok(deleted) => crate::telemetry::evicted("ttl", deleted),
+        Err(e) => tracing::warn!(error = %e, "idempotency cache sweep failed"),
+    }
+    let took = started.elapsed();
+    match store.stats().await {
+        Ok(stats) => crate::telemetry::swept(took, Some(&stats)),
+        Err(e) => {
+            tracing::warn!(error = %e, "idempotency cache figures could not be read");
+            crate::telemetry::swept(took, None);
+        }
     }
 }
 

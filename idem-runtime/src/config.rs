@@ -20,6 +20,10 @@ pub const TTL_ENV: &str = "AIWG_IDEMPOTENCY_TTL";
 pub const MAX_ENTRIES_ENV: &str = "AIWG_IDEMPOTENCY_MAX_ENTRIES";
 /// Environment variable for [`IdempotencyConfig::claim_lease`], in milliseconds.
 pub const CLAIM_LEASE_ENV: &str = "AIWG_IDEMPOTENCY_CLAIM_LEASE_MS";
+/// Environment variable for [`IdempotencyConfig::sweep_interval`], in milliseconds.
+pub const SWEEP_INTERVAL_ENV: &str = "AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS";
+/// Environment variable for [`IdempotencyConfig::in_flight_wait`], in milliseconds.
+pub const IN_FLIGHT_WAIT_ENV: &str = "AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS";
 
 /// How the extension behaves on a server.
 ///
@@ -101,8 +105,9 @@ impl IdempotencyConfig {
         self
     }
 
-    /// Defaults overridden by `AIWG_IDEMPOTENCY_TTL`, `AIWG_IDEMPOTENCY_MAX_ENTRIES` and
-    /// `AIWG_IDEMPOTENCY_CLAIM_LEASE_MS`.
+    /// Defaults overridden by `AIWG_IDEMPOTENCY_TTL`, `AIWG_IDEMPOTENCY_MAX_ENTRIES`,
+    /// `AIWG_IDEMPOTENCY_CLAIM_LEASE_MS`, `AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS` and
+    /// `AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS`.
     /// A malformed value is an error, never a silent default.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
@@ -117,8 +122,20 @@ impl IdempotencyConfig {
         if let Some(value) = lookup(MAX_ENTRIES_ENV) {
             config.max_cache_entries = positive_integer(MAX_ENTRIES_ENV, &value)?;
         }
-        if let Some(value) = lookup(CLAIM_LEASE_ENV) {
-            config.claim_lease = Duration::from_millis(positive_integer(CLAIM_LEASE_ENV, &value)?);
+        let millis = |variable| match lookup(variable) {
+            Some(value) => {
+                positive_integer(variable, &value).map(|ms| Some(Duration::from_millis(ms)))
+            }
+            None => Ok(None),
+        };
+        if let Some(lease) = millis(CLAIM_LEASE_ENV)? {
+            config.claim_lease = lease;
+        }
+        if let Some(interval) = millis(SWEEP_INTERVAL_ENV)? {
+            config.sweep_interval = interval;
+        }
+        if let Some(wait) = millis(IN_FLIGHT_WAIT_ENV)? {
+            config.in_flight_wait = wait;
         }
         Ok(config)
     }
@@ -191,5 +208,14 @@ mod tests {
         }
         let err = from(&[(MAX_ENTRIES_ENV, "lots")]).unwrap_err();
         assert_eq!(err.variable, MAX_ENTRIES_ENV);
+        let err = from(&[(SWEEP_INTERVAL_ENV, "0")]).unwrap_err();
+        assert_eq!(err.variable, SWEEP_INTERVAL_ENV);
+    }
+
+    #[test]
+    fn reads_the_durations_in_milliseconds() {
+        let config = from(&[(SWEEP_INTERVAL_ENV, "250"), (IN_FLIGHT_WAIT_ENV, "1500")]).unwrap();
+        assert_eq!(config.sweep_interval, Duration::from_millis(250));
+        assert_eq!(config.in_flight_wait, Duration::from_millis(1500));
     }
 }

@@ -10,6 +10,7 @@
 // guard that `#[idempotent]` expands to (`guard/`), the claim (`claim.rs`), the store
 // (`store/`, one folder per backend). `hash/` and `message_id.rs` turn a request into its key
 // and hash; `idempotency.rs` builds it all, `state.rs` is what the parts share.
+pub mod admin;
 mod claim;
 mod clock;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod layers;
 pub mod message_id;
 mod state;
 pub mod store;
+pub mod telemetry;
 mod unit_of_work;
 mod wire;
 

@@ -14,6 +14,10 @@ use crate::hash::canonical_pass::FoundId;
 use serde_json::Value;
 use std::fmt;
 
+/// The `tracing` target of key anomalies (spec §7.2): a non-random UUID version, a messageId
+/// reused with a different payload. A filter such as `idem::key_anomaly=warn` keeps them.
+pub const KEY_ANOMALY: &str = "idem::key_anomaly";
+
 /// How strictly message ids are checked.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum MessageIdPolicy {
@@ -112,7 +116,7 @@ impl MessageId {
             (MessageIdPolicy::StrictV4V7, 4 | 7, true) => {}
             (MessageIdPolicy::StrictV4V7, _, _) => return Err(MessageIdError::NotV4OrV7),
             (MessageIdPolicy::Shape, 1 | 2 | 3 | 5 | 6, true) => tracing::warn!(
-                target: "idem::key_anomaly",
+                target: KEY_ANOMALY,
                 message_id = %id,
                 version = id.version(),
                 "messageId uses a non-random UUID version; clients should send UUIDv4 or UUIDv7 (spec 7.2)"

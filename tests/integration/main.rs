@@ -6,6 +6,7 @@ mod crash;
 mod example_server;
 mod http_files;
 mod layers;
+mod operations;
 mod readme;
 mod replicas;
 mod streams;

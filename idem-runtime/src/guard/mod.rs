@@ -15,16 +15,19 @@ pub(crate) mod unary;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::FutureExt;
 use jsonrpsee::types::{ErrorObjectOwned, Id};
 use jsonrpsee::Extensions;
+use tracing::Instrument;
 
 use crate::claim::{Claim, Progress, Ticket, Waited};
 use crate::error::{ErrorCode, IdempotencyError};
 use crate::hash::{RequestHash, Spelling};
 use crate::layers::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, StoreError, StoredResponse};
+use crate::telemetry;
 use crate::unit_of_work::UnitOfWork;
 use crate::wire::{decode, response_bytes, Payload, JSON};
 
@@ -65,23 +68,27 @@ pub struct CallContext {
 /// Wraps `body` (the user's method body) in the idempotency guard.
 ///
 /// Reads what the layers put in `ext` synchronously, so the returned future borrows nothing
-/// from the caller.
+/// from the caller. A governed call runs in its span (see [`crate::telemetry`]).
 pub fn guard<F>(ext: &Extensions, body: F) -> impl Future<Output = F::Output> + Send
 where
     F: Future + Send,
     F::Output: Guarded,
 {
     let governed = ext.get::<GovernedCall>().cloned();
-    if let Some(call) = &governed {
-        call.mark_reached();
-    }
+    let span = match &governed {
+        Some(call) => {
+            call.mark_reached();
+            telemetry::call_span(&call.method, call.key.as_str(), call.hash.as_str())
+        }
+        None => tracing::Span::none(),
+    };
     let ctx = CallContext {
         governed,
         undeduplicated_id: ext.get::<Undeduplicated>().map(|u| u.0.clone()),
         scope: ext.get::<HttpScope>().cloned(),
         unit: ext.get::<UnitOfWork>().cloned(),
     };
-    F::Output::run(ctx, body)
+    F::Output::run(ctx, body).instrument(span)
 }
 
 /// A result or event that serde cannot write: the method's bug, answered (and cached) as such.
@@ -117,7 +124,9 @@ pub(crate) enum Decision {
 /// without polling; with `attach`, it stops waiting as soon as the call shares live progress.
 pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
     loop {
+        let started = Instant::now();
         let claim = call.cache.claim(&call.key, &call.method, &call.hash).await;
+        telemetry::claimed(&call.method, started.elapsed());
         let flight = match claim {
             Err(e) => return Decision::Refuse(store_failure(call, e)),
             Ok(Claim::Execute(ticket)) => return Decision::Execute(ticket),
@@ -127,7 +136,10 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
         if let Some(collision) = collision(call, flight.method(), flight.request_hash()) {
             return Decision::Refuse(collision);
         }
-        match flight.wait(call.in_flight_wait, attach).await {
+        let started = Instant::now();
+        let waited = flight.wait(call.in_flight_wait, attach).await;
+        telemetry::waited(&call.method, waited.label(), started.elapsed());
+        match waited {
             Waited::Done(entry) => return replay_or_collide(call, entry),
             Waited::Progressing(progress) => return Decision::Attach(progress),
             // The first call gave up without an outcome: claim again.
@@ -177,11 +189,14 @@ pub(crate) async fn store_json(
     };
     let mut sealed = unit.map(UnitOfWork::seal).filter(|_| payload.is_ok());
     let writes = sealed.as_mut().map(|s| s.take_writes()).unwrap_or_default();
-    match ticket.complete_with(response, writes).await {
+    let started = Instant::now();
+    let completed = ticket.complete_with(response, writes).await;
+    telemetry::committed(&call.method, started.elapsed());
+    match completed {
         // The stored bytes were serialized from this very payload: answering with it is
         // answering with what is stored.
         Ok(()) => {
-            call.scope.record(Outcome::Executed);
+            call.record(Outcome::Executed);
             note_spellings(call, call.scope.single_request_spelling());
             if let Some(sealed) = sealed {
                 sealed.committed();
@@ -196,7 +211,7 @@ pub(crate) async fn store_json(
 pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
     match decode(&entry.response.body) {
         Some(payload) => {
-            call.scope.record(Outcome::Replayed);
+            call.record(Outcome::Replayed);
             // The request's own bytes may be answered by the stored bytes only if this call's
             // answer is those bytes (its JSON-RPC id is the stored one).
             let request = call.scope.single_request_spelling();
@@ -244,18 +259,28 @@ pub(crate) fn collision(
     if held_method != call.method {
         error = error.with_detail("original_method", held_method);
     }
+    tracing::warn!(
+        target: crate::message_id::KEY_ANOMALY,
+        message_id = %call.key,
+        method = call.method,
+        original_method = held_method,
+        original_request_hash = held_hash.as_str(),
+        submitted_request_hash = call.hash.as_str(),
+        "messageId reused with a different payload: 422"
+    );
     Some(reject(call, error))
 }
 
 fn reject(call: &GovernedCall, error: IdempotencyError) -> ErrorObjectOwned {
     let error = error.with_detail("message_id", call.key.as_str());
-    call.scope.record(Outcome::Rejected(error.code));
+    call.record(Outcome::Rejected(error.code));
     error.to_error_object()
 }
 
 /// The store failed a governed call: nothing of it is cached, and the key is released.
 pub(crate) fn store_failure(call: &GovernedCall, error: StoreError) -> ErrorObjectOwned {
     tracing::error!(message_id = %call.key, error = %error, "idempotency cache failed");
+    telemetry::store_error(Some(&call.method), &error);
     failure(&error)
         .with_detail("message_id", call.key.as_str())
         .into()
@@ -264,6 +289,7 @@ pub(crate) fn store_failure(call: &GovernedCall, error: StoreError) -> ErrorObje
 /// The staged writes of a call that is not deduplicated failed: nothing of them is stored.
 pub(crate) fn undeduplicated_failure(error: StoreError) -> ErrorObjectOwned {
     tracing::error!(error = %error, "a call's unit of work could not be committed");
+    telemetry::store_error(None, &error);
     failure(&error).into()
 }
 

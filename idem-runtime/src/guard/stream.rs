@@ -134,7 +134,7 @@ where
         Decision::Replay(entry) => replay(call, &entry),
         Decision::Attach(progress) => {
             let recording = as_recording(progress).ok_or_else(consumed)?;
-            attach(call, recording);
+            attach(call, recording, Outcome::Attached);
             Ok(EventStream::handed_over())
         }
         Decision::Execute(ticket) => execute(call, ticket, body, unit).await,
@@ -179,7 +179,7 @@ where
         sealed.committed();
     }
     call.scope.set_stream(recording, None);
-    call.scope.record(Outcome::Executed);
+    call.record(Outcome::Executed);
     Ok(EventStream::handed_over())
 }
 
@@ -194,7 +194,10 @@ async fn open<T: Serialize + Send + 'static>(
     recording: &Arc<Recording>,
 ) -> Result<(), StoreError> {
     let id = serde_json::to_string(&call.id).expect("a JSON-RPC id serializes");
-    ticket.open_stream(id, first.clone(), writes).await?;
+    let started = std::time::Instant::now();
+    let opened = ticket.open_stream(id, first.clone(), writes).await;
+    crate::telemetry::committed(&call.method, started.elapsed());
+    opened?;
     recording.push(first);
     // Shared once the first event is durable, which wakes the retries waiting to attach.
     ticket.set_progress(recording.clone());
@@ -344,13 +347,18 @@ fn replay<T>(call: &GovernedCall, entry: &Entry) -> Result<EventStream<T>, Error
         return Err(replay_json(call, entry).err().unwrap_or_else(consumed));
     }
     let frames = sse::split(&entry.response.body);
-    attach(call, Arc::new(Recording::finished(frames)));
+    attach(
+        call,
+        Arc::new(Recording::finished(frames)),
+        Outcome::Replayed,
+    );
     Ok(EventStream::handed_over())
 }
 
-fn attach(call: &GovernedCall, recording: Arc<Recording>) {
+/// Answers the call with `recording`'s events, re-identified for it.
+fn attach(call: &GovernedCall, recording: Arc<Recording>, outcome: Outcome) {
     call.scope.set_stream(recording, Some(call.id.clone()));
-    call.scope.record(Outcome::Replayed);
+    call.record(outcome);
 }
 
 fn as_recording(progress: Arc<dyn Any + Send + Sync>) -> Option<Arc<Recording>> {

@@ -53,7 +53,10 @@ pub enum HashError {
         /// The number as written.
         text: String,
     },
-    #[error("params nest deeper than {MAX_DEPTH} levels")]
+    #[error(
+        "params nest deeper than {MAX_DEPTH} levels, the most the canonical hash accepts; \
+         send flatter params"
+    )]
     /// Nested deeper than [`MAX_DEPTH`].
     TooDeep,
 }

@@ -102,9 +102,10 @@ where
                 match cache.filter(|_| activated && recognisable(&request)) {
                     None => (request, None),
                     Some(cache) => match read_resend(request, &cache).await {
-                        Read::Resend(response) => {
+                        Read::Resend(entry) => {
                             let scope = HttpScope::new(activated, None);
-                            scope.record(Outcome::Replayed);
+                            scope.record(&entry.method, Outcome::Replayed);
+                            let response = response::ok_response(entry.response.body.clone());
                             return Ok(answered(&scope, response));
                         }
                         Read::New(request, spelling) => (request, Some(spelling)),
@@ -153,8 +154,8 @@ async fn too_large(request: HttpRequest<HttpBody>, limit: u64) -> HttpResponse<H
 }
 
 enum Read {
-    /// A resend of an answered request: its answer.
-    Resend(HttpResponse<HttpBody>),
+    /// A resend of an answered request: the entry whose bytes answer it.
+    Resend(Arc<crate::store::Entry>),
     /// Not one: the request, its body read back in, and the body's spelling.
     New(HttpRequest<HttpBody>, crate::hash::Spelling),
     /// The body could not be read: jsonrpsee's answer to that.
@@ -171,7 +172,7 @@ async fn read_resend(request: HttpRequest<HttpBody>, cache: &IdempotencyCache) -
     let spelling = request_spelling(&body);
     if let Some(entry) = cache.store().spelled(&spelling) {
         if !crate::guard::stream::is_event_stream(&entry) {
-            return Read::Resend(response::ok_response(entry.response.body.clone()));
+            return Read::Resend(entry);
         }
     }
     Read::New(
@@ -211,7 +212,7 @@ fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
             .append("a2a-extensions", HeaderValue::from_static(EXTENSION_URI));
     }
     match scope.single_outcome() {
-        Some(Outcome::Replayed) => {
+        Some(Outcome::Replayed | Outcome::Attached) => {
             response
                 .headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));

@@ -18,7 +18,7 @@ use jsonrpsee::{MethodResponse, ResponsePayload};
 use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::collision;
-use crate::hash::{hash_and_message_id, spelling, Spelling};
+use crate::hash::{hash_and_message_id, spelling, HashError, Spelling, MAX_DEPTH};
 use crate::layers::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated, WebSocket};
 use crate::message_id::MessageId;
 use crate::state::State;
@@ -171,7 +171,10 @@ impl<S> RpcService<S> {
         };
         if !scope.activated() {
             if self.state.config.required {
-                scope.record(Outcome::Rejected(ErrorCode::ExtensionSupportRequired));
+                scope.record(
+                    request.method_name(),
+                    Outcome::Rejected(ErrorCode::ExtensionSupportRequired),
+                );
                 let error = IdempotencyError::new(ErrorCode::ExtensionSupportRequired)
                     .with_detail("extension", EXTENSION_URI);
                 return Err(error.to_error_object());
@@ -184,7 +187,7 @@ impl<S> RpcService<S> {
         let spelling = spelling(raw.as_bytes());
         if spelled {
             if let Some(payload) = replay_spelled(cache, &spelling, request.method_name()) {
-                scope.record(Outcome::Replayed);
+                scope.record(request.method_name(), Outcome::Replayed);
                 return Ok(Some(payload));
             }
         }
@@ -195,7 +198,7 @@ impl<S> RpcService<S> {
                 Ok(None)
             }
             Err(error) => {
-                scope.record(Outcome::Rejected(error.code));
+                scope.record(request.method_name(), Outcome::Rejected(error.code));
                 Err(error.to_error_object())
             }
         }
@@ -217,10 +220,7 @@ impl<S> RpcService<S> {
         spelling: Spelling,
     ) -> Result<GovernedCall, IdempotencyError> {
         let raw = request.params.as_ref().map_or("null", |p| p.get());
-        let (hash, id) = hash_and_message_id(raw.as_bytes()).map_err(|e| {
-            IdempotencyError::new(ErrorCode::PayloadNotCanonicalizable)
-                .with_detail("reason", e.to_string())
-        })?;
+        let (hash, id) = hash_and_message_id(raw.as_bytes()).map_err(not_canonicalizable)?;
         let key = MessageId::parse_found(id, self.state.config.message_id_policy).map_err(|e| {
             IdempotencyError::new(ErrorCode::KeyMalformed).with_detail("reason", e.to_string())
         })?;
@@ -235,6 +235,16 @@ impl<S> RpcService<S> {
             spelling,
             reached: Default::default(),
         })
+    }
+}
+
+/// Params the hash cannot bind: the reason, and for nesting the limit, as data.
+fn not_canonicalizable(error: HashError) -> IdempotencyError {
+    let refused = IdempotencyError::new(ErrorCode::PayloadNotCanonicalizable)
+        .with_detail("reason", error.to_string());
+    match error {
+        HashError::TooDeep => refused.with_detail("max_depth", MAX_DEPTH),
+        _ => refused,
     }
 }
 

@@ -21,8 +21,10 @@ use crate::message_id::MessageId;
 pub(crate) enum Outcome {
     /// Ran and was stored.
     Executed,
-    /// Answered from the cache (or attached to the running original).
+    /// Answered from the cache.
     Replayed,
+    /// A stream's retry that follows the running original's live events.
+    Attached,
     /// Refused by the extension with this error.
     Rejected(ErrorCode),
 }
@@ -76,7 +78,9 @@ impl HttpScope {
         self.0.activated
     }
 
-    pub(crate) fn record(&self, outcome: Outcome) {
+    /// Records what happened to a governed call of `method`: for the response, and counted.
+    pub(crate) fn record(&self, method: &str, outcome: Outcome) {
+        crate::telemetry::outcome(method, outcome);
         self.lock().outcomes.push(outcome);
     }
 
@@ -127,6 +131,10 @@ pub(crate) struct GovernedCall {
 }
 
 impl GovernedCall {
+    pub(crate) fn record(&self, outcome: Outcome) {
+        self.scope.record(&self.method, outcome);
+    }
+
     pub(crate) fn mark_reached(&self) {
         self.reached.store(true, Ordering::Relaxed);
     }

@@ -18,6 +18,7 @@ pub(crate) mod database;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
+pub(crate) mod stats;
 // The suite runs every test on both backends.
 #[cfg(all(test, feature = "postgres"))]
 mod tests;
@@ -29,6 +30,7 @@ pub use postgres::{PostgresOptions, PostgresStore};
 /// The SQLite crate the staged writes are written with, re-exported so versions match.
 pub use rusqlite;
 pub use sqlite::SqliteStore;
+pub use stats::{StoreStats, TOP_METHODS};
 /// The PostgreSQL crates the staged writes and the pool are written with, re-exported so
 /// versions match.
 #[cfg(feature = "postgres")]
@@ -379,6 +381,9 @@ pub trait Store: Send + Sync + 'static {
     /// How many rows the store holds (expired ones included until swept).
     async fn row_count(&self) -> Result<u64, StoreError>;
 
+    /// What the store holds, in figures (the gauges, the admin tool's `stats`).
+    async fn stats(&self) -> Result<StoreStats, StoreError>;
+
     /// Now, in Unix epoch seconds, by the store's clock (the `inserted_at` of a new entry).
     fn now_seconds(&self) -> u64;
 
@@ -452,6 +457,22 @@ pub enum StoreError {
         /// Which column is wrong.
         detail: String,
     },
+}
+
+impl StoreError {
+    /// The `kind` label of the store-error metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Backend { .. } => "backend",
+            Self::ClaimLost(_) => "claim_lost",
+            Self::Io(_) => "io",
+            Self::Closed => "closed",
+            Self::Commit(_) => "commit",
+            Self::Write(_) => "write",
+            Self::InUse { .. } => "in_use",
+            Self::Corrupt { .. } => "corrupt",
+        }
+    }
 }
 
 impl From<rusqlite::Error> for StoreError {

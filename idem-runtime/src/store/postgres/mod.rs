@@ -35,7 +35,7 @@ use crate::message_id::MessageId;
 use crate::store::postgres::listener::{Listener, CHANNEL};
 use crate::store::{
     is_expired, stored_hash, Acquired, Elsewhere, Entry, EntryRow, Found, Lease, OpenStream,
-    OpenStreamRow, ReadJob, Store, StoreError,
+    OpenStreamRow, ReadJob, Store, StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -299,6 +299,7 @@ impl PostgresStore {
             &[&max],
         )
         .await?;
+        crate::telemetry::evicted("lru", evicted);
         // Saturating in one step: two evictions at once must not wrap the estimate around.
         let _ = self
             .rows
@@ -684,6 +685,21 @@ impl Store for PostgresStore {
 
     async fn row_count(&self) -> Result<u64, StoreError> {
         self.count().await
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let mut client = self.client().await?;
+        // One snapshot: the totals and the top methods agree.
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let now = self.clock.now_seconds();
+        let stats = StoreStats::read_postgres(&*tx, now, self.ttl_seconds).await?;
+        tx.commit().await?;
+        Ok(stats)
     }
 
     fn now_seconds(&self) -> u64 {

@@ -36,7 +36,7 @@ use crate::store::sqlite::readers::Readers;
 use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{
     is_expired, Entry, EntryRow, Found, Lease, OpenStream, OpenStreamRow, ReadJob, Store,
-    StoreError,
+    StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -396,6 +396,12 @@ impl Store for SqliteStore {
 
     async fn row_count(&self) -> Result<u64, StoreError> {
         self.readers.run(|conn| Ok(count_rows(conn)?)).await
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let (now, ttl) = (self.clock.now_seconds(), self.ttl_seconds);
+        let read = move |conn: &Connection| Ok(StoreStats::read_sqlite(conn, now, ttl)?);
+        self.readers.run(read).await
     }
 
     fn now_seconds(&self) -> u64 {

@@ -196,11 +196,13 @@ impl Writer {
             outcomes.push(Ok(()));
         }
         let evicted = evict_least_recently_used(&self.conn, batch.rows, self.max_entries)?;
-        batch.rows -= evicted.len() as u64;
+        let evictions = evicted.len() as u64;
+        batch.rows -= evictions;
         batch
             .changes
             .extend(evicted.into_iter().map(Change::Deleted));
         run(&self.conn, "COMMIT")?;
+        crate::telemetry::evicted("lru", evictions);
         self.rows = batch.rows;
         self.publish(batch.changes);
         Ok(Some(outcomes))

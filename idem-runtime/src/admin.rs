@@ -1,0 +1,334 @@
+//! The operator's view of a database that servers may be serving right now: its figures, one
+//! entry, and purges. Used by the `idem-admin` tool.
+//!
+//! It opens its own connection, beside the servers', and takes none of their locks: a read
+//! never blocks them, and a purge is one short transaction per key (or per chunk of expired
+//! rows), ordered by the database's own write lock. It never touches a claim or a stream
+//! being recorded. A SQLite server keeps replaying an entry it holds in memory until it
+//! restarts (its memory tier is its own); a PostgreSQL replica keeps none, so a purge there is
+//! seen by every replica at once.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use idem_runtime::admin::Admin;
+//! use idem_runtime::store::SqliteStore;
+//! use idem_runtime::IdempotencyConfig;
+//! let dir = tempfile::tempdir().unwrap();
+//! let path = dir.path().join("a2a.db");
+//! let config = IdempotencyConfig::default();
+//! let _serving = SqliteStore::open(&path, &config).unwrap();
+//! let admin = Admin::open(path.to_str().unwrap(), &config).await.unwrap();
+//! assert_eq!(admin.stats().await.unwrap().entries, 0);
+//! # }
+//! ```
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::IdempotencyConfig;
+use crate::message_id::MessageId;
+use crate::store::{is_expired, StoreError, StoreStats};
+
+/// One key as the database holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntryInfo {
+    /// The method the key is bound to.
+    pub method: String,
+    /// The request hash it is bound to (hex).
+    pub request_hash: String,
+    /// What holds the key.
+    pub state: EntryState,
+    /// Unix epoch seconds: when it was stored (or its stream started).
+    pub inserted_at: u64,
+    /// Bytes of the stored response body (of the events recorded, for an open stream).
+    pub bytes: u64,
+    /// The stored response body (the events recorded so far, for an open stream).
+    pub body: Vec<u8>,
+}
+
+/// What holds a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryState {
+    /// A live entry, answered to every retry; its HTTP status.
+    Live(u16),
+    /// An entry past its TTL: a miss, deleted by the next sweep.
+    Expired(u16),
+    /// A stream being recorded, or left open by a process that died (the next retry closes
+    /// it as interrupted); how many events it holds.
+    OpenStream(u64),
+}
+
+/// A connection to a database the idempotency stores use.
+pub struct Admin {
+    db: Db,
+    ttl_seconds: u64,
+    clock: Arc<dyn Clock>,
+}
+
+enum Db {
+    Sqlite(Arc<Mutex<Connection>>),
+    #[cfg(feature = "postgres")]
+    Postgres(tokio_postgres::Client),
+}
+
+/// How many expired rows one purge transaction deletes: a served SQLite file's writer waits
+/// for at most one such chunk.
+const PURGE_CHUNK: i64 = 1000;
+
+const ENTRY: &str = "
+SELECT method, request_hash, response_status, inserted_at,
+       CAST(length(response_body) AS BIGINT), response_body
+FROM idempotency_cache WHERE message_id = $1";
+const OPEN_STREAM: &str = "
+SELECT method, request_hash, started_at FROM idempotency_open_streams WHERE message_id = $1";
+const STREAM_EVENTS: &str =
+    "SELECT event FROM idempotency_stream_events WHERE message_id = $1 ORDER BY seq";
+const PURGE: &str = "DELETE FROM idempotency_cache WHERE message_id = $1";
+const PURGE_EXPIRED: &str = "
+DELETE FROM idempotency_cache WHERE message_id IN (
+    SELECT message_id FROM idempotency_cache WHERE inserted_at + $2 < $1 LIMIT $3)";
+
+impl Admin {
+    /// Connects to `target`: a SQLite file that exists, or a `postgres://` URL. The TTL is
+    /// `config`'s (the servers' `AIWG_IDEMPOTENCY_TTL`), for what counts as expired.
+    pub async fn open(target: &str, config: &IdempotencyConfig) -> Result<Self, StoreError> {
+        let db = if target.starts_with("postgres://") || target.starts_with("postgresql://") {
+            connect_postgres(target).await?
+        } else {
+            Db::Sqlite(Arc::new(Mutex::new(open_sqlite(Path::new(target))?)))
+        };
+        Ok(Self {
+            db,
+            ttl_seconds: config.ttl_seconds,
+            clock: Arc::new(SystemClock),
+        })
+    }
+
+    /// The database's figures.
+    pub async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let (now, ttl) = (self.clock.now_seconds(), self.ttl_seconds);
+        match &self.db {
+            Db::Sqlite(conn) => {
+                sqlite(conn, move |c| Ok(StoreStats::read_sqlite(c, now, ttl)?)).await
+            }
+            #[cfg(feature = "postgres")]
+            Db::Postgres(client) => Ok(StoreStats::read_postgres(client, now, ttl).await?),
+        }
+    }
+
+    /// What holds `key`, if anything.
+    pub async fn show(&self, key: &MessageId) -> Result<Option<EntryInfo>, StoreError> {
+        let now = self.clock.now_seconds();
+        let ttl = self.ttl_seconds;
+        let key = key.as_str().to_owned();
+        let (entry, stream) = match &self.db {
+            Db::Sqlite(conn) => sqlite(conn, move |c| read_sqlite(c, &key)).await?,
+            #[cfg(feature = "postgres")]
+            Db::Postgres(client) => read_postgres(client, &key).await?,
+        };
+        Ok(match (entry, stream) {
+            (Some(row), _) => Some(row.info(ttl, now)),
+            (None, Some((stream, events))) => Some(stream.info(events)),
+            (None, None) => None,
+        })
+    }
+
+    /// Deletes `key`'s entry, so that the key executes again; `false` if it had none. An open
+    /// stream is not touched (its server, or the next retry, closes it).
+    pub async fn purge(&self, key: &MessageId) -> Result<bool, StoreError> {
+        let key = key.as_str().to_owned();
+        let deleted = match &self.db {
+            Db::Sqlite(conn) => sqlite(conn, move |c| Ok(c.execute(PURGE, [&key])?)).await? as u64,
+            #[cfg(feature = "postgres")]
+            Db::Postgres(client) => client.execute(PURGE, &[&key]).await?,
+        };
+        Ok(deleted > 0)
+    }
+
+    /// Deletes every expired entry (what the servers' sweep would); returns how many.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let (now, ttl) = (self.clock.now_seconds() as i64, self.ttl_seconds as i64);
+        let mut total = 0;
+        loop {
+            let deleted = match &self.db {
+                Db::Sqlite(conn) => {
+                    let params = move |c: &Connection| {
+                        let named =
+                            rusqlite::named_params! {"$1": now, "$2": ttl, "$3": PURGE_CHUNK};
+                        Ok(c.execute(PURGE_EXPIRED, named)? as u64)
+                    };
+                    sqlite(conn, params).await?
+                }
+                #[cfg(feature = "postgres")]
+                Db::Postgres(client) => {
+                    client
+                        .execute(PURGE_EXPIRED, &[&now, &ttl, &PURGE_CHUNK])
+                        .await?
+                }
+            };
+            total += deleted;
+            if deleted < PURGE_CHUNK as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+/// An entry's row, as [`ENTRY`] reads it.
+struct EntryRow {
+    method: String,
+    request_hash: String,
+    status: i64,
+    inserted_at: i64,
+    bytes: i64,
+    body: Vec<u8>,
+}
+
+impl EntryRow {
+    fn info(self, ttl: u64, now: u64) -> EntryInfo {
+        let inserted_at = self.inserted_at.max(0) as u64;
+        let status = self.status.clamp(0, u16::MAX.into()) as u16;
+        let state = if is_expired(inserted_at, ttl, now) {
+            EntryState::Expired(status)
+        } else {
+            EntryState::Live(status)
+        };
+        EntryInfo {
+            method: self.method,
+            request_hash: self.request_hash,
+            state,
+            inserted_at,
+            bytes: self.bytes.max(0) as u64,
+            body: self.body,
+        }
+    }
+}
+
+/// An open stream's row, as [`OPEN_STREAM`] reads it.
+struct StreamRow {
+    method: String,
+    request_hash: String,
+    started_at: i64,
+}
+
+impl StreamRow {
+    fn info(self, events: Vec<Vec<u8>>) -> EntryInfo {
+        let body = events.concat();
+        EntryInfo {
+            method: self.method,
+            request_hash: self.request_hash,
+            state: EntryState::OpenStream(events.len() as u64),
+            inserted_at: self.started_at.max(0) as u64,
+            bytes: body.len() as u64,
+            body,
+        }
+    }
+}
+
+type Shown = (Option<EntryRow>, Option<(StreamRow, Vec<Vec<u8>>)>);
+
+/// Opens an existing SQLite file (never creates one: a mistyped path is an error), waiting
+/// for the servers' write lock as they wait for each other.
+fn open_sqlite(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.query_row("SELECT count(*) FROM idempotency_cache LIMIT 1", [], |_| {
+        Ok(())
+    })?;
+    Ok(conn)
+}
+
+/// Runs `job` on the SQLite connection, off the async workers.
+async fn sqlite<T: Send + 'static>(
+    conn: &Arc<Mutex<Connection>>,
+    job: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let conn = conn.clone();
+    tokio::task::spawn_blocking(move || job(&conn.lock().expect("admin connection lock")))
+        .await
+        .map_err(|e| StoreError::Commit(e.to_string()))?
+}
+
+fn read_sqlite(conn: &Connection, key: &str) -> Result<Shown, StoreError> {
+    let entry = conn
+        .query_row(ENTRY, [key], |row| {
+            Ok(EntryRow {
+                method: row.get(0)?,
+                request_hash: row.get(1)?,
+                status: row.get(2)?,
+                inserted_at: row.get(3)?,
+                bytes: row.get(4)?,
+                body: row.get(5)?,
+            })
+        })
+        .optional()?;
+    let stream = conn
+        .query_row(OPEN_STREAM, [key], |row| {
+            Ok(StreamRow {
+                method: row.get(0)?,
+                request_hash: row.get(1)?,
+                started_at: row.get(2)?,
+            })
+        })
+        .optional()?;
+    let stream = match stream {
+        None => None,
+        Some(stream) => {
+            let mut events = conn.prepare(STREAM_EVENTS)?;
+            let events = events
+                .query_map([key], |row| row.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            Some((stream, events))
+        }
+    };
+    Ok((entry, stream))
+}
+
+#[cfg(feature = "postgres")]
+async fn connect_postgres(url: &str) -> Result<Db, StoreError> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::warn!(%error, "idem-admin: the PostgreSQL connection ended");
+        }
+    });
+    Ok(Db::Postgres(client))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn connect_postgres(_url: &str) -> Result<Db, StoreError> {
+    Err(StoreError::Backend {
+        backend: "postgres",
+        source: "built without the postgres feature".into(),
+    })
+}
+
+#[cfg(feature = "postgres")]
+async fn read_postgres(client: &tokio_postgres::Client, key: &str) -> Result<Shown, StoreError> {
+    let entry = client.query_opt(ENTRY, &[&key]).await?.map(|row| EntryRow {
+        method: row.get(0),
+        request_hash: row.get(1),
+        status: i64::from(row.get::<_, i32>(2)),
+        inserted_at: row.get(3),
+        bytes: row.get(4),
+        body: row.get(5),
+    });
+    let stream = match client.query_opt(OPEN_STREAM, &[&key]).await? {
+        None => None,
+        Some(row) => {
+            let stream = StreamRow {
+                method: row.get(0),
+                request_hash: row.get(1),
+                started_at: row.get(2),
+            };
+            let events = client.query(STREAM_EVENTS, &[&key]).await?;
+            Some((stream, events.iter().map(|row| row.get(0)).collect()))
+        }
+    };
+    Ok((entry, stream))
+}

@@ -1,0 +1,209 @@
+//! What the extension tells an operator: is deduplication working, how often do clients retry,
+//! how big is the cache, and why was a call refused.
+//!
+//! Counters, gauges and histograms go through the [`metrics`] facade: the runtime forces no
+//! exporter, and costs next to nothing until the application installs a recorder (the example
+//! server installs a Prometheus one and serves `GET /metrics`). Labels are the method and the
+//! outcome, never the messageId (one series per key would be unbounded). Every governed call
+//! also runs in a `tracing` span, `idempotent_call` at DEBUG, whose fields name the key, the
+//! method, the request hash's first 16 hex digits and the outcome; a collision is logged at
+//! INFO with both hashes, so a 422 can be explained from the logs alone.
+//!
+//! ```
+//! // After installing a recorder, give the metrics their help texts:
+//! idem_runtime::telemetry::describe();
+//! assert!(idem_runtime::telemetry::METRICS.iter().any(|m| m.name == "idempotency_calls_total"));
+//! ```
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+
+use crate::error::ErrorCode;
+use crate::layers::scope::Outcome;
+use crate::store::{StoreError, StoreStats};
+
+/// One metric the runtime emits.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    /// Its name, as exporters show it.
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: &'static str,
+    /// Its labels.
+    pub labels: &'static [&'static str],
+    /// What it counts.
+    pub help: &'static str,
+}
+
+const CALLS: &str = "idempotency_calls_total";
+const REJECTIONS: &str = "idempotency_rejections_total";
+const WAITS: &str = "idempotency_in_flight_waits_total";
+const WAIT_SECONDS: &str = "idempotency_in_flight_wait_seconds";
+const STORE_ERRORS: &str = "idempotency_store_errors_total";
+const EVICTIONS: &str = "idempotency_evictions_total";
+const SWEEP_SECONDS: &str = "idempotency_sweep_seconds";
+const ENTRIES: &str = "idempotency_entries";
+const STORED_BYTES: &str = "idempotency_stored_bytes";
+const CLAIM_SECONDS: &str = "idempotency_claim_seconds";
+const COMMIT_SECONDS: &str = "idempotency_commit_seconds";
+
+/// Every metric the runtime emits: the README's list, and [`describe`]'s.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: CALLS,
+        kind: "counter",
+        labels: &["method", "outcome"],
+        help: "Governed calls by outcome: executed, replayed, attached (to a running stream), \
+               collision (422), rejected (see idempotency_rejections_total), store_error",
+    },
+    Metric {
+        name: REJECTIONS,
+        kind: "counter",
+        labels: &["method", "code"],
+        help: "Calls the extension refused, by error name (IDEMPOTENCY_KEY_MALFORMED is the 400, \
+               EXTENSION_SUPPORT_REQUIRED -32008, IDEMPOTENCY_REQUEST_IN_PROGRESS the 409)",
+    },
+    Metric {
+        name: WAITS,
+        kind: "counter",
+        labels: &["method", "result"],
+        help: "Duplicates that waited for the running original: done, attached, released, \
+               still_running (answered 409)",
+    },
+    Metric {
+        name: WAIT_SECONDS,
+        kind: "histogram",
+        labels: &["method"],
+        help: "How long a duplicate waited for the running original",
+    },
+    Metric {
+        name: STORE_ERRORS,
+        kind: "counter",
+        labels: &["kind"],
+        help: "Store failures answered to a call (nothing of it was stored): backend, write \
+               (a staged write refused), claim_lost, closed, corrupt, io",
+    },
+    Metric {
+        name: EVICTIONS,
+        kind: "counter",
+        labels: &["reason"],
+        help: "Entries deleted before a client asked again: ttl (swept), lru (the \
+               max_cache_entries bound)",
+    },
+    Metric {
+        name: SWEEP_SECONDS,
+        kind: "histogram",
+        labels: &[],
+        help: "Duration of one TTL sweep",
+    },
+    Metric {
+        name: ENTRIES,
+        kind: "gauge",
+        labels: &[],
+        help: "Entries the store holds, read after each sweep",
+    },
+    Metric {
+        name: STORED_BYTES,
+        kind: "gauge",
+        labels: &[],
+        help: "Bytes of stored response bodies, read after each sweep",
+    },
+    Metric {
+        name: CLAIM_SECONDS,
+        kind: "histogram",
+        labels: &["method"],
+        help: "Time to claim a key: the store read, and on a shared store its claim",
+    },
+    Metric {
+        name: COMMIT_SECONDS,
+        kind: "histogram",
+        labels: &["method"],
+        help: "Time to commit an outcome with the call's staged writes, durably",
+    },
+];
+
+/// Registers every metric's help text with the installed recorder: call it once, after
+/// installing one (a recorder installed later has no help texts, and nothing else changes).
+pub fn describe() {
+    for metric in METRICS {
+        match metric.kind {
+            "counter" => metrics::describe_counter!(metric.name, metric.help),
+            "gauge" => metrics::describe_gauge!(metric.name, metric.help),
+            _ => metrics::describe_histogram!(metric.name, metric.help),
+        }
+    }
+}
+
+/// The outcome label of a recorded outcome.
+fn outcome_label(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Executed => "executed",
+        Outcome::Replayed => "replayed",
+        Outcome::Attached => "attached",
+        Outcome::Rejected(ErrorCode::KeyReusedWithDifferentPayload) => "collision",
+        Outcome::Rejected(_) => "rejected",
+    }
+}
+
+/// Counts what happened to a governed call of `method`, and notes it in the call's span.
+pub(crate) fn outcome(method: &str, outcome: Outcome) {
+    let label = outcome_label(outcome);
+    tracing::Span::current().record("outcome", label);
+    counter!(CALLS, "method" => method.to_owned(), "outcome" => label).increment(1);
+    if let Outcome::Rejected(code) = outcome {
+        counter!(REJECTIONS, "method" => method.to_owned(), "code" => code.name()).increment(1);
+    }
+}
+
+/// Counts a store failure answered to a call of `method` (none for work outside a call).
+pub(crate) fn store_error(method: Option<&str>, error: &StoreError) {
+    counter!(STORE_ERRORS, "kind" => error.kind()).increment(1);
+    if let Some(method) = method {
+        tracing::Span::current().record("outcome", "store_error");
+        counter!(CALLS, "method" => method.to_owned(), "outcome" => "store_error").increment(1);
+    }
+}
+
+/// Counts a duplicate's wait for the running original, and how long it took.
+pub(crate) fn waited(method: &str, result: &'static str, took: Duration) {
+    counter!(WAITS, "method" => method.to_owned(), "result" => result).increment(1);
+    histogram!(WAIT_SECONDS, "method" => method.to_owned()).record(took);
+}
+
+/// Records the time a claim of a key of `method` took.
+pub(crate) fn claimed(method: &str, took: Duration) {
+    histogram!(CLAIM_SECONDS, "method" => method.to_owned()).record(took);
+}
+
+/// Records the time a commit of a call of `method` took.
+pub(crate) fn committed(method: &str, took: Duration) {
+    histogram!(COMMIT_SECONDS, "method" => method.to_owned()).record(took);
+}
+
+/// Counts entries deleted for `reason` (`ttl` or `lru`).
+pub(crate) fn evicted(reason: &'static str, count: u64) {
+    if count > 0 {
+        counter!(EVICTIONS, "reason" => reason).increment(count);
+    }
+}
+
+/// Records a sweep's duration and the store's size after it.
+pub(crate) fn swept(took: Duration, stats: Option<&StoreStats>) {
+    histogram!(SWEEP_SECONDS).record(took);
+    if let Some(stats) = stats {
+        gauge!(ENTRIES).set(stats.entries as f64);
+        gauge!(STORED_BYTES).set(stats.bytes as f64);
+    }
+}
+
+/// The span a governed call runs in (see the module's documentation).
+pub(crate) fn call_span(method: &str, key: &str, hash: &str) -> tracing::Span {
+    tracing::debug_span!(
+        "idempotent_call",
+        method,
+        message_id = key,
+        request_hash = &hash[..16.min(hash.len())],
+        outcome = tracing::field::Empty,
+    )
+}

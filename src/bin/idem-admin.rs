@@ -1,0 +1,212 @@
+//! `idem-admin`: the operator's tool over a database the servers serve (see `idem::admin`).
+//!
+//! ```sh
+//! idem-admin --db ./a2a-example.db stats
+//! idem-admin --db postgres://idem@127.0.0.1:5432/a2a show 0190b5a4-7c3e-7d2a-9f11-2b3c4d5e6f70 --body
+//! idem-admin --db ./a2a-example.db purge --expired --yes
+//! ```
+//!
+//! Exit status: 0 done, 1 the key holds nothing (show, purge), 2 usage or database error, or
+//! a purge not confirmed.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use idem::admin::{Admin, EntryInfo, EntryState};
+use idem::message_id::MessageId;
+use idem::store::StoreStats;
+use idem::IdempotencyConfig;
+
+const USAGE: &str = "\
+usage: idem-admin --db PATH|URL COMMAND
+commands:
+  stats                   entries, bytes, oldest, expiring within the hour, top methods
+  show MESSAGE_ID [--body]  what holds the key (with --body, the stored response too)
+  purge MESSAGE_ID [--yes]  delete the key's entry, so that the key executes again
+  purge --expired [--yes]   delete every expired entry now, as the servers' sweep would
+Without --yes, a purge asks for confirmation on the terminal (and is refused elsewhere).
+The TTL is read from AIWG_IDEMPOTENCY_TTL, as the servers read it.
+";
+
+/// What the command line asks for.
+enum Command {
+    Stats,
+    Show { key: MessageId, body: bool },
+    Purge { key: MessageId, yes: bool },
+    PurgeExpired { yes: bool },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let (db, command) = match parse(&args) {
+        Ok(parsed) => parsed,
+        Err(error) => return fail(&format!("{error}\n\n{USAGE}")),
+    };
+    let config = match IdempotencyConfig::from_env() {
+        Ok(config) => config,
+        Err(error) => return fail(&error.to_string()),
+    };
+    let admin = match Admin::open(&db, &config).await {
+        Ok(admin) => admin,
+        Err(error) => return fail(&format!("cannot open database {db}: {error}")),
+    };
+    match run(&admin, &db, command).await {
+        Ok(code) => code,
+        Err(error) => fail(&error.to_string()),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("idem-admin: {message}");
+    ExitCode::from(2)
+}
+
+fn parse(args: &[String]) -> Result<(String, Command), String> {
+    let mut db = None;
+    let mut words = Vec::new();
+    let mut flags = Vec::new();
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--db" => db = Some(rest.next().ok_or("--db needs a path or URL")?.clone()),
+            flag if flag.starts_with("--") => flags.push(flag),
+            word => words.push(word),
+        }
+    }
+    let db = db.ok_or("--db PATH|URL is required")?;
+    let flag = |name: &str| flags.contains(&name);
+    let key = |word: &str| MessageId::parse_str(word).map_err(|e| format!("{word:?}: {e}"));
+    let command = match (words.as_slice(), flags.as_slice()) {
+        (["stats"], []) => Command::Stats,
+        (["show", id], _) if flags.iter().all(|f| *f == "--body") => Command::Show {
+            key: key(id)?,
+            body: flag("--body"),
+        },
+        (["purge", id], _) if flags.iter().all(|f| *f == "--yes") => Command::Purge {
+            key: key(id)?,
+            yes: flag("--yes"),
+        },
+        (["purge"], _)
+            if flag("--expired") && flags.iter().all(|f| ["--expired", "--yes"].contains(f)) =>
+        {
+            Command::PurgeExpired { yes: flag("--yes") }
+        }
+        _ => return Err(format!("cannot read the command {:?}", args.join(" "))),
+    };
+    Ok((db, command))
+}
+
+async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, String> {
+    let error = |e: idem::store::StoreError| e.to_string();
+    match command {
+        Command::Stats => {
+            print_stats(&admin.stats().await.map_err(error)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Show { key, body } => match admin.show(&key).await.map_err(error)? {
+            Some(info) => {
+                print_entry(&key, &info, body);
+                Ok(ExitCode::SUCCESS)
+            }
+            None => nothing_for(&key),
+        },
+        Command::Purge { key, yes } => {
+            if !confirmed(yes, &format!("delete the entry of {key} in {db}"))? {
+                return Err("not confirmed; nothing deleted".into());
+            }
+            if !admin.purge(&key).await.map_err(error)? {
+                return nothing_for(&key);
+            }
+            println!("purged {key}");
+            if !db.contains("://") {
+                println!("note: a server serving this file replays the entry from its memory until it restarts");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::PurgeExpired { yes } => {
+            if !confirmed(yes, &format!("delete every expired entry in {db}"))? {
+                return Err("not confirmed; nothing deleted".into());
+            }
+            let deleted = admin.purge_expired().await.map_err(error)?;
+            println!("purged {deleted} expired entries");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn nothing_for(key: &MessageId) -> Result<ExitCode, String> {
+    eprintln!("idem-admin: nothing is stored for {key}");
+    Ok(ExitCode::from(1))
+}
+
+/// `--yes`, or a `y` typed on the terminal; never a guess from a pipe.
+fn confirmed(yes: bool, what: &str) -> Result<bool, String> {
+    if yes {
+        return Ok(true);
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(format!(
+            "{what}: pass --yes to confirm (stdin is not a terminal)"
+        ));
+    }
+    print!("{what}? [y/N] ");
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| e.to_string())?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
+fn print_stats(stats: &StoreStats) {
+    println!("entries              {}", stats.entries);
+    println!("bytes                {}", stats.bytes);
+    println!("expired (unswept)    {}", stats.expired);
+    println!("expiring within 1 h  {}", stats.expiring_within_hour);
+    match stats.oldest_inserted_at {
+        Some(at) => println!("oldest               {} ({})", at, age(at)),
+        None => println!("oldest               -"),
+    }
+    println!("open streams         {}", stats.open_streams);
+    println!("top methods");
+    for (method, count) in &stats.top_methods {
+        println!("  {method:<22} {count}");
+    }
+}
+
+fn print_entry(key: &MessageId, info: &EntryInfo, body: bool) {
+    let state = match info.state {
+        EntryState::Live(status) => format!("live, HTTP {status}"),
+        EntryState::Expired(status) => format!("expired, HTTP {status}"),
+        EntryState::OpenStream(events) => format!("open stream, {events} events recorded"),
+    };
+    println!("message_id    {key}");
+    println!("method        {}", info.method);
+    println!("request_hash  {}", info.request_hash);
+    println!("state         {state}");
+    println!(
+        "inserted_at   {} ({})",
+        info.inserted_at,
+        age(info.inserted_at)
+    );
+    println!("bytes         {}", info.bytes);
+    if body {
+        println!("body");
+        println!("{}", String::from_utf8_lossy(&info.body));
+    }
+}
+
+/// `inserted_at` as an age: `93 s ago`.
+fn age(at: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{} s ago", now.saturating_sub(at))
+}

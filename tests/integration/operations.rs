@@ -1,0 +1,344 @@
+//! What an operator sees, on the example server as a real process: each metric of
+//! `idem::telemetry` moving on the scenario it counts (read from `GET /metrics`), the
+//! `idem-admin` tool on a database a server is serving, and the limits' errors.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::{new_id, post, post_activated, send_with, stream_request, SseReply, URI};
+use idem_conformance::server_process::ServerProcess;
+
+/// The Prometheus text of `GET /metrics`, for lookups by name and labels.
+struct Metrics(String);
+
+impl Metrics {
+    async fn scrape(url: &str) -> Self {
+        let response = reqwest::get(format!("{url}/metrics"))
+            .await
+            .expect("GET /metrics");
+        assert_eq!(response.status(), 200);
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(content_type.starts_with("text/plain"), "{content_type}");
+        Self(response.text().await.unwrap())
+    }
+
+    /// The sample `name{labels}` whose labels include all of `labels`; 0 when absent (a
+    /// counter that never moved is not rendered).
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        let samples = self.0.lines().filter(|l| !l.starts_with('#'));
+        let matching = samples.filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, "}"));
+            let found = metric == name && wanted.iter().all(|w| rest.contains(w.as_str()));
+            found.then(|| value.parse::<f64>().expect("a sample value"))
+        });
+        let values: Vec<f64> = matching.collect();
+        assert!(
+            values.len() <= 1,
+            "{name} {labels:?} matches {values:?}:\n{}",
+            self.0
+        );
+        values.first().copied().unwrap_or(0.0)
+    }
+
+    fn calls(&self, outcome: &str) -> f64 {
+        self.get("idempotency_calls_total", &[("outcome", outcome)])
+    }
+}
+
+/// Scrapes until `check` holds (the gauges move after a sweep), at most 10 s.
+async fn eventually(url: &str, what: &str, check: impl Fn(&Metrics) -> bool) -> Metrics {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = Metrics::scrape(url).await;
+        if check(&metrics) {
+            return metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} never held:\n{}",
+            metrics.0
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const FAST_SWEEP: (&str, &str) = ("AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS", "200");
+
+fn send(id: u64, message_id: &str, text: &str) -> String {
+    send_with(id, "message/send", message_id, text, json!({}))
+}
+
+#[tokio::test]
+async fn each_outcome_moves_its_own_counter_and_no_label_names_a_key() {
+    let server = ServerProcess::start(&[FAST_SWEEP]);
+    let url = &server.url;
+    let key = new_id();
+    let (send, method) = (&[("method", "message/send")], "message/send");
+
+    assert_eq!(
+        post_activated(url, send_body(&key, "survey")).await.status,
+        200
+    );
+    let m = Metrics::scrape(url).await;
+    assert_eq!(
+        m.get(
+            "idempotency_calls_total",
+            &[send[0], ("outcome", "executed")]
+        ),
+        1.0
+    );
+    assert_eq!(m.get("idempotency_claim_seconds_count", send), 1.0);
+    assert_eq!(m.get("idempotency_commit_seconds_count", send), 1.0);
+    assert_eq!(m.calls("replayed"), 0.0);
+
+    // The same bytes (answered by the HTTP layer), then the same params under another id.
+    let replay = post_activated(url, send_body(&key, "survey")).await;
+    assert!(replay.replayed());
+    let again = post_activated(url, self::send(2, &key, "survey")).await;
+    assert!(again.replayed());
+    let m = Metrics::scrape(url).await;
+    assert_eq!(m.calls("replayed"), 2.0);
+    assert_eq!(m.calls("executed"), 1.0, "a replay executes nothing");
+
+    let collision = post_activated(url, send_body(&key, "another payload")).await;
+    assert_eq!(collision.status, 422);
+    let malformed = post_activated(url, send_body("not-a-uuid", "x")).await;
+    assert_eq!(malformed.status, 400);
+    let unactivated = post(url, send_body(&new_id(), "x"), &[]).await;
+    assert_eq!(unactivated.error_code(), -32008);
+    let m = Metrics::scrape(url).await;
+    assert_eq!(m.calls("collision"), 1.0);
+    assert_eq!(m.calls("rejected"), 2.0);
+    for (code, n) in [
+        ("IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_PAYLOAD", 1.0),
+        ("IDEMPOTENCY_KEY_MALFORMED", 1.0),
+        ("EXTENSION_SUPPORT_REQUIRED", 1.0),
+    ] {
+        let labels = [("method", method), ("code", code)];
+        assert_eq!(m.get("idempotency_rejections_total", &labels), n, "{code}");
+    }
+
+    // A stream's retry while the original runs attaches to it, after a wait.
+    let stream_key = new_id();
+    let body = stream_request(7, &stream_key, "long", json!({"durationMs": 1500}));
+    let activated = &[("A2A-Extensions", URI)];
+    let mut first = SseReply::open(url, body.clone(), activated).await;
+    let opening = first.next_event().await.expect("the first event");
+    let mut retry = SseReply::open(url, body, activated).await;
+    assert!(retry.replayed());
+    let stream = [("method", "message/stream")];
+    let m = Metrics::scrape(url).await;
+    assert_eq!(
+        m.get(
+            "idempotency_calls_total",
+            &[stream[0], ("outcome", "attached")]
+        ),
+        1.0
+    );
+    let waits = [stream[0], ("result", "attached")];
+    assert_eq!(m.get("idempotency_in_flight_waits_total", &waits), 1.0);
+    assert_eq!(
+        m.get("idempotency_in_flight_wait_seconds_count", &stream),
+        1.0
+    );
+    let mut original = vec![opening];
+    original.extend(first.rest().await);
+    assert_eq!(
+        original,
+        retry.rest().await,
+        "the retry follows the same events"
+    );
+
+    // Two entries, whose bytes the gauge counts once a sweep has run.
+    let m = eventually(url, "two entries", |m| {
+        m.get("idempotency_entries", &[]) == 2.0
+    })
+    .await;
+    assert!(m.get("idempotency_stored_bytes", &[]) > 400.0, "{}", m.0);
+    assert!(m.get("idempotency_sweep_seconds_count", &[]) >= 1.0);
+    assert!(!m.0.contains(&key) && !m.0.contains(&stream_key), "{}", m.0);
+    assert!(
+        m.0.contains("# HELP idempotency_calls_total"),
+        "described: {}",
+        m.0
+    );
+}
+
+#[tokio::test]
+async fn evictions_are_counted_by_reason() {
+    let env = [
+        FAST_SWEEP,
+        ("AIWG_IDEMPOTENCY_TTL", "1"),
+        ("AIWG_IDEMPOTENCY_MAX_ENTRIES", "2"),
+    ];
+    let server = ServerProcess::start(&env);
+    for _ in 0..3 {
+        assert_eq!(
+            post_activated(&server.url, send_body(&new_id(), "x"))
+                .await
+                .status,
+            200
+        );
+    }
+    let m = Metrics::scrape(&server.url).await;
+    assert_eq!(
+        m.get("idempotency_evictions_total", &[("reason", "lru")]),
+        1.0
+    );
+    // Past the TTL, the sweep deletes the two left.
+    let m = eventually(&server.url, "the TTL sweep", |m| {
+        m.get("idempotency_evictions_total", &[("reason", "ttl")]) == 2.0
+    })
+    .await;
+    assert_eq!(m.get("idempotency_entries", &[]), 0.0, "{}", m.0);
+}
+
+#[tokio::test]
+async fn params_nested_past_the_limit_get_an_error_naming_it() {
+    let server = ServerProcess::start(&[]);
+    let deep = format!("{}{}", "[".repeat(130), "]".repeat(130));
+    let metadata: Value = serde_json::from_str(&deep).unwrap_or(Value::Null);
+    let body = if metadata.is_null() {
+        // serde_json refuses to build it: splice the text in instead.
+        send_body(&new_id(), "x").replace(r#""metadata":{}"#, &format!(r#""metadata":{deep}"#))
+    } else {
+        send_with(1, "message/send", &new_id(), "x", metadata)
+    };
+    assert!(body.contains(&deep));
+    let reply = post_activated(&server.url, body).await;
+    assert_eq!(reply.status, 400, "{}", reply.describe());
+    let error = &reply.json()["error"];
+    assert_eq!(
+        error["data"]["code"],
+        "IDEMPOTENCY_PAYLOAD_NOT_CANONICALIZABLE"
+    );
+    assert_eq!(error["data"]["max_depth"], 128);
+    let reason = error["data"]["reason"].as_str().unwrap();
+    assert!(reason.contains("128 levels"), "{reason}");
+}
+
+fn send_body(key: &str, text: &str) -> String {
+    send(1, key, text)
+}
+
+/// Runs `idem-admin` with these arguments (stdin closed: no terminal to confirm on).
+fn admin(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem-admin"))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run idem-admin")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn the_admin_tool_reads_and_purges_a_database_while_it_is_served() {
+    let mut server = ServerProcess::start(&[]);
+    let db = server.db().display().to_string();
+    let (kept, purged) = (new_id(), new_id());
+    let answered = post_activated(&server.url, send_body(&kept, "kept")).await;
+    post_activated(&server.url, send_body(&purged, "purged")).await;
+
+    let stats = admin(&["--db", &db, "stats"], &[]);
+    assert!(stats.status.success(), "{stats:?}");
+    let text = stdout(&stats);
+    assert!(text.contains("entries              2"), "{text}");
+    assert!(text.contains("message/send           2"), "{text}");
+
+    let show = admin(&["--db", &db, "show", &kept, "--body"], &[]);
+    assert!(show.status.success(), "{show:?}");
+    let text = stdout(&show);
+    let hash = idem_conformance::request_hash::request_hash(&send_body(&kept, "kept")).unwrap();
+    assert!(text.contains(&format!("request_hash  {hash}")), "{text}");
+    assert!(text.contains("state         live, HTTP 200"), "{text}");
+    let body = String::from_utf8(answered.body.clone()).unwrap();
+    assert!(
+        text.contains(&body),
+        "the stored body is what was answered:\n{text}"
+    );
+
+    // Destructive commands need --yes where nobody can answer a prompt.
+    let unconfirmed = admin(&["--db", &db, "purge", &purged], &[]);
+    assert_eq!(unconfirmed.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&unconfirmed.stderr).contains("--yes"));
+    assert!(admin(&["--db", &db, "show", &purged], &[]).status.success());
+    let purge = admin(&["--db", &db, "purge", &purged, "--yes"], &[]);
+    assert!(purge.status.success(), "{purge:?}");
+    assert_eq!(
+        admin(&["--db", &db, "show", &purged], &[]).status.code(),
+        Some(1)
+    );
+    assert_eq!(
+        admin(&["--db", &db, "purge", &purged, "--yes"], &[])
+            .status
+            .code(),
+        Some(1)
+    );
+
+    // After a restart the purged key executes again; the other still replays.
+    let url = server.restart();
+    let again = post_activated(&url, send_body(&purged, "purged")).await;
+    assert!(!again.replayed(), "{}", again.describe());
+    assert!(post_activated(&url, send_body(&kept, "kept"))
+        .await
+        .replayed());
+
+    // With the TTL at 1 s, both are expired two seconds on.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let ttl = [("AIWG_IDEMPOTENCY_TTL", "1")];
+    let expired = admin(&["--db", &db, "purge", "--expired", "--yes"], &ttl);
+    assert!(expired.status.success(), "{expired:?}");
+    assert!(
+        stdout(&expired).contains("purged 2 expired entries"),
+        "{expired:?}"
+    );
+    assert!(stdout(&admin(&["--db", &db, "stats"], &[])).contains("entries              0"));
+}
+
+#[test]
+fn the_admin_tool_refuses_a_missing_file_and_a_bad_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("none.db").display().to_string();
+    let output = admin(&["--db", &missing, "stats"], &[]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains(&missing));
+    assert!(
+        !dir.path().join("none.db").exists(),
+        "never creates a database"
+    );
+    let output = admin(&["--db", &missing, "show", "not-a-uuid"], &[]);
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn on_postgres_a_purge_is_seen_by_the_serving_replica_at_once() {
+    let what = "the admin tool on PostgreSQL";
+    let Some(db) = idem_conformance::postgres::TestDatabase::create("idem_admin", what).await
+    else {
+        return;
+    };
+    let server = ServerProcess::start_on(Some(&db.url), &[], &[]);
+    let key = new_id();
+    post_activated(&server.url, send_body(&key, "x")).await;
+    let stats = stdout(&admin(&["--db", &db.url, "stats"], &[]));
+    assert!(stats.contains("entries              1"), "{stats}");
+    let show = stdout(&admin(&["--db", &db.url, "show", &key], &[]));
+    assert!(show.contains("method        message/send"), "{show}");
+    let purge = admin(&["--db", &db.url, "purge", &key, "--yes"], &[]);
+    assert!(purge.status.success(), "{purge:?}");
+    // No replica keeps entries in memory: the key executes again, at once.
+    let again = post_activated(&server.url, send_body(&key, "x")).await;
+    assert!(!again.replayed(), "{}", again.describe());
+    assert_eq!(again.status, 200);
+}
