@@ -61,6 +61,16 @@ pub struct IdempotencyConfig {
     /// reset connection. Set jsonrpsee's `max_request_body_size` to the same value (both
     /// default to 10 MiB). Streams have their own bound, `MAX_RECORDED_STREAM_BYTES`.
     pub max_request_body_bytes: u64,
+    /// Scope keys by the authenticated principal the application puts in each request's
+    /// extensions ([`crate::Caller`]): the same messageId from two principals is then two
+    /// keys, and neither can replay, collide with or learn of the other's entry. Off, the
+    /// spec's one global key space (callers without a principal always share it). Turn it on
+    /// where callers do not trust each other and their keys might meet.
+    pub scope_keys_by_principal: bool,
+    /// Whether a replay to a caller the application marks [`crate::Caller::Unauthenticated`]
+    /// carries `Idempotent-Replayed: true` (spec §7.4: the header confirms cache state, which
+    /// an operator MAY hide from unauthenticated callers). The answer is the same bytes either way.
+    pub mark_replays_to_unauthenticated: bool,
 }
 
 impl Default for IdempotencyConfig {
@@ -75,6 +85,8 @@ impl Default for IdempotencyConfig {
             memory_tier_bytes: 64 << 20,
             claim_lease: Duration::from_secs(10),
             max_request_body_bytes: 10 * 1024 * 1024,
+            scope_keys_by_principal: false,
+            mark_replays_to_unauthenticated: true,
         }
     }
 }

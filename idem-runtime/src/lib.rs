@@ -11,6 +11,7 @@
 // (`store/`, one folder per backend). `hash/` and `message_id.rs` turn a request into its key
 // and hash; `idempotency.rs` builds it all, `state.rs` is what the parts share.
 pub mod admin;
+mod caller;
 mod claim;
 mod clock;
 pub mod config;
@@ -26,6 +27,7 @@ pub mod telemetry;
 mod unit_of_work;
 mod wire;
 
+pub use caller::Caller;
 pub use config::IdempotencyConfig;
 pub use error::{ErrorCode, IdempotencyError};
 pub use guard::replayable::Replayable;

@@ -10,6 +10,7 @@
 //! assert!(MessageId::parse_str("not-a-uuid").is_err());
 //! ```
 
+use crate::caller::KeyScope;
 use crate::hash::canonical_pass::FoundId;
 use serde_json::Value;
 use std::fmt;
@@ -137,9 +138,32 @@ impl MessageId {
         BuildHasherDefault::<DefaultHasher>::default().hash_one(self) as usize % slots
     }
 
-    /// The normalized lowercase form.
+    /// The normalized lowercase form: the stored key (`<messageId>~<scope>` when scoped).
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The client's messageId, without the scope a scoped key carries.
+    pub fn message_id(&self) -> &str {
+        self.0.split_once('~').map_or(&self.0, |(id, _scope)| id)
+    }
+
+    /// The key this messageId is stored under for `principal`, where keys are scoped by
+    /// principal ([`crate::IdempotencyConfig::scope_keys_by_principal`]).
+    ///
+    /// ```
+    /// use idem_runtime::message_id::MessageId;
+    /// let id = MessageId::parse_str("0190b5a4-7c3e-7d2a-9f11-2b3c4d5e6f70").unwrap();
+    /// let alice = id.for_principal("alice");
+    /// assert_ne!(alice, id.for_principal("bob"));
+    /// assert_eq!(alice.message_id(), id.as_str());
+    /// ```
+    pub fn for_principal(&self, principal: &str) -> Self {
+        self.scoped(&KeyScope::of(principal))
+    }
+
+    pub(crate) fn scoped(&self, scope: &KeyScope) -> Self {
+        MessageId(format!("{}~{}", self.message_id(), scope.suffix()))
     }
 
     /// The RFC 9562 version digit (meaningful only with the RFC variant).

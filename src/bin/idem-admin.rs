@@ -25,6 +25,7 @@ commands:
   show MESSAGE_ID [--body]  what holds the key (with --body, the stored response too)
   purge MESSAGE_ID [--yes]  delete the key's entry, so that the key executes again
   purge --expired [--yes]   delete every expired entry now, as the servers' sweep would
+Where servers scope keys by principal, --principal NAME names whose key show and purge mean.
 Without --yes, a purge asks for confirmation on the terminal (and is refused elsewhere).
 The TTL is read from AIWG_IDEMPOTENCY_TTL, as the servers read it.
 ";
@@ -69,19 +70,24 @@ fn fail(message: &str) -> ExitCode {
 
 fn parse(args: &[String]) -> Result<(String, Command), String> {
     let mut db = None;
+    let mut principal = None;
     let mut words = Vec::new();
     let mut flags = Vec::new();
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--db" => db = Some(rest.next().ok_or("--db needs a path or URL")?.clone()),
+            "--principal" => principal = Some(rest.next().ok_or("--principal needs a name")?),
             flag if flag.starts_with("--") => flags.push(flag),
             word => words.push(word),
         }
     }
     let db = db.ok_or("--db PATH|URL is required")?;
     let flag = |name: &str| flags.contains(&name);
-    let key = |word: &str| MessageId::parse_str(word).map_err(|e| format!("{word:?}: {e}"));
+    let key = |word: &str| {
+        let id = MessageId::parse_str(word).map_err(|e| format!("{word:?}: {e}"))?;
+        Ok::<_, String>(principal.map_or_else(|| id.clone(), |p| id.for_principal(p)))
+    };
     let command = match (words.as_slice(), flags.as_slice()) {
         (["stats"], []) => Command::Stats,
         (["show", id], _) if flags.iter().all(|f| *f == "--body") => Command::Show {
@@ -187,7 +193,10 @@ fn print_entry(key: &MessageId, info: &EntryInfo, body: bool) {
         EntryState::Expired(status) => format!("expired, HTTP {status}"),
         EntryState::OpenStream(events) => format!("open stream, {events} events recorded"),
     };
-    println!("message_id    {key}");
+    println!("message_id    {}", key.message_id());
+    if key.as_str() != key.message_id() {
+        println!("stored as     {key}");
+    }
     println!("method        {}", info.method);
     println!("request_hash  {}", info.request_hash);
     println!("state         {state}");

@@ -1,6 +1,7 @@
 //! The one integration-test crate (one binary builds faster than many).
 
 mod a2a_sdk;
+mod callers;
 mod conformance;
 mod crash;
 mod example_server;

@@ -229,7 +229,7 @@ fn send_body(key: &str, text: &str) -> String {
 }
 
 /// Runs `idem-admin` with these arguments (stdin closed: no terminal to confirm on).
-fn admin(args: &[&str], env: &[(&str, &str)]) -> Output {
+pub(crate) fn admin(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem-admin"))
         .args(args)
         .envs(env.iter().copied())
@@ -238,7 +238,7 @@ fn admin(args: &[&str], env: &[(&str, &str)]) -> Output {
         .expect("run idem-admin")
 }
 
-fn stdout(output: &Output) -> String {
+pub(crate) fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 

@@ -157,6 +157,23 @@ impl TestAgentServer for Agent {
     }
 }
 
+/// The header the test server's stand-in for an auth layer reads: a principal, or `-` for a
+/// caller marked unauthenticated. Without it, no `Caller` is inserted.
+pub const PRINCIPAL_HEADER: &str = "x-test-principal";
+
+/// What an application's auth layer does: tell the extension who calls.
+fn caller_from_header<B>(mut request: http::Request<B>) -> http::Request<B> {
+    let principal = request.headers().get(PRINCIPAL_HEADER).cloned();
+    if let Some(principal) = principal {
+        let caller = match principal.to_str().expect("an ASCII principal") {
+            "-" => idem::Caller::Unauthenticated,
+            name => idem::Caller::authenticated(name),
+        };
+        request.extensions_mut().insert(caller);
+    }
+    request
+}
+
 /// The table the test agent's side effects go to: `name` is unique, so a test can make a
 /// staged write fail by inserting the name first.
 pub const EFFECTS: &str = "CREATE TABLE IF NOT EXISTS effects (name TEXT NOT NULL PRIMARY KEY)";
@@ -193,7 +210,11 @@ impl TestServer {
             .await
             .expect("effects table");
         let server = Server::builder()
-            .set_http_middleware(tower::ServiceBuilder::new().layer(idem.http_layer()))
+            .set_http_middleware(
+                tower::ServiceBuilder::new()
+                    .map_request(caller_from_header)
+                    .layer(idem.http_layer()),
+            )
             .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))
             .build("127.0.0.1:0")
             .await

@@ -272,7 +272,7 @@ pub(crate) fn collision(
 }
 
 fn reject(call: &GovernedCall, error: IdempotencyError) -> ErrorObjectOwned {
-    let error = error.with_detail("message_id", call.key.as_str());
+    let error = error.with_detail("message_id", call.key.message_id());
     call.record(Outcome::Rejected(error.code));
     error.to_error_object()
 }
@@ -282,7 +282,7 @@ pub(crate) fn store_failure(call: &GovernedCall, error: StoreError) -> ErrorObje
     tracing::error!(message_id = %call.key, error = %error, "idempotency cache failed");
     telemetry::store_error(Some(&call.method), &error);
     failure(&error)
-        .with_detail("message_id", call.key.as_str())
+        .with_detail("message_id", call.key.message_id())
         .into()
 }
 

@@ -16,6 +16,7 @@ use http_body_util::BodyExt;
 use jsonrpsee::server::http::{content_type_is_json, response};
 use jsonrpsee::server::{HttpBody, HttpRequest, HttpResponse};
 
+use crate::caller::CallerPolicy;
 use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::sse;
@@ -96,14 +97,15 @@ where
         // A server with the extension off neither reads nor echoes the activation header.
         let cache = self.state.deduplicating().cloned();
         let activated = cache.is_some() && is_activated(request.headers(), EXTENSION_URI);
+        let caller = CallerPolicy::of(request.extensions(), &self.state.config);
         let mut inner = self.inner.clone();
         Box::pin(async move {
             let (mut request, spelling) =
                 match cache.filter(|_| activated && recognisable(&request)) {
                     None => (request, None),
-                    Some(cache) => match read_resend(request, &cache).await {
+                    Some(cache) => match read_resend(request, &cache, caller).await {
                         Read::Resend(entry) => {
-                            let scope = HttpScope::new(activated, None);
+                            let scope = HttpScope::new(activated, caller, None);
                             scope.record(&entry.method, Outcome::Replayed);
                             let response = response::ok_response(entry.response.body.clone());
                             return Ok(answered(&scope, response));
@@ -112,7 +114,7 @@ where
                         Read::Failed(response) => return Ok(response),
                     },
                 };
-            let scope = HttpScope::new(activated, spelling);
+            let scope = HttpScope::new(activated, caller, spelling);
             request.extensions_mut().insert(scope.clone());
             // In a task of its own: a client that hangs up must not cut a governed call off
             // mid-execution (its retry would run it again); the call runs to its end, stored.
@@ -162,14 +164,18 @@ enum Read {
     Failed(HttpResponse<HttpBody>),
 }
 
-/// Reads the body and answers it from the store's memory if it is a resend.
-async fn read_resend(request: HttpRequest<HttpBody>, cache: &IdempotencyCache) -> Read {
+/// Reads the body and answers it from the store's memory if it is a resend by this caller.
+async fn read_resend(
+    request: HttpRequest<HttpBody>,
+    cache: &IdempotencyCache,
+    caller: CallerPolicy,
+) -> Read {
     let (parts, body) = request.into_parts();
     let body: Bytes = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(_) => return Read::Failed(response::internal_error()),
     };
-    let spelling = request_spelling(&body);
+    let spelling = caller.spelling(request_spelling(&body));
     if let Some(entry) = cache.store().spelled(&spelling) {
         if !crate::guard::stream::is_event_stream(&entry) {
             return Read::Resend(entry);
@@ -212,7 +218,7 @@ fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
             .append("a2a-extensions", HeaderValue::from_static(EXTENSION_URI));
     }
     match scope.single_outcome() {
-        Some(Outcome::Replayed | Outcome::Attached) => {
+        Some(Outcome::Replayed | Outcome::Attached) if scope.caller().mark_replays => {
             response
                 .headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -221,6 +227,6 @@ fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
             *response.status_mut() =
                 StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
         }
-        Some(Outcome::Executed) | None => {}
+        Some(Outcome::Executed | Outcome::Replayed | Outcome::Attached) | None => {}
     }
 }

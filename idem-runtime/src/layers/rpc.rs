@@ -184,7 +184,7 @@ impl<S> RpcService<S> {
             return Ok(None);
         }
         let raw = request.params.as_ref().map_or("null", |p| p.get());
-        let spelling = spelling(raw.as_bytes());
+        let spelling = scope.caller().spelling(spelling(raw.as_bytes()));
         if spelled {
             if let Some(payload) = replay_spelled(cache, &spelling, request.method_name()) {
                 scope.record(request.method_name(), Outcome::Replayed);
@@ -224,6 +224,10 @@ impl<S> RpcService<S> {
         let key = MessageId::parse_found(id, self.state.config.message_id_policy).map_err(|e| {
             IdempotencyError::new(ErrorCode::KeyMalformed).with_detail("reason", e.to_string())
         })?;
+        let key = match scope.caller().key_scope {
+            Some(key_scope) => key.scoped(&key_scope),
+            None => key,
+        };
         Ok(GovernedCall {
             cache: cache.clone(),
             in_flight_wait: self.state.config.in_flight_wait,

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use jsonrpsee::types::Id;
 
+use crate::caller::CallerPolicy;
 use crate::claim::IdempotencyCache;
 use crate::error::ErrorCode;
 use crate::guard::recording::Recording;
@@ -35,6 +36,7 @@ pub(crate) struct HttpScope(Arc<ScopeInner>);
 
 struct ScopeInner {
     activated: bool,
+    caller: CallerPolicy,
     /// The whole request body's spelling, when the HTTP layer read it: once its single call
     /// is answered with the stored bytes, a resend of the same request is answered with them.
     request_spelling: Option<Spelling>,
@@ -57,9 +59,14 @@ pub(crate) struct StreamSource {
 }
 
 impl HttpScope {
-    pub(crate) fn new(activated: bool, request_spelling: Option<Spelling>) -> Self {
+    pub(crate) fn new(
+        activated: bool,
+        caller: CallerPolicy,
+        request_spelling: Option<Spelling>,
+    ) -> Self {
         Self(Arc::new(ScopeInner {
             activated,
+            caller,
             request_spelling,
             state: Mutex::default(),
         }))
@@ -76,6 +83,11 @@ impl HttpScope {
 
     pub(crate) fn activated(&self) -> bool {
         self.0.activated
+    }
+
+    /// What the request's caller changes.
+    pub(crate) fn caller(&self) -> CallerPolicy {
+        self.0.caller
     }
 
     /// Records what happened to a governed call of `method`: for the response, and counted.

@@ -1,0 +1,137 @@
+//! Who calls: keys scoped by the authenticated principal an application's auth layer puts in
+//! the request's extensions, and the §7.4 option that hides the replay header from callers
+//! marked unauthenticated. Through a real jsonrpsee server whose stand-in auth layer reads the
+//! principal from a header (`support::PRINCIPAL_HEADER`).
+
+use idem::IdempotencyConfig;
+
+use crate::support::*;
+
+fn as_caller(principal: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("A2A-Extensions", URI.to_owned()),
+        (PRINCIPAL_HEADER, principal.to_owned()),
+    ]
+}
+
+async fn post_as(url: &str, principal: &str, body: String) -> Reply {
+    let headers = as_caller(principal);
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    post(url, body, &headers).await
+}
+
+fn scoped() -> IdempotencyConfig {
+    IdempotencyConfig::default().with(|c| c.scope_keys_by_principal = true)
+}
+
+#[tokio::test]
+async fn one_message_id_from_two_principals_is_two_keys_that_never_meet() {
+    let db = Db::new();
+    let server = db.server(scoped()).await;
+    let mid = new_id();
+    let (alice_send, bob_send) = (send(1, &mid, "alpha"), send(1, &mid, "beta"));
+
+    let alice = post_as(&server.url, "alice", alice_send.clone()).await;
+    assert_eq!(alice.status, 200);
+    // Bob's different payload under Alice's messageId is not her 422: it is his own call.
+    let bob = post_as(&server.url, "bob", bob_send.clone()).await;
+    assert_eq!(bob.status, 200, "{}", bob.describe());
+    assert!(!bob.replayed());
+    assert_eq!(server.executions(), 2);
+
+    // Alice's very bytes from Bob: his key holds his own entry, so this is a 422 against his
+    // payload, and the hashes it reports are his, never hers.
+    let probe = post_as(&server.url, "bob", alice_send.clone()).await;
+    assert_eq!(probe.status, 422);
+    let data = &probe.json()["error"]["data"];
+    let hash = |body: &str| idem_conformance::request_hash::request_hash(body).unwrap();
+    assert_eq!(data["original_request_hash"], hash(&bob_send));
+    assert_eq!(
+        data["message_id"],
+        mid.as_str(),
+        "the client's messageId, unscoped"
+    );
+    assert_ne!(data["original_request_hash"], hash(&alice_send));
+
+    // Each replays their own answer; nothing ran again.
+    let again = post_as(&server.url, "alice", alice_send.clone()).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, alice.body);
+    let again = post_as(&server.url, "bob", bob_send).await;
+    assert_eq!(again.body, bob.body);
+    assert_eq!(server.executions(), 2);
+
+    // Callers without a principal share the spec's global key space, apart from both.
+    let anonymous = post_activated(&server.url, send(1, &mid, "gamma")).await;
+    assert_eq!(anonymous.status, 200);
+    assert!(!anonymous.replayed());
+    assert_eq!(server.executions(), 3);
+}
+
+#[tokio::test]
+async fn by_default_keys_are_global_as_the_spec_says() {
+    let db = Db::new();
+    let server = db.server(IdempotencyConfig::default()).await;
+    let mid = new_id();
+    let alice = post_as(&server.url, "alice", send(1, &mid, "alpha")).await;
+    let bob = post_as(&server.url, "bob", send(1, &mid, "alpha")).await;
+    assert!(
+        bob.replayed(),
+        "one key space: Bob's identical call is a replay"
+    );
+    assert_eq!(bob.body, alice.body);
+    let other = post_as(&server.url, "bob", send(1, &mid, "beta")).await;
+    assert_eq!(other.status, 422);
+    assert_eq!(server.executions(), 1);
+}
+
+#[tokio::test]
+async fn replays_to_callers_marked_unauthenticated_can_go_unmarked() {
+    let db = Db::new();
+    let config = IdempotencyConfig::default().with(|c| c.mark_replays_to_unauthenticated = false);
+    let server = db.server(config).await;
+    let mid = new_id();
+    let first = post_as(&server.url, "-", send(1, &mid, "x")).await;
+    // The same bytes (the HTTP layer's resend path) and another id (the guard's replay).
+    for body in [send(1, &mid, "x"), send(2, &mid, "x")] {
+        let replay = post_as(&server.url, "-", body).await;
+        assert_eq!(replay.status, 200);
+        assert!(
+            !replay.replayed(),
+            "no Idempotent-Replayed: {}",
+            replay.describe()
+        );
+        assert_eq!(replay.json()["result"], first.json()["result"]);
+    }
+    assert_eq!(server.executions(), 1, "still deduplicated");
+    // An authenticated caller, or one the application did not mark, still sees the header.
+    assert!(post_as(&server.url, "alice", send(1, &mid, "x"))
+        .await
+        .replayed());
+    assert!(post_activated(&server.url, send(1, &mid, "x"))
+        .await
+        .replayed());
+}
+
+#[tokio::test]
+async fn the_admin_tool_finds_a_principal_s_key() {
+    use crate::operations::{admin, stdout};
+    let db = Db::new();
+    let server = db.server(scoped()).await;
+    let mid = new_id();
+    let body = send(1, &mid, "alpha");
+    post_as(&server.url, "alice", body.clone()).await;
+    let path = db.path.display().to_string();
+    let show = admin(&["--db", &path, "show", &mid, "--principal", "alice"], &[]);
+    assert!(show.status.success(), "{show:?}");
+    let hash = idem_conformance::request_hash::request_hash(&body).unwrap();
+    assert!(stdout(&show).contains(&hash), "{}", stdout(&show));
+    assert!(
+        !stdout(&show).contains("alice"),
+        "the principal is not stored"
+    );
+    let unscoped = admin(&["--db", &path, "show", &mid], &[]);
+    assert_eq!(unscoped.status.code(), Some(1), "no global entry for it");
+    let bob = admin(&["--db", &path, "show", &mid, "--principal", "bob"], &[]);
+    assert_eq!(bob.status.code(), Some(1));
+}
