@@ -82,7 +82,8 @@ pub const METRICS: &[Metric] = &[
         kind: "counter",
         labels: &["kind"],
         help: "Store failures answered to a call (nothing of it was stored): backend, write \
-               (a staged write refused), claim_lost, closed, corrupt, io",
+               (a staged write refused), claim_lost, commit (a lost transaction), closed, \
+               corrupt, io",
     },
     Metric {
         name: EVICTIONS,

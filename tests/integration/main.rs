@@ -5,6 +5,7 @@ mod callers;
 mod conformance;
 mod crash;
 mod example_server;
+mod faults;
 mod http_files;
 mod layers;
 mod operations;

@@ -449,6 +449,14 @@ pub enum StoreError {
         /// The process that holds the lock, as it wrote it in the lock file.
         pid: String,
     },
+    #[error(
+        "database file {} was deleted or replaced while this process served it; nothing more \
+         is stored until the server restarts",
+        .0.display()
+    )]
+    /// The database file is no longer at its path: what would be committed to it is lost
+    /// once the process ends, so nothing is.
+    Vanished(PathBuf),
     #[error("corrupt row for {message_id}: {detail}")]
     /// A row that cannot be read back as an entry.
     Corrupt {
@@ -470,6 +478,7 @@ impl StoreError {
             Self::Commit(_) => "commit",
             Self::Write(_) => "write",
             Self::InUse { .. } => "in_use",
+            Self::Vanished(_) => "vanished",
             Self::Corrupt { .. } => "corrupt",
         }
     }

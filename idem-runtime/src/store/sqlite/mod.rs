@@ -9,6 +9,7 @@
 //! recent entries (`memory_tier.rs`: a replay reads nothing).
 
 mod checkpointer;
+mod file_identity;
 mod file_lock;
 pub(crate) mod key_index;
 pub(crate) mod memory_tier;
@@ -29,6 +30,7 @@ use crate::config::IdempotencyConfig;
 use crate::hash::Spelling;
 use crate::message_id::MessageId;
 use crate::store::sqlite::checkpointer::Checkpointer;
+use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::file_lock::ServingLock;
 use crate::store::sqlite::key_index::KeyIndex;
 use crate::store::sqlite::memory_tier::MemoryTier;
@@ -130,6 +132,7 @@ impl SqliteStore {
         let tier = Arc::new(MemoryTier::new(config.memory_tier_bytes));
         let index = Arc::new(stored_keys(&conn)?);
         let writer = Writer {
+            file: FileIdentity::of(&path)?,
             rows: count_rows(&conn)?,
             conn,
             clock: clock.clone(),

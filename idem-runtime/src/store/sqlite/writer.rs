@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::message_id::MessageId;
+use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::key_index::KeyIndex;
 use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::{Entry, StoreError};
@@ -111,6 +112,8 @@ where
 /// The writer thread's state.
 pub(crate) struct Writer {
     pub(crate) conn: Connection,
+    /// The file `conn` writes to: nothing commits once its path names another, or none.
+    pub(crate) file: FileIdentity,
     pub(crate) clock: Arc<dyn Clock>,
     /// LRU uses noted by reads, written with the next batch: a replay costs no fsync.
     pub(crate) touches: Arc<Mutex<HashMap<String, u64>>>,
@@ -201,6 +204,7 @@ impl Writer {
         batch
             .changes
             .extend(evicted.into_iter().map(Change::Deleted));
+        self.file.check()?;
         run(&self.conn, "COMMIT")?;
         crate::telemetry::evicted("lru", evictions);
         self.rows = batch.rows;
