@@ -464,3 +464,47 @@ async fn an_oversized_request_gets_413_not_a_reset() {
         10 * 1024 * 1024
     );
 }
+
+/// JSON-RPC 2.0 §5 and §4.1, where jsonrpsee alone answers otherwise (`invalid_request.rs`).
+#[tokio::test]
+async fn invalid_requests_get_32600_and_notifications_no_answer() {
+    let server = ServerProcess::start_with(&["--idempotency", "optional"], &[]);
+    let invalid = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "Invalid request"}});
+    for body in [
+        r#"{"jsonrpc":"1.0","method":"tasks/get","params":{"id":"x"}}"#,
+        r#"{"jsonrpc":"2.0","params":{"id":"x"}}"#,
+        r#"{"jsonrpc":"2.0","id":{"a":1},"method":"tasks/get","params":{"id":"x"}}"#,
+        r#"{"jsonrpc":"2.0","id":[1],"method":"tasks/get","params":{"id":"x"}}"#,
+        "42",
+    ] {
+        let reply = post(&server.url, body, &[]).await;
+        assert_eq!(reply.json(), invalid, "{body}");
+    }
+    // Found by fuzz/rpc_admission: a governed call, activated, whose id is an object.
+    let fuzzed = r#"{"jsonrpc":"2.0","id":{"a":1},"method":"message/send","params":{"message":{"messageId":"not-a-uuid"}}}"#;
+    assert_eq!(post_activated(&server.url, fuzzed).await.json(), invalid);
+    // And one whose other members jsonrpsee skips unread, bytes that are not UTF-8 included.
+    let mut skipped =
+        br#"{"jsonrpc":"2.0","id":{"a":1},"method":"message/send","par#ms":{";"#.to_vec();
+    skipped.extend_from_slice(b"\xff\xff\xff\xff\xffmessage\":{\"messageId\":\"not-a-uuid\"}}}");
+    assert_eq!(post_activated(&server.url, skipped).await.json(), invalid);
+    // Text that is not JSON is still a parse error.
+    let truncated = post(&server.url, r#"{"jsonrpc":"2.0","id":1,"method":"#, &[]).await;
+    assert_eq!(truncated.json()["error"]["code"], -32700);
+    // A notification, alone or in a batch, is not answered; a batch's bad id still is.
+    for body in [
+        r#"{"jsonrpc":"2.0","method":"tasks/get","params":{"id":"x"}}"#,
+        r#"[{"jsonrpc":"2.0","method":"tasks/get","params":{"id":"x"}}]"#,
+    ] {
+        let reply = post(&server.url, body, &[]).await;
+        assert_eq!((reply.status, reply.body.len()), (204, 0), "{body}");
+    }
+    let mixed = r#"[{"jsonrpc":"2.0","id":{},"method":"tasks/get","params":{"id":"x"}},{"jsonrpc":"2.0","method":"tasks/get","params":{"id":"x"}}]"#;
+    assert_eq!(post(&server.url, mixed, &[]).await.json(), json!([invalid]));
+    // An ordinary call is untouched.
+    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"id":"x"}}"#;
+    assert_eq!(
+        post(&server.url, call, &[]).await.json()["error"]["code"],
+        -32001
+    );
+}

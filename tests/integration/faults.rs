@@ -115,6 +115,19 @@ async fn metric(url: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Waits (at most 5 s: stderr is read on a thread of its own) until the server logged `text`.
+async fn logged(server: &ServerProcess, text: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !server.stderr().contains(text) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never logged {text:?}:\n{}",
+            server.stderr()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// The calls that failed under a fault: retried once it is gone, each runs once and then
 /// replays; a SIGKILL later, every answer is still there, byte for byte.
 async fn recovered(server: &mut ServerProcess, failed: &[String], before: Counts) {
@@ -228,11 +241,7 @@ async fn a_deleted_database_file_is_never_written_to_again() {
     // Anything committed now would be lost with the process: nothing is, nothing is answered.
     let after = send(1, &new_id(), "after");
     assert_store_error(&post_activated(&server.url, after.clone()).await);
-    assert!(
-        server.stderr().contains("was deleted or replaced"),
-        "{}",
-        server.stderr()
-    );
+    logged(&server, "was deleted or replaced").await;
     let series = "idempotency_store_errors_total{kind=\"commit\"}";
     assert_eq!(metric(&server.url, series).await, 1.0);
     // A restart serves a new file, where the unanswered call runs, once.

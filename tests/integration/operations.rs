@@ -77,7 +77,8 @@ fn send(id: u64, message_id: &str, text: &str) -> String {
 
 #[tokio::test]
 async fn each_outcome_moves_its_own_counter_and_no_label_names_a_key() {
-    let server = ServerProcess::start(&[FAST_SWEEP]);
+    let wait = ("AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS", "200");
+    let server = ServerProcess::start(&[FAST_SWEEP, wait]);
     let url = &server.url;
     let key = new_id();
     let (send, method) = (&[("method", "message/send")], "message/send");
@@ -113,13 +114,29 @@ async fn each_outcome_moves_its_own_counter_and_no_label_names_a_key() {
     assert_eq!(malformed.status, 400);
     let unactivated = post(url, send_body(&new_id(), "x"), &[]).await;
     assert_eq!(unactivated.error_code(), -32008);
+    // A duplicate of a call still running past the in-flight wait: 409, after a wait.
+    let slow = send_with(
+        1,
+        "message/send",
+        &new_id(),
+        "slow",
+        json!({"delayMs": 1500}),
+    );
+    let (first_url, first_body) = (url.clone(), slow.clone());
+    let original = tokio::spawn(async move { post_activated(&first_url, first_body).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(post_activated(url, slow).await.status, 409);
+    assert_eq!(original.await.unwrap().status, 200);
     let m = Metrics::scrape(url).await;
+    let waits = [("method", method), ("result", "still_running")];
+    assert_eq!(m.get("idempotency_in_flight_waits_total", &waits), 1.0);
     assert_eq!(m.calls("collision"), 1.0);
-    assert_eq!(m.calls("rejected"), 2.0);
+    assert_eq!(m.calls("rejected"), 3.0);
     for (code, n) in [
         ("IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_PAYLOAD", 1.0),
         ("IDEMPOTENCY_KEY_MALFORMED", 1.0),
         ("EXTENSION_SUPPORT_REQUIRED", 1.0),
+        ("IDEMPOTENCY_REQUEST_IN_PROGRESS", 1.0),
     ] {
         let labels = [("method", method), ("code", code)];
         assert_eq!(m.get("idempotency_rejections_total", &labels), n, "{code}");

@@ -4,6 +4,8 @@
 //! It also answers the commonest retry of all before jsonrpsee parses anything: a request
 //! whose body is byte-for-byte one whose single call was answered with an entry's stored
 //! bytes (same id, same method, same params) gets those bytes again, from the store's memory.
+//! And where jsonrpsee's answer to a body it read is not JSON-RPC 2.0's, it gives JSON-RPC's
+//! (`invalid_request.rs`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,10 +22,12 @@ use crate::caller::CallerPolicy;
 use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::sse;
-use crate::hash::request_spelling;
+use crate::hash::{request_spelling, Spelling};
 use crate::layers::activation::is_activated;
+use crate::layers::invalid_request;
 use crate::layers::scope::{HttpScope, Outcome, StreamSource, WebSocket};
 use crate::state::State;
+use crate::store::Entry;
 
 /// Bodies up to this size (by their `Content-Length`) are read here to be recognised as
 /// resends; larger or chunked ones go to jsonrpsee unread, which enforces its own limit.
@@ -100,25 +104,34 @@ where
         let caller = CallerPolicy::of(request.extensions(), &self.state.config);
         let mut inner = self.inner.clone();
         Box::pin(async move {
-            let (mut request, spelling) =
-                match cache.filter(|_| activated && recognisable(&request)) {
-                    None => (request, None),
-                    Some(cache) => match read_resend(request, &cache, caller).await {
-                        Read::Resend(entry) => {
-                            let scope = HttpScope::new(activated, caller, None);
-                            scope.record(&entry.method, Outcome::Replayed);
-                            let response = response::ok_response(entry.response.body.clone());
-                            return Ok(answered(&scope, response));
-                        }
-                        Read::New(request, spelling) => (request, Some(spelling)),
-                        Read::Failed(response) => return Ok(response),
-                    },
+            let (mut request, mut body, mut spelling) = (request, None, None);
+            if recognisable(&request) {
+                let (parts, bytes) = match read_body(request).await {
+                    Ok(read) => read,
+                    Err(response) => return Ok(response),
                 };
+                if let Some(cache) = cache.filter(|_| activated) {
+                    let spelled = caller.spelling(request_spelling(&bytes));
+                    if let Some(entry) = resent(&cache, &spelled) {
+                        let scope = HttpScope::new(activated, caller, None);
+                        scope.record(&entry.method, Outcome::Replayed);
+                        let response = response::ok_response(entry.response.body.clone());
+                        return Ok(answered(&scope, response));
+                    }
+                    spelling = Some(spelled);
+                }
+                let read_again = HttpBody::new(http_body_util::Full::new(bytes.clone()));
+                request = HttpRequest::from_parts(parts, read_again);
+                body = Some(bytes);
+            }
             let scope = HttpScope::new(activated, caller, spelling);
             request.extensions_mut().insert(scope.clone());
             // In a task of its own: a client that hangs up must not cut a governed call off
             // mid-execution (its retry would run it again); the call runs to its end, stored.
-            let response = tokio::spawn(inner.call(request)).await??;
+            let mut response = tokio::spawn(inner.call(request)).await??;
+            if let Some(body) = body {
+                response = invalid_request::corrected(&body, response).await;
+            }
             Ok(answered(&scope, response))
         })
     }
@@ -155,36 +168,22 @@ async fn too_large(request: HttpRequest<HttpBody>, limit: u64) -> HttpResponse<H
     response
 }
 
-enum Read {
-    /// A resend of an answered request: the entry whose bytes answer it.
-    Resend(Arc<crate::store::Entry>),
-    /// Not one: the request, its body read back in, and the body's spelling.
-    New(HttpRequest<HttpBody>, crate::hash::Spelling),
-    /// The body could not be read: jsonrpsee's answer to that.
-    Failed(HttpResponse<HttpBody>),
+/// Reads the whole body (a small one: see [`recognisable`]).
+async fn read_body(
+    request: HttpRequest<HttpBody>,
+) -> Result<(http::request::Parts, Bytes), HttpResponse<HttpBody>> {
+    let (parts, body) = request.into_parts();
+    match body.collect().await {
+        Ok(collected) => Ok((parts, collected.to_bytes())),
+        Err(_) => Err(response::internal_error()),
+    }
 }
 
-/// Reads the body and answers it from the store's memory if it is a resend by this caller.
-async fn read_resend(
-    request: HttpRequest<HttpBody>,
-    cache: &IdempotencyCache,
-    caller: CallerPolicy,
-) -> Read {
-    let (parts, body) = request.into_parts();
-    let body: Bytes = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(_) => return Read::Failed(response::internal_error()),
-    };
-    let spelling = caller.spelling(request_spelling(&body));
-    if let Some(entry) = cache.store().spelled(&spelling) {
-        if !crate::guard::stream::is_event_stream(&entry) {
-            return Read::Resend(entry);
-        }
-    }
-    Read::New(
-        HttpRequest::from_parts(parts, HttpBody::new(http_body_util::Full::new(body))),
-        spelling,
-    )
+/// The entry whose stored bytes answer a resend spelled `spelling`, if the store's memory
+/// holds one (a stream is replayed by the guard, not here).
+fn resent(cache: &IdempotencyCache, spelling: &Spelling) -> Option<Arc<Entry>> {
+    let entry = cache.store().spelled(spelling)?;
+    (!crate::guard::stream::is_event_stream(&entry)).then_some(entry)
 }
 
 /// The response, with what happened to the request's governed calls applied.

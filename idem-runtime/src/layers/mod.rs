@@ -2,7 +2,8 @@
 //! HTTP layer (`http.rs`: activation, the whole-body resend fast path, the status and headers
 //! of the answer) and the RPC layer (`rpc.rs`: which calls are governed, the params' hash and
 //! key, the call's unit of work); `scope.rs` is what the first hands the second, `activation.rs`
-//! how a request activates the extension.
+//! how a request activates the extension, `invalid_request.rs` the JSON-RPC 2.0 answers the
+//! HTTP layer gives where jsonrpsee's differ.
 
 //!
 //! ```no_run
@@ -21,6 +22,7 @@
 
 pub(crate) mod activation;
 pub(crate) mod http;
+pub(crate) mod invalid_request;
 pub(crate) mod rpc;
 pub(crate) mod scope;
 
