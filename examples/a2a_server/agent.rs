@@ -96,8 +96,10 @@ impl Agent {
         let orders = Orders::from_metadata(metadata.as_ref())?;
         let message = shapes::parse_message(&message).map_err(errors::invalid_params)?;
         let unit = UnitOfWork::of(ext)?;
-        let task = self.missions.send(&unit, message, orders).await?;
-        let history_length = configuration.and_then(|c| c.history_length);
+        let configuration = configuration.unwrap_or_default();
+        let blocking = configuration.blocking.unwrap_or(false);
+        let task = self.missions.send(&unit, message, orders, blocking).await?;
+        let history_length = configuration.history_length;
         Ok(shape.send_result(&task, history_length).into())
     }
 

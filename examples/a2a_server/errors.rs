@@ -35,6 +35,20 @@ pub fn task_terminal(task_id: &str, state: &str) -> ErrorObjectOwned {
     )
 }
 
+/// -32005 ContentTypeNotSupportedError: a part this agent cannot work on (it reads text).
+pub fn content_type_not_supported(index: usize, kind: &str) -> ErrorObjectOwned {
+    ErrorObjectOwned::owned(
+        -32005,
+        "Incompatible content types",
+        Some(json!({
+            "reason": format!("message.parts[{index}] is a {kind} part; this agent reads text parts only"),
+            "part": index,
+            "kind": kind,
+            "acceptedInputModes": ["text/plain"],
+        })),
+    )
+}
+
 /// -32000: an application-level failure of the mission itself. It is cached like a success,
 /// so a retry with the same messageId gets the same failure (idempotency/v1 §7.5).
 pub fn mission_failed(reason: &str) -> ErrorObjectOwned {

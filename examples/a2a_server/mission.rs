@@ -14,7 +14,7 @@ use idem::UnitOfWork;
 
 use crate::clock;
 use crate::errors;
-use crate::model::{Artifact, Message, Part, Task, TaskState};
+use crate::model::{Artifact, Content, Message, Part, Task, TaskState};
 use crate::tasks::{Event, TaskStore};
 
 const DEFAULT_DURATION_MS: u64 = 2_000;
@@ -78,13 +78,20 @@ impl Missions {
     }
 
     /// Assigns a mission, or continues the task the message names; the task and its event
-    /// commit with the call's `unit` of work.
+    /// commit with the call's `unit` of work. `blocking`: a new mission is worked to its end
+    /// inside the call, and the task answered and committed as it ends, with both its events
+    /// (a crash before the commit leaves nothing, and the retry works it again). A message
+    /// that continues a running task is answered at once either way: its mission runs already.
     pub async fn send(
         &self,
         unit: &UnitOfWork,
         message: Message,
         orders: Orders,
+        blocking: bool,
     ) -> RpcResult<Task> {
+        if blocking && message.task_id.is_none() {
+            return self.work_to_end(unit, message, orders).await;
+        }
         let (task, _) = self.begin(unit, message, orders).await?;
         tokio::time::sleep(Duration::from_millis(orders.delay_ms)).await;
         Ok(task)
@@ -124,6 +131,30 @@ impl Missions {
         Ok(events.boxed())
     }
 
+    /// A blocking send's new mission, worked here: the completed task and both its events
+    /// are staged in the call's unit of work, so they commit with its cache entry.
+    async fn work_to_end(
+        &self,
+        unit: &UnitOfWork,
+        message: Message,
+        orders: Orders,
+    ) -> RpcResult<Task> {
+        accept(&message)?;
+        let mut task = Task::assign(message);
+        let assigned = event(
+            "mission.assigned",
+            &task,
+            json!({ "durationMs": orders.duration_ms }),
+        );
+        tokio::time::sleep(Duration::from_millis(orders.duration_ms)).await;
+        let completed = finish(&mut task);
+        let events = [assigned, completed];
+        self.store
+            .stage_insert(unit, &task, clock::now_ms(), events)?;
+        tokio::time::sleep(Duration::from_millis(orders.delay_ms)).await;
+        Ok(task)
+    }
+
     /// The checks and effects shared by both sends: the `fail` order, then assign or continue.
     /// Returns the task and when its mission completes (epoch ms).
     async fn begin(
@@ -132,11 +163,7 @@ impl Missions {
         message: Message,
         orders: Orders,
     ) -> RpcResult<(Task, u64)> {
-        if message.texts().eq(["fail"]) {
-            return Err(errors::mission_failed(
-                "the message asked the mission to fail",
-            ));
-        }
+        accept(&message)?;
         match message.task_id.clone() {
             Some(task_id) => self.continue_task(unit, task_id, message).await,
             None => self.assign(unit, message, orders.duration_ms),
@@ -184,7 +211,8 @@ impl Missions {
             &task,
             json!({ "durationMs": duration_ms }),
         );
-        self.store.stage_insert(unit, &task, due_at_ms, assigned)?;
+        self.store
+            .stage_insert(unit, &task, due_at_ms, [assigned])?;
         let (missions, task_id) = (self.clone(), task.id.clone());
         unit.after_commit(move || {
             tracing::info!(%task_id, duration_ms, "mission assigned");
@@ -239,17 +267,45 @@ impl Missions {
                 if task.state != TaskState::Working {
                     return Ok(None);
                 }
-                let artifact = echo(task);
-                let artifact_id = artifact.artifact_id.clone();
-                task.complete(artifact, Message::agent("Mission complete."));
-                Ok(Some(event(
-                    "mission.completed",
-                    task,
-                    json!({ "artifactId": artifact_id }),
-                )))
+                Ok(Some(finish(task)))
             })
             .await
     }
+}
+
+/// What the agent works on: text. A `fail` text asks the mission to fail (a cached failure);
+/// a file or data part is refused before anything happens (-32005).
+fn accept(message: &Message) -> RpcResult<()> {
+    if message.texts().eq(["fail"]) {
+        return Err(errors::mission_failed(
+            "the message asked the mission to fail",
+        ));
+    }
+    let unsupported = message
+        .parts
+        .iter()
+        .enumerate()
+        .find_map(|(i, part)| match part.content {
+            Content::Text(_) => None,
+            Content::File { .. } => Some((i, "file")),
+            Content::Data(_) => Some((i, "data")),
+        });
+    match unsupported {
+        Some((index, kind)) => Err(errors::content_type_not_supported(index, kind)),
+        None => Ok(()),
+    }
+}
+
+/// Completes a working task with its artifact; the `mission.completed` event it causes.
+fn finish(task: &mut Task) -> Event {
+    let artifact = echo(task);
+    let artifact_id = artifact.artifact_id.clone();
+    task.complete(artifact, Message::agent("Mission complete."));
+    event(
+        "mission.completed",
+        task,
+        json!({ "artifactId": artifact_id }),
+    )
 }
 
 /// A step of a streamed mission, rendered per version by `shapes`.

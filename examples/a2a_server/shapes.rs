@@ -23,6 +23,8 @@ pub enum Shape {
 #[serde(rename_all = "camelCase")]
 pub struct SendConfiguration {
     pub history_length: Option<u32>,
+    /// Answer once the task is terminal, not as soon as it is working.
+    pub blocking: Option<bool>,
 }
 
 impl Shape {

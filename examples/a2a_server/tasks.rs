@@ -113,21 +113,19 @@ impl TaskStore {
         Ok(Self { db })
     }
 
-    /// Stages a new task, and the event that announces it, in the call's unit of work.
-    pub fn stage_insert(
+    /// Stages a new task, and the events it causes, in the call's unit of work.
+    pub fn stage_insert<const N: usize>(
         &self,
         unit: &UnitOfWork,
         task: &Task,
         due_at_ms: u64,
-        event: Event,
+        events: [Event; N],
     ) -> RpcResult<()> {
-        let (row, event) = (
-            TaskRow::of(task, due_at_ms)?,
-            EventRow::of(&task.id, &event),
-        );
+        let row = TaskRow::of(task, due_at_ms)?;
+        let events = events.iter().map(|e| EventRow::of(&task.id, e)).collect();
         match &self.db {
-            Backend::Sqlite(_) => sqlite::stage_insert(unit, row, event),
-            Backend::Postgres(_) => postgres::stage_insert(unit, row, event),
+            Backend::Sqlite(_) => sqlite::stage_insert(unit, row, events),
+            Backend::Postgres(_) => postgres::stage_insert(unit, row, events),
         }
     }
 

@@ -508,3 +508,106 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
         -32001
     );
 }
+
+/// How many outbox events of `event_type` the server's SQLite file holds.
+fn outbox_events(server: &ServerProcess, event_type: &str) -> i64 {
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+    let conn = rusqlite::Connection::open_with_flags(server.db(), flags).unwrap();
+    conn.busy_timeout(TIMEOUT).unwrap();
+    let sql = "SELECT COUNT(*) FROM outbox WHERE event_type = ?1";
+    conn.query_row(sql, [event_type], |row| row.get(0)).unwrap()
+}
+
+fn blocking_send(method: &str, message_id: &str, duration_ms: u64) -> String {
+    let message = json!({"kind": "message", "messageId": message_id, "role": "user",
+        "parts": [{"kind": "text", "text": "wait for it"}]});
+    let params = json!({"message": message, "configuration": {"blocking": true},
+        "metadata": {"durationMs": duration_ms}});
+    rpc(method, params)
+}
+
+#[tokio::test]
+async fn a_blocking_send_answers_the_finished_task_committed_with_both_its_events() {
+    let server = ServerProcess::start(&[]);
+    let started = Instant::now();
+    let body = blocking_send("message/send", &new_id(), 300);
+    let reply = post_activated(&server.url, body.clone()).await;
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let task = &reply.json()["result"];
+    assert_eq!(task["status"]["state"], "completed", "{}", reply.describe());
+    assert_eq!(task["artifacts"][0]["parts"][0]["text"], "wait for it");
+    let id = task["id"].as_str().unwrap();
+    let got = call(&server.url, "tasks/get", json!({"id": id})).await;
+    assert_eq!(got.json()["result"]["status"]["state"], "completed");
+    assert_eq!(outbox_events(&server, "mission.assigned"), 1);
+    assert_eq!(outbox_events(&server, "mission.completed"), 1);
+    let replay = post_activated(&server.url, body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, reply.body);
+    // A2A 1.0 the same, in its shape.
+    let v10 = blocking_send("SendMessage", &new_id(), 100);
+    let reply = post(
+        &server.url,
+        v10,
+        &[("A2A-Extensions", URI), ("A2A-Version", "1.0")],
+    )
+    .await;
+    let state = &reply.json()["result"]["task"]["status"]["state"];
+    assert_eq!(state, "TASK_STATE_COMPLETED", "{}", reply.describe());
+}
+
+#[tokio::test]
+async fn a_blocking_send_killed_before_its_end_leaves_nothing_and_its_retry_runs_once() {
+    let mut server = ServerProcess::start(&[]);
+    let body = blocking_send("message/send", &new_id(), 1500);
+    let url = server.url.clone();
+    let first = tokio::spawn({
+        let body = body.clone();
+        async move { crate::support::try_post(&url, body, &[("A2A-Extensions", URI)]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let url = server.restart();
+    assert!(
+        first.await.unwrap().is_err(),
+        "the killed call was never answered"
+    );
+    assert_eq!(
+        outbox_events(&server, "mission.assigned"),
+        0,
+        "nothing committed"
+    );
+    let retry = post_activated(&url, body.clone()).await;
+    assert!(!retry.replayed());
+    assert_eq!(retry.json()["result"]["status"]["state"], "completed");
+    assert!(post_activated(&url, body).await.replayed());
+    assert_eq!(outbox_events(&server, "mission.assigned"), 1);
+    assert_eq!(outbox_events(&server, "mission.completed"), 1);
+}
+
+#[tokio::test]
+async fn a_part_the_agent_cannot_read_is_refused_before_anything_happens() {
+    let server = ServerProcess::start(&[]);
+    for (part, kind) in [
+        (
+            json!({"kind": "file", "file": {"uri": "https://example.com/a.png", "mimeType": "image/png"}}),
+            "file",
+        ),
+        (json!({"kind": "data", "data": {"x": 1}}), "data"),
+    ] {
+        let message = json!({"kind": "message", "messageId": new_id(), "role": "user",
+            "parts": [{"kind": "text", "text": "look"}, part]});
+        let body = rpc("message/send", json!({"message": message}));
+        let reply = post_activated(&server.url, body.clone()).await;
+        let error = &reply.json()["error"];
+        assert_eq!(error["code"], -32005, "{}", reply.describe());
+        assert_eq!(
+            (error["data"]["part"].clone(), error["data"]["kind"].clone()),
+            (json!(1), json!(kind))
+        );
+        // The refusal is the call's outcome: cached and replayed like any other.
+        let again = post_activated(&server.url, body).await;
+        assert!(again.replayed());
+        assert_eq!(again.body, reply.body);
+    }
+    assert_eq!(outbox_events(&server, "mission.assigned"), 0);
+}

@@ -25,7 +25,7 @@ pub async fn create(pool: &Pool) -> Result<(), String> {
     create.await.map_err(|e| e.to_string())
 }
 
-pub fn stage_insert(unit: &UnitOfWork, row: TaskRow, event: EventRow) -> RpcResult<()> {
+pub fn stage_insert(unit: &UnitOfWork, row: TaskRow, events: Vec<EventRow>) -> RpcResult<()> {
     unit.stage_postgres(move |tx| {
         Box::pin(async move {
             tx.execute(
@@ -40,7 +40,9 @@ pub fn stage_insert(unit: &UnitOfWork, row: TaskRow, event: EventRow) -> RpcResu
                 ],
             )
             .await?;
-            record(tx, &event).await?;
+            for event in &events {
+                record(tx, event).await?;
+            }
             Ok(())
         })
     })

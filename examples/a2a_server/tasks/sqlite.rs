@@ -15,7 +15,7 @@ pub async fn create(db: &Database) -> Result<(), String> {
     created.await.map_err(|e| e.to_string())
 }
 
-pub fn stage_insert(unit: &UnitOfWork, row: TaskRow, event: EventRow) -> RpcResult<()> {
+pub fn stage_insert(unit: &UnitOfWork, row: TaskRow, events: Vec<EventRow>) -> RpcResult<()> {
     unit.stage(move |conn| {
         conn.prepare_cached(&sqlite(sql::INSERT_TASK))?
             .execute(params![
@@ -26,7 +26,9 @@ pub fn stage_insert(unit: &UnitOfWork, row: TaskRow, event: EventRow) -> RpcResu
                 row.now,
                 row.task_json
             ])?;
-        record(conn, &event)?;
+        for event in &events {
+            record(conn, event)?;
+        }
         Ok(())
     })
 }
