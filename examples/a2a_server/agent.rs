@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::errors;
 use crate::mission::{Missions, Orders};
+use crate::push::{PushConfig, PushConfigs, Spelling};
 use crate::shapes::{self, SendConfiguration, Shape};
 
 /// The A2A methods. jsonrpsee maps the members of a named-params object to the arguments
@@ -70,16 +71,70 @@ pub trait A2a {
     /// A2A 1.0 `CancelTask`: the result is the Task itself.
     #[method(name = "CancelTask")]
     async fn cancel_task(&self, id: String) -> RpcResult<Value>;
+
+    /// A2A 0.3: sets a webhook of a task (`{taskId, pushNotificationConfig}`).
+    #[method(name = "tasks/pushNotificationConfig/set")]
+    async fn push_set(&self, task_id: String, push_notification_config: Value) -> RpcResult<Value>;
+
+    /// A2A 0.3: one webhook of a task (`id` is the task's).
+    #[method(name = "tasks/pushNotificationConfig/get")]
+    async fn push_get(
+        &self,
+        id: String,
+        push_notification_config_id: Option<String>,
+    ) -> RpcResult<Value>;
+
+    /// A2A 0.3: the webhooks of a task.
+    #[method(name = "tasks/pushNotificationConfig/list")]
+    async fn push_list(&self, id: String) -> RpcResult<Value>;
+
+    /// A2A 0.3: deletes a webhook of a task.
+    #[method(name = "tasks/pushNotificationConfig/delete")]
+    async fn push_delete(
+        &self,
+        id: String,
+        push_notification_config_id: String,
+    ) -> RpcResult<Value>;
+
+    /// A2A 1.0: sets a webhook of a task (`{taskId, id?, url, token?, authentication?}`).
+    #[method(name = "CreateTaskPushNotificationConfig")]
+    async fn create_push_config(
+        &self,
+        task_id: String,
+        id: Option<String>,
+        url: String,
+        token: Option<String>,
+        authentication: Option<Value>,
+    ) -> RpcResult<Value>;
+
+    /// A2A 1.0: one webhook of a task.
+    #[method(name = "GetTaskPushNotificationConfig")]
+    async fn get_push_config(&self, task_id: String, id: String) -> RpcResult<Value>;
+
+    /// A2A 1.0: the webhooks of a task, as `{configs}`.
+    #[method(name = "ListTaskPushNotificationConfigs")]
+    async fn list_push_configs(&self, task_id: String) -> RpcResult<Value>;
+
+    /// A2A 1.0: deletes a webhook of a task.
+    #[method(name = "DeleteTaskPushNotificationConfig")]
+    async fn delete_push_config(&self, task_id: String, id: String) -> RpcResult<Value>;
 }
 
-/// The agent: the RPC methods over the missions.
+/// The agent: the RPC methods over the missions and the tasks' webhooks.
 pub struct Agent {
     missions: Missions,
+    push: PushConfigs,
 }
 
 impl Agent {
-    pub fn new(missions: Missions) -> Self {
-        Self { missions }
+    pub fn new(missions: Missions, push: PushConfigs) -> Self {
+        Self { missions, push }
+    }
+
+    /// The webhook a send configures, read before anything happens.
+    fn push_config(configuration: &SendConfiguration) -> RpcResult<Option<PushConfig>> {
+        let config = configuration.push_notification_config.as_ref();
+        config.map(PushConfig::parse).transpose()
     }
 
     /// Both send methods; runs inside the idempotency guard, so everything it does (task,
@@ -97,8 +152,12 @@ impl Agent {
         let message = shapes::parse_message(&message).map_err(errors::invalid_params)?;
         let unit = UnitOfWork::of(ext)?;
         let configuration = configuration.unwrap_or_default();
+        let push = Self::push_config(&configuration)?;
         let blocking = configuration.blocking.unwrap_or(false);
         let task = self.missions.send(&unit, message, orders, blocking).await?;
+        if let Some(push) = &push {
+            self.push.stage(&unit, &task.id, push)?;
+        }
         let history_length = configuration.history_length;
         Ok(shape.send_result(&task, history_length).into())
     }
@@ -109,12 +168,17 @@ impl Agent {
         ext: &Extensions,
         shape: Shape,
         message: Value,
+        configuration: Option<SendConfiguration>,
         metadata: Option<Value>,
     ) -> RpcResult<EventStream<Value>> {
         let orders = Orders::from_metadata(metadata.as_ref())?;
         let message = shapes::parse_message(&message).map_err(errors::invalid_params)?;
         let unit = UnitOfWork::of(ext)?;
-        let progress = self.missions.stream(&unit, message, orders).await?;
+        let push = Self::push_config(&configuration.unwrap_or_default())?;
+        let (task_id, progress) = self.missions.stream(&unit, message, orders).await?;
+        if let Some(push) = &push {
+            self.push.stage(&unit, &task_id, push)?;
+        }
         let events = progress.map(move |step| step.map(|step| shape.stream_event(&step)));
         Ok(EventStream::new(events))
     }
@@ -161,10 +225,11 @@ impl A2aServer for Agent {
         &self,
         ext: &Extensions,
         message: Value,
-        _configuration: Option<SendConfiguration>,
+        configuration: Option<SendConfiguration>,
         metadata: Option<Value>,
     ) -> RpcResult<EventStream<Value>> {
-        self.stream(ext, Shape::V03, message, metadata).await
+        self.stream(ext, Shape::V03, message, configuration, metadata)
+            .await
     }
 
     #[idempotent]
@@ -172,10 +237,11 @@ impl A2aServer for Agent {
         &self,
         ext: &Extensions,
         message: Value,
-        _configuration: Option<SendConfiguration>,
+        configuration: Option<SendConfiguration>,
         metadata: Option<Value>,
     ) -> RpcResult<EventStream<Value>> {
-        self.stream(ext, Shape::V10, message, metadata).await
+        self.stream(ext, Shape::V10, message, configuration, metadata)
+            .await
     }
 
     async fn tasks_get(&self, id: String, history_length: Option<u32>) -> RpcResult<Value> {
@@ -192,5 +258,45 @@ impl A2aServer for Agent {
 
     async fn cancel_task(&self, id: String) -> RpcResult<Value> {
         self.cancel(Shape::V10, id).await
+    }
+
+    async fn push_set(&self, task_id: String, config: Value) -> RpcResult<Value> {
+        self.push.set(Spelling::V03, task_id, config).await
+    }
+
+    async fn push_get(&self, id: String, config_id: Option<String>) -> RpcResult<Value> {
+        self.push.get(Spelling::V03, id, config_id).await
+    }
+
+    async fn push_list(&self, id: String) -> RpcResult<Value> {
+        self.push.list(Spelling::V03, id).await
+    }
+
+    async fn push_delete(&self, id: String, config_id: String) -> RpcResult<Value> {
+        self.push.delete(Spelling::V03, id, config_id).await
+    }
+
+    async fn create_push_config(
+        &self,
+        task_id: String,
+        id: Option<String>,
+        url: String,
+        token: Option<String>,
+        authentication: Option<Value>,
+    ) -> RpcResult<Value> {
+        let config = serde_json::json!({"id": id, "url": url, "token": token, "authentication": authentication});
+        self.push.set(Spelling::V10, task_id, config).await
+    }
+
+    async fn get_push_config(&self, task_id: String, id: String) -> RpcResult<Value> {
+        self.push.get(Spelling::V10, task_id, Some(id)).await
+    }
+
+    async fn list_push_configs(&self, task_id: String) -> RpcResult<Value> {
+        self.push.list(Spelling::V10, task_id).await
+    }
+
+    async fn delete_push_config(&self, task_id: String, id: String) -> RpcResult<Value> {
+        self.push.delete(Spelling::V10, task_id, id).await
     }
 }

@@ -25,7 +25,7 @@ pub fn agent_card(addr: SocketAddr, extensions: Vec<Value>) -> Value {
         "version": env!("CARGO_PKG_VERSION"),
         "capabilities": {
             "streaming": true,
-            "pushNotifications": false,
+            "pushNotifications": true,
             "extensions": extensions,
         },
         "defaultInputModes": ["text/plain"],

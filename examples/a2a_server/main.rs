@@ -18,6 +18,8 @@ mod front;
 mod metrics;
 mod mission;
 mod model;
+mod push;
+mod relay;
 mod shapes;
 mod tasks;
 mod version;
@@ -38,6 +40,7 @@ use crate::card::agent_card;
 use crate::cli::{Cli, Command, Db, Mode};
 use crate::front::FrontLayer;
 use crate::mission::Missions;
+use crate::push::PushConfigs;
 use crate::tasks::TaskStore;
 
 /// Exit status of a usage or startup error.
@@ -87,14 +90,16 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let store = TaskStore::open(database)
         .await
         .map_err(|e| format!("cannot open tables in {}: {e}", cli.db))?;
-    let missions = Missions::new(store);
+    let missions = Missions::new(store.clone());
+    let push = PushConfigs::new(store.clone());
     let resumed = missions
         .resume()
         .await
         .map_err(|e| format!("cannot read the tasks in {}: {e:?}", cli.db))?;
     let mut signals = Signals::new()?;
     let metrics = metrics::install()?;
-    let (handle, addr) = start(&cli, &idem, missions, metrics).await?;
+    relay::spawn(store, push.clone());
+    let (handle, addr) = start(&cli, &idem, Agent::new(missions, push), metrics).await?;
     tracing::info!(%addr, db = %cli.db, mode = ?cli.mode, resumed, "serving");
     announce(addr)?;
     signals.recv().await;
@@ -131,7 +136,7 @@ async fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
 async fn start(
     cli: &Cli,
     idem: &Idempotency,
-    missions: Missions,
+    agent: Agent,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 ) -> Result<(ServerHandle, SocketAddr), String> {
     let listener = tokio::net::TcpListener::bind(cli.listen)
@@ -149,7 +154,7 @@ async fn start(
         .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))
         .build_from_tcp(listener)
         .map_err(|e| format!("cannot serve on {addr}: {e}"))?;
-    Ok((server.start(Agent::new(missions).into_rpc()), addr))
+    Ok((server.start(agent.into_rpc()), addr))
 }
 
 /// The one line on stdout that tells a parent process the server is up, and where.

@@ -106,8 +106,9 @@ impl Missions {
         unit: &UnitOfWork,
         message: Message,
         orders: Orders,
-    ) -> RpcResult<BoxStream<'static, RpcResult<Progress>>> {
+    ) -> RpcResult<(String, BoxStream<'static, RpcResult<Progress>>)> {
         let (task, due_at_ms) = self.begin(unit, message, orders).await?;
+        let task_id = task.id.clone();
         let halfway = Duration::from_millis(due_at_ms.saturating_sub(clock::now_ms()) / 2);
         let first = Progress::Task(task.clone());
         let working = Progress::Status {
@@ -128,7 +129,7 @@ impl Missions {
                 Ok(working)
             }))
             .chain(stream::once(end).flat_map(|ended| stream::iter(ending(ended))));
-        Ok(events.boxed())
+        Ok((task_id, events.boxed()))
     }
 
     /// A blocking send's new mission, worked here: the completed task and both its events

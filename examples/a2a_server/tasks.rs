@@ -65,6 +65,32 @@ struct TaskRow {
     task_json: String,
 }
 
+/// An outbox event the relay has not delivered yet.
+pub struct Pending {
+    pub id: i64,
+    pub task_id: String,
+    pub event_type: String,
+}
+
+/// A `push_configs` row to write: one webhook of a task.
+struct PushRow {
+    task_id: String,
+    config_id: String,
+    config_json: String,
+    now: i64,
+}
+
+impl PushRow {
+    fn of(task_id: &str, config_id: &str, config_json: String) -> Self {
+        Self {
+            task_id: task_id.to_owned(),
+            config_id: config_id.to_owned(),
+            config_json,
+            now: clock::now_ms() as i64,
+        }
+    }
+}
+
 /// An `outbox` row to write.
 struct EventRow {
     task_id: String,
@@ -138,6 +164,74 @@ impl TaskStore {
             Backend::Sqlite(_) => sqlite::stage_update(unit, row, loaded.seen),
             Backend::Postgres(_) => postgres::stage_update(unit, row, loaded.seen),
         }
+    }
+
+    /// Stages a webhook of a task being created, in the call's unit of work.
+    pub fn stage_push_config(
+        &self,
+        unit: &UnitOfWork,
+        task_id: &str,
+        config_id: &str,
+        config_json: String,
+    ) -> RpcResult<()> {
+        let row = PushRow::of(task_id, config_id, config_json);
+        match &self.db {
+            Backend::Sqlite(_) => sqlite::stage_push_config(unit, row),
+            Backend::Postgres(_) => postgres::stage_push_config(unit, row),
+        }
+    }
+
+    /// Sets (or replaces) a webhook of task `task_id`, which must exist (-32001).
+    pub async fn set_push_config(
+        &self,
+        task_id: &str,
+        config_id: &str,
+        config_json: String,
+    ) -> RpcResult<()> {
+        self.load(task_id.to_owned()).await?;
+        let row = PushRow::of(task_id, config_id, config_json);
+        let set = match &self.db {
+            Backend::Sqlite(db) => sqlite::set_push_config(db, row).await,
+            Backend::Postgres(pool) => postgres::set_push_config(pool, row).await,
+        };
+        Ok(set?)
+    }
+
+    /// The webhooks of task `task_id` (their JSON), oldest first.
+    pub async fn push_configs(&self, task_id: String) -> RpcResult<Vec<String>> {
+        let configs = match &self.db {
+            Backend::Sqlite(db) => sqlite::push_configs(db, task_id).await,
+            Backend::Postgres(pool) => postgres::push_configs(pool, task_id).await,
+        };
+        Ok(configs?)
+    }
+
+    /// Deletes a webhook; `false` if there was none.
+    pub async fn delete_push_config(&self, task_id: String, config_id: String) -> RpcResult<bool> {
+        let deleted = match &self.db {
+            Backend::Sqlite(db) => sqlite::delete_push_config(db, task_id, config_id).await,
+            Backend::Postgres(pool) => postgres::delete_push_config(pool, task_id, config_id).await,
+        };
+        Ok(deleted?)
+    }
+
+    /// The oldest `limit` outbox events not delivered yet, in the order they happened.
+    pub async fn undelivered(&self, limit: i64) -> RpcResult<Vec<Pending>> {
+        let pending = match &self.db {
+            Backend::Sqlite(db) => sqlite::undelivered(db, limit).await,
+            Backend::Postgres(pool) => postgres::undelivered(pool, limit).await,
+        };
+        Ok(pending?)
+    }
+
+    /// Marks outbox event `id` delivered.
+    pub async fn mark_delivered(&self, id: i64) -> RpcResult<()> {
+        let now = clock::now_ms() as i64;
+        let marked = match &self.db {
+            Backend::Sqlite(db) => sqlite::mark_delivered(db, id, now).await,
+            Backend::Postgres(pool) => postgres::mark_delivered(pool, id, now).await,
+        };
+        Ok(marked?)
     }
 
     /// The task `id`, or -32001.
@@ -261,6 +355,15 @@ impl From<TransactError<Failure>> for Failure {
     fn from(error: TransactError<Failure>) -> Self {
         match error {
             TransactError::Refused(failure) => failure,
+            other => Self::Storage(other.to_string()),
+        }
+    }
+}
+
+impl From<TransactError<rusqlite::Error>> for Failure {
+    fn from(error: TransactError<rusqlite::Error>) -> Self {
+        match error {
+            TransactError::Refused(error) => error.into(),
             other => Self::Storage(other.to_string()),
         }
     }

@@ -9,6 +9,7 @@ mod faults;
 mod http_files;
 mod layers;
 mod operations;
+mod push;
 mod readme;
 mod replicas;
 mod streams;

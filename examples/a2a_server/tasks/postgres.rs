@@ -8,7 +8,7 @@ use idem::UnitOfWork;
 use jsonrpsee::core::RpcResult;
 
 use super::sql;
-use super::{Change, EventRow, Failure, Loaded, TaskRow};
+use super::{Change, EventRow, Failure, Loaded, Pending, PushRow, TaskRow};
 use crate::model::Task;
 
 /// Under an advisory lock: replicas that start together do not race on `CREATE`.
@@ -63,6 +63,63 @@ pub fn stage_update(unit: &UnitOfWork, row: TaskRow, seen: String) -> RpcResult<
             }
         })
     })
+}
+
+pub fn stage_push_config(unit: &UnitOfWork, row: PushRow) -> RpcResult<()> {
+    unit.stage_postgres(move |tx| {
+        Box::pin(async move {
+            tx.execute(sql::UPSERT_PUSH_CONFIG, &push_params(&row))
+                .await?;
+            Ok(())
+        })
+    })
+}
+
+fn push_params(row: &PushRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 4] {
+    [&row.task_id, &row.config_id, &row.config_json, &row.now]
+}
+
+pub async fn set_push_config(pool: &Pool, row: PushRow) -> Result<(), Failure> {
+    let client = pool.get().await?;
+    client
+        .execute(sql::UPSERT_PUSH_CONFIG, &push_params(&row))
+        .await?;
+    Ok(())
+}
+
+pub async fn push_configs(pool: &Pool, task_id: String) -> Result<Vec<String>, Failure> {
+    let client = pool.get().await?;
+    let rows = client.query(sql::PUSH_CONFIGS, &[&task_id]).await?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
+pub async fn delete_push_config(
+    pool: &Pool,
+    task_id: String,
+    config_id: String,
+) -> Result<bool, Failure> {
+    let client = pool.get().await?;
+    let deleted = client
+        .execute(sql::DELETE_PUSH_CONFIG, &[&task_id, &config_id])
+        .await?;
+    Ok(deleted > 0)
+}
+
+pub async fn undelivered(pool: &Pool, limit: i64) -> Result<Vec<Pending>, Failure> {
+    let client = pool.get().await?;
+    let rows = client.query(sql::UNDELIVERED, &[&limit]).await?;
+    let pending = rows.iter().map(|row| Pending {
+        id: row.get(0),
+        task_id: row.get(1),
+        event_type: row.get(2),
+    });
+    Ok(pending.collect())
+}
+
+pub async fn mark_delivered(pool: &Pool, id: i64, now: i64) -> Result<(), Failure> {
+    let client = pool.get().await?;
+    client.execute(sql::MARK_DELIVERED, &[&id, &now]).await?;
+    Ok(())
 }
 
 pub async fn load(pool: &Pool, id: String) -> Result<Loaded, Failure> {

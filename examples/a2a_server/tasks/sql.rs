@@ -19,9 +19,17 @@ CREATE TABLE IF NOT EXISTS outbox (
     event_type   TEXT NOT NULL,    -- mission.assigned | mission.completed | mission.canceled
     payload      TEXT NOT NULL,    -- JSON
     created_at   INTEGER NOT NULL, -- epoch ms
-    delivered_at INTEGER           -- set by a relay once delivered (none in this example)
+    delivered_at INTEGER           -- set by the relay once every webhook of the task took it
 );
 CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
+CREATE INDEX IF NOT EXISTS idx_outbox_undelivered ON outbox(id) WHERE delivered_at IS NULL;
+CREATE TABLE IF NOT EXISTS push_configs (
+    task_id     TEXT NOT NULL REFERENCES tasks(id),
+    config_id   TEXT NOT NULL,
+    config_json TEXT NOT NULL,     -- {id, url, token?, authentication?}
+    created_at  INTEGER NOT NULL,  -- epoch ms
+    PRIMARY KEY (task_id, config_id)
+);
 ";
 
 /// The same tables on PostgreSQL: BIGINT epoch milliseconds, an identity column.
@@ -45,6 +53,14 @@ CREATE TABLE IF NOT EXISTS outbox (
     delivered_at BIGINT
 );
 CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
+CREATE INDEX IF NOT EXISTS idx_outbox_undelivered ON outbox(id) WHERE delivered_at IS NULL;
+CREATE TABLE IF NOT EXISTS push_configs (
+    task_id     TEXT NOT NULL REFERENCES tasks(id),
+    config_id   TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    created_at  BIGINT NOT NULL,
+    PRIMARY KEY (task_id, config_id)
+);
 ";
 
 /// `$1` id, `$2` context id, `$3` state, `$4` due at, `$5` now, `$6` task JSON.
@@ -69,6 +85,26 @@ pub const TASKS_IN_STATE: &str = "SELECT id, due_at FROM tasks WHERE state = $1"
 /// `$1` task id, `$2` event type, `$3` payload, `$4` now.
 pub const RECORD_EVENT: &str =
     "INSERT INTO outbox (task_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4)";
+
+/// `$1` task id, `$2` config id, `$3` config JSON, `$4` now: a config set again is replaced.
+pub const UPSERT_PUSH_CONFIG: &str = "INSERT INTO push_configs
+    (task_id, config_id, config_json, created_at) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (task_id, config_id) DO UPDATE SET config_json = excluded.config_json";
+
+/// `$1` task id: its configs, oldest first.
+pub const PUSH_CONFIGS: &str =
+    "SELECT config_json FROM push_configs WHERE task_id = $1 ORDER BY created_at, config_id";
+
+/// `$1` task id, `$2` config id.
+pub const DELETE_PUSH_CONFIG: &str =
+    "DELETE FROM push_configs WHERE task_id = $1 AND config_id = $2";
+
+/// `$1` how many: the oldest events not delivered yet.
+pub const UNDELIVERED: &str = "SELECT id, task_id, event_type FROM outbox
+    WHERE delivered_at IS NULL ORDER BY id LIMIT $1";
+
+/// `$1` event id, `$2` now.
+pub const MARK_DELIVERED: &str = "UPDATE outbox SET delivered_at = $2 WHERE id = $1";
 
 /// `sql` as SQLite spells its numbered parameters.
 pub fn sqlite(sql: &str) -> String {

@@ -7,7 +7,7 @@ use jsonrpsee::core::RpcResult;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::sql::{self, sqlite};
-use super::{Change, EventRow, Failure, Loaded, TaskRow};
+use super::{Change, EventRow, Failure, Loaded, Pending, PushRow, TaskRow};
 use crate::model::Task;
 
 pub async fn create(db: &Database) -> Result<(), String> {
@@ -43,6 +43,71 @@ pub fn stage_update(unit: &UnitOfWork, row: TaskRow, seen: String) -> RpcResult<
             _ => Err(WriteError::from(super::changed_meanwhile(&row.id))),
         }
     })
+}
+
+pub fn stage_push_config(unit: &UnitOfWork, row: PushRow) -> RpcResult<()> {
+    unit.stage(move |conn| Ok(upsert_push_config(conn, &row)?))
+}
+
+pub async fn set_push_config(db: &Database, row: PushRow) -> Result<(), Failure> {
+    let set = db.transact(move |conn| upsert_push_config(conn, &row));
+    Ok(set.await?)
+}
+
+fn upsert_push_config(conn: &Connection, row: &PushRow) -> rusqlite::Result<()> {
+    conn.prepare_cached(&sqlite(sql::UPSERT_PUSH_CONFIG))?
+        .execute(params![
+            row.task_id,
+            row.config_id,
+            row.config_json,
+            row.now
+        ])?;
+    Ok(())
+}
+
+pub async fn push_configs(db: &Database, task_id: String) -> Result<Vec<String>, Failure> {
+    let read = db.read(move |conn| {
+        let mut statement = conn.prepare_cached(&sqlite(sql::PUSH_CONFIGS))?;
+        let rows = statement.query_map([task_id], |row| row.get(0))?;
+        rows.collect::<rusqlite::Result<Vec<String>>>()
+    });
+    Ok(read.await?)
+}
+
+pub async fn delete_push_config(
+    db: &Database,
+    task_id: String,
+    config_id: String,
+) -> Result<bool, Failure> {
+    let deleted = db.transact(move |conn| {
+        let mut statement = conn.prepare_cached(&sqlite(sql::DELETE_PUSH_CONFIG))?;
+        statement.execute([task_id, config_id])
+    });
+    Ok(deleted.await? > 0)
+}
+
+pub async fn undelivered(db: &Database, limit: i64) -> Result<Vec<Pending>, Failure> {
+    let read = db.read(move |conn| {
+        let mut statement = conn.prepare_cached(&sqlite(sql::UNDELIVERED))?;
+        let rows = statement.query_map([limit], |row| {
+            Ok(Pending {
+                id: row.get(0)?,
+                task_id: row.get(1)?,
+                event_type: row.get(2)?,
+            })
+        })?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+    });
+    Ok(read.await?)
+}
+
+pub async fn mark_delivered(db: &Database, id: i64, now: i64) -> Result<(), Failure> {
+    let marked = db.transact(move |conn| {
+        conn.prepare_cached(&sqlite(sql::MARK_DELIVERED))?
+            .execute(params![id, now])
+            .map(|_| ())
+    });
+    Ok(marked.await?)
 }
 
 pub async fn load(db: &Database, id: String) -> Result<Loaded, Failure> {

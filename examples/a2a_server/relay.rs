@@ -1,0 +1,140 @@
+//! The outbox relay, the other half of the outbox pattern: the `mission.*` events commit with
+//! their task (and with the call's cache entry); this delivers each to the webhooks of its
+//! task, at least once, and marks it `delivered_at` only after every webhook answered 2xx.
+//!
+//! It reads what is undelivered from the outbox itself, so a restart resumes where the last
+//! process stopped; an event it was delivering when the process died is delivered again,
+//! with the same id (`X-A2A-Event-Id`, the outbox row's id), which is how a receiver
+//! recognises a duplicate. A webhook that fails is retried with exponential backoff; the
+//! events of one task are delivered in the order they happened. The body is the task as
+//! A2A 0.3 shapes it, as it is when delivered; the event's type is in `X-A2A-Event-Type`, a
+//! config's token in `X-A2A-Notification-Token`. An event of a task without webhooks has
+//! nowhere to go and is marked delivered as it is.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use crate::push::{PushConfig, PushConfigs};
+use crate::shapes::Shape;
+use crate::tasks::{Pending, TaskStore};
+
+/// How often the outbox is read when nothing is due.
+const POLL: Duration = Duration::from_millis(100);
+/// Events read at once.
+const BATCH: i64 = 64;
+/// The first retry's wait; each failure doubles it, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// A webhook that does not answer within this fails the attempt.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Starts the relay; it runs as long as the process.
+pub fn spawn(store: TaskStore, push: PushConfigs) {
+    let client = reqwest::Client::builder()
+        .timeout(DELIVERY_TIMEOUT)
+        .build()
+        .expect("an HTTP client");
+    let relay = Relay {
+        store,
+        push,
+        client,
+        retries: HashMap::new(),
+    };
+    tokio::spawn(relay.run());
+}
+
+struct Relay {
+    store: TaskStore,
+    push: PushConfigs,
+    client: reqwest::Client,
+    /// Events that failed: how many times, and when to try again.
+    retries: HashMap<i64, (u32, Instant)>,
+}
+
+impl Relay {
+    async fn run(mut self) {
+        loop {
+            match self.store.undelivered(BATCH).await {
+                Ok(pending) => self.deliver_all(pending).await,
+                Err(error) => tracing::warn!(?error, "relay: the outbox could not be read"),
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn deliver_all(&mut self, pending: Vec<Pending>) {
+        // A task whose earlier event waits for a retry gets none of its later ones first.
+        let mut waiting: HashSet<String> = HashSet::new();
+        for event in pending {
+            let due = self
+                .retries
+                .get(&event.id)
+                .is_none_or(|(_, at)| *at <= Instant::now());
+            if waiting.contains(&event.task_id) || !due {
+                waiting.insert(event.task_id);
+                continue;
+            }
+            match self.deliver(&event).await {
+                Ok(()) => {
+                    self.retries.remove(&event.id);
+                    if let Err(error) = self.store.mark_delivered(event.id).await {
+                        tracing::warn!(id = event.id, ?error, "relay: delivered, not marked");
+                    }
+                }
+                Err(why) => {
+                    let failures = self.retries.get(&event.id).map_or(0, |(n, _)| *n);
+                    let wait = FIRST_BACKOFF
+                        .saturating_mul(1 << failures.min(16))
+                        .min(MAX_BACKOFF);
+                    tracing::warn!(id = event.id, failures = failures + 1, ?wait, %why, "relay: delivery failed");
+                    self.retries
+                        .insert(event.id, (failures + 1, Instant::now() + wait));
+                    waiting.insert(event.task_id);
+                }
+            }
+        }
+    }
+
+    /// Posts the event to every webhook of its task; `Err` unless each answered 2xx.
+    async fn deliver(&self, event: &Pending) -> Result<(), String> {
+        let configs = self
+            .push
+            .of(&event.task_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        if configs.is_empty() {
+            return Ok(());
+        }
+        let task = self
+            .store
+            .get(event.task_id.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let body = Shape::V03.task(&task, None).to_string();
+        for config in &configs {
+            self.post(config, event, body.clone()).await?;
+        }
+        Ok(())
+    }
+
+    async fn post(&self, config: &PushConfig, event: &Pending, body: String) -> Result<(), String> {
+        let mut request = self
+            .client
+            .post(&config.url)
+            .header("content-type", "application/json")
+            .header("x-a2a-event-id", event.id.to_string())
+            .header("x-a2a-event-type", &event.event_type)
+            .body(body);
+        if let Some(token) = &config.token {
+            request = request.header("x-a2a-notification-token", token);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| format!("{}: {e}", config.url))?;
+        match response.status().is_success() {
+            true => Ok(()),
+            false => Err(format!("{}: HTTP {}", config.url, response.status())),
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! A2A push notifications on the example server process: the config methods of both
+//! versions, and the outbox relay delivering every `mission.*` event to a real webhook
+//! receiver on 127.0.0.1 that fails its first attempts and is stopped and started again while
+//! the server is killed with SIGKILL and restarted: every event arrives, and duplicates carry
+//! the same id.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use crate::support::{new_id, post, post_activated};
+use idem_conformance::server_process::ServerProcess;
+
+/// One POST the receiver took.
+#[derive(Debug, Clone)]
+struct Delivery {
+    event_id: i64,
+    event_type: String,
+    token: Option<String>,
+    body: Value,
+    /// The status it answered.
+    status: u16,
+}
+
+/// A webhook receiver: answers 500 to the first `failures` requests, then 200.
+struct Receiver {
+    port: u16,
+    deliveries: Arc<Mutex<Vec<Delivery>>>,
+    failures: Arc<AtomicUsize>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Receiver {
+    async fn start(failures: usize) -> Self {
+        let mut receiver = Self {
+            port: 0,
+            deliveries: Arc::default(),
+            failures: Arc::new(AtomicUsize::new(failures)),
+            task: None,
+        };
+        receiver.listen().await;
+        receiver
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/hook", self.port)
+    }
+
+    /// Listens (again, on the same port once it has one).
+    async fn listen(&mut self) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .expect("bind the receiver");
+        self.port = listener.local_addr().unwrap().port();
+        let (deliveries, failures) = (self.deliveries.clone(), self.failures.clone());
+        self.task = Some(tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let (deliveries, failures) = (deliveries.clone(), failures.clone());
+                tokio::spawn(async move {
+                    let _ = answer(socket, &deliveries, &failures).await;
+                });
+            }
+        }));
+    }
+
+    /// Stops listening: the relay's next attempts are refused.
+    async fn stop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    fn taken(&self) -> Vec<Delivery> {
+        self.deliveries.lock().unwrap().clone()
+    }
+
+    /// Waits until an event of `event_type` was answered 200.
+    async fn wait_for(&self, event_type: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self
+            .taken()
+            .iter()
+            .any(|d| d.event_type == event_type && d.status == 200)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no {event_type}: {:?}",
+                self.taken()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Reads one HTTP/1.1 request, records it, answers, and closes the connection.
+async fn answer(
+    socket: tokio::net::TcpStream,
+    deliveries: &Mutex<Vec<Delivery>>,
+    failures: &AtomicUsize,
+) -> std::io::Result<()> {
+    let mut reader = BufReader::new(socket);
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).await?;
+        if line.trim().is_empty() {
+            break;
+        }
+        headers.push(line.trim().to_ascii_lowercase());
+    }
+    let header = |name: &str| {
+        let prefix = format!("{name}:");
+        let found = headers.iter().find(|h| h.starts_with(&prefix));
+        found.map(|h| h[prefix.len()..].trim().to_owned())
+    };
+    let length: usize = header("content-length")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).await?;
+    let failed = failures
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok();
+    let status = if failed { 500 } else { 200 };
+    deliveries.lock().unwrap().push(Delivery {
+        event_id: header("x-a2a-event-id")
+            .and_then(|id| id.parse().ok())
+            .unwrap_or(-1),
+        event_type: header("x-a2a-event-type").unwrap_or_default(),
+        token: header("x-a2a-notification-token"),
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        status,
+    });
+    let reply = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+    reader.get_mut().write_all(reply.as_bytes()).await
+}
+
+/// The outbox of task `task_id`, as the server's SQLite file holds it: (id, type, delivered).
+fn outbox(server: &ServerProcess, task_id: &str) -> Vec<(i64, String, bool)> {
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+    let conn = rusqlite::Connection::open_with_flags(server.db(), flags).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    let sql = "SELECT id, event_type, delivered_at IS NOT NULL FROM outbox WHERE task_id = ?1 ORDER BY id";
+    let mut statement = conn.prepare(sql).unwrap();
+    let rows = statement.query_map([task_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)));
+    rows.unwrap().map(Result::unwrap).collect()
+}
+
+fn rpc(method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string()
+}
+
+async fn call(url: &str, method: &str, params: Value) -> Value {
+    post(url, rpc(method, params), &[]).await.json()
+}
+
+async fn call_v10(url: &str, method: &str, params: Value) -> Value {
+    post(url, rpc(method, params), &[("A2A-Version", "1.0")])
+        .await
+        .json()
+}
+
+/// Sends a message whose task has the webhook `push`; the task's id.
+async fn send_with_webhook(url: &str, push: Value, duration_ms: u64) -> String {
+    let message = json!({"kind": "message", "messageId": new_id(), "role": "user",
+        "parts": [{"kind": "text", "text": "notify me"}]});
+    let params = json!({"message": message, "configuration": {"pushNotificationConfig": push},
+        "metadata": {"durationMs": duration_ms}});
+    let reply = post_activated(url, rpc("message/send", params)).await;
+    let id = reply.json()["result"]["id"].as_str().map(str::to_owned);
+    id.unwrap_or_else(|| panic!("a task: {}", reply.describe()))
+}
+
+#[tokio::test]
+async fn every_event_reaches_a_webhook_that_fails_and_restarts_across_a_server_crash() {
+    let mut receiver = Receiver::start(2).await;
+    let mut server = ServerProcess::start(&[]);
+    let webhook = json!({"url": receiver.url(), "token": "secret"});
+    let task_id = send_with_webhook(&server.url, webhook, 1500).await;
+
+    // Delivered after two refusals, retried with backoff.
+    receiver.wait_for("mission.assigned").await;
+    let attempts = receiver.taken();
+    assert!(attempts.len() >= 3, "{attempts:?}");
+    assert_eq!(attempts[0].status, 500);
+
+    // The receiver goes away, the mission completes, its event cannot be delivered; then the
+    // server dies. Both come back: the relay resumes from the outbox.
+    receiver.stop().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while outbox(&server, &task_id).len() < 2 {
+        assert!(Instant::now() < deadline, "the mission never completed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.restart();
+    receiver.listen().await;
+    receiver.wait_for("mission.completed").await;
+
+    let events = outbox(&server, &task_id);
+    let types: Vec<&str> = events.iter().map(|(_, t, _)| t.as_str()).collect();
+    assert_eq!(types, ["mission.assigned", "mission.completed"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !outbox(&server, &task_id)
+        .iter()
+        .all(|(_, _, delivered)| *delivered)
+    {
+        assert!(Instant::now() < deadline, "delivered, never marked");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    for delivery in receiver.taken() {
+        // A duplicate is the same event: its id names the outbox row of its type.
+        let row = events.iter().find(|(id, _, _)| *id == delivery.event_id);
+        let (_, event_type, _) = row.unwrap_or_else(|| panic!("unknown event {delivery:?}"));
+        assert_eq!(&delivery.event_type, event_type);
+        assert_eq!(delivery.token.as_deref(), Some("secret"));
+        assert_eq!(delivery.body["kind"], "task");
+        assert_eq!(delivery.body["id"], task_id.as_str());
+    }
+}
+
+#[tokio::test]
+async fn push_configs_are_set_read_listed_and_deleted_in_both_versions() {
+    push_configs_on(ServerProcess::start(&[])).await;
+}
+
+#[tokio::test]
+async fn push_configs_and_their_delivery_on_postgres() {
+    let what = "push notifications on PostgreSQL";
+    let Some(db) = idem_conformance::postgres::TestDatabase::create("idem_push", what).await else {
+        return;
+    };
+    push_configs_on(ServerProcess::start_on(Some(&db.url), &[], &[])).await;
+    let receiver = Receiver::start(1).await;
+    let server = ServerProcess::start_on(Some(&db.url), &[], &[]);
+    let task_id = send_with_webhook(&server.url, json!({"url": receiver.url()}), 100).await;
+    receiver.wait_for("mission.assigned").await;
+    receiver.wait_for("mission.completed").await;
+    assert!(receiver
+        .taken()
+        .iter()
+        .all(|d| d.body["id"] == task_id.as_str()));
+}
+
+async fn push_configs_on(server: ServerProcess) {
+    let url = &server.url;
+    let card = reqwest::get(format!("{url}/.well-known/agent-card.json"))
+        .await
+        .unwrap();
+    let card: Value = card.json().await.unwrap();
+    assert_eq!(card["capabilities"]["pushNotifications"], true);
+    let hook = "http://127.0.0.1:9/hook";
+    let task_id = send_with_webhook(url, json!({"url": hook, "token": "t"}), 60_000).await;
+    let first = json!({"taskId": task_id, "pushNotificationConfig": {"id": task_id, "url": hook, "token": "t"}});
+
+    // The send's own webhook, under the task's id.
+    let got = call(
+        url,
+        "tasks/pushNotificationConfig/get",
+        json!({"id": task_id}),
+    )
+    .await;
+    assert_eq!(got["result"], first);
+    let listed = call(
+        url,
+        "tasks/pushNotificationConfig/list",
+        json!({"id": task_id}),
+    )
+    .await;
+    assert_eq!(listed["result"], json!([first]));
+
+    // 1.0: a second one, flat.
+    let second = json!({"taskId": task_id, "id": "second", "url": hook});
+    let created = call_v10(url, "CreateTaskPushNotificationConfig", second.clone()).await;
+    assert_eq!(created["result"], second);
+    let got = call_v10(
+        url,
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": task_id, "id": "second"}),
+    )
+    .await;
+    assert_eq!(got["result"], second);
+    let listed = call_v10(
+        url,
+        "ListTaskPushNotificationConfigs",
+        json!({"taskId": task_id}),
+    )
+    .await;
+    assert_eq!(
+        listed["result"]["configs"].as_array().map(Vec::len),
+        Some(2)
+    );
+
+    // 0.3 set replaces by id.
+    let replaced = json!({"taskId": task_id, "pushNotificationConfig": {"id": "second", "url": "http://127.0.0.1:9/other"}});
+    let set = call(url, "tasks/pushNotificationConfig/set", replaced.clone()).await;
+    assert_eq!(set["result"], replaced);
+
+    let deleted = call(
+        url,
+        "tasks/pushNotificationConfig/delete",
+        json!({"id": task_id, "pushNotificationConfigId": task_id}),
+    )
+    .await;
+    assert_eq!(deleted["result"], Value::Null);
+    let deleted = call_v10(
+        url,
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": task_id, "id": "second"}),
+    )
+    .await;
+    assert_eq!(deleted["result"], json!({}));
+    let listed = call(
+        url,
+        "tasks/pushNotificationConfig/list",
+        json!({"id": task_id}),
+    )
+    .await;
+    assert_eq!(listed["result"], json!([]));
+
+    // Errors: an unknown task, a config that is not there, a URL that is not HTTP.
+    let unknown = call(
+        url,
+        "tasks/pushNotificationConfig/list",
+        json!({"id": "nope"}),
+    )
+    .await;
+    assert_eq!(unknown["error"]["code"], -32001);
+    let missing = call(
+        url,
+        "tasks/pushNotificationConfig/get",
+        json!({"id": task_id, "pushNotificationConfigId": "gone"}),
+    )
+    .await;
+    assert_eq!(missing["error"]["code"], -32602);
+    let bad = json!({"taskId": task_id, "pushNotificationConfig": {"url": "ftp://x"}});
+    let bad = call(url, "tasks/pushNotificationConfig/set", bad).await;
+    assert_eq!(bad["error"]["code"], -32602);
+}
