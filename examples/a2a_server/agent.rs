@@ -72,6 +72,16 @@ pub trait A2a {
     #[method(name = "CancelTask")]
     async fn cancel_task(&self, id: String) -> RpcResult<Value>;
 
+    /// A2A 0.3 `tasks/resubscribe`: follows a task again after a broken stream (Server-Sent
+    /// Events: the task now, then its events until it ends). Not deduplicated: it changes
+    /// nothing.
+    #[method(name = "tasks/resubscribe", with_extensions)]
+    async fn tasks_resubscribe(&self, id: String) -> RpcResult<EventStream<Value>>;
+
+    /// A2A 1.0 `SubscribeToTask`: the same, in 1.0's shapes.
+    #[method(name = "SubscribeToTask", with_extensions)]
+    async fn subscribe_to_task(&self, id: String) -> RpcResult<EventStream<Value>>;
+
     /// A2A 0.3: sets a webhook of a task (`{taskId, pushNotificationConfig}`).
     #[method(name = "tasks/pushNotificationConfig/set")]
     async fn push_set(&self, task_id: String, push_notification_config: Value) -> RpcResult<Value>;
@@ -183,6 +193,18 @@ impl Agent {
         Ok(EventStream::new(events))
     }
 
+    /// Both resubscribe methods.
+    async fn follow(
+        &self,
+        ext: &Extensions,
+        shape: Shape,
+        id: String,
+    ) -> RpcResult<EventStream<Value>> {
+        let progress = self.missions.follow(id).await?;
+        let events = progress.map(move |step| step.map(|step| shape.stream_event(&step)));
+        EventStream::live(ext, events)
+    }
+
     async fn get(&self, shape: Shape, id: String, history_length: Option<u32>) -> RpcResult<Value> {
         let task = self.missions.get(id).await?;
         Ok(shape.task(&task, history_length))
@@ -258,6 +280,22 @@ impl A2aServer for Agent {
 
     async fn cancel_task(&self, id: String) -> RpcResult<Value> {
         self.cancel(Shape::V10, id).await
+    }
+
+    async fn tasks_resubscribe(
+        &self,
+        ext: &Extensions,
+        id: String,
+    ) -> RpcResult<EventStream<Value>> {
+        self.follow(ext, Shape::V03, id).await
+    }
+
+    async fn subscribe_to_task(
+        &self,
+        ext: &Extensions,
+        id: String,
+    ) -> RpcResult<EventStream<Value>> {
+        self.follow(ext, Shape::V10, id).await
     }
 
     async fn push_set(&self, task_id: String, config: Value) -> RpcResult<Value> {

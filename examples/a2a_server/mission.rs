@@ -171,6 +171,43 @@ impl Missions {
         }
     }
 
+    /// Follows a task to its end, for a client whose stream broke: the task as it is now,
+    /// then, once its mission ends, its artifacts and the final status. A task that ended
+    /// already gets its task and final status at once.
+    pub async fn follow(
+        &self,
+        task_id: String,
+    ) -> RpcResult<BoxStream<'static, RpcResult<Progress>>> {
+        let loaded = self.store.load(task_id).await?;
+        let task = loaded.task;
+        let now = stream::iter([Ok(Progress::Task(task.clone()))]);
+        if task.state.is_terminal() {
+            return Ok(now.chain(stream::iter(ending(Ok(task)))).boxed());
+        }
+        let missions = self.clone();
+        let end = async move {
+            let due = Duration::from_millis(loaded.due_at_ms.saturating_sub(clock::now_ms()));
+            tokio::time::sleep(due).await;
+            missions.ended(task.id).await
+        };
+        Ok(now
+            .chain(stream::once(end).flat_map(|ended| stream::iter(ending(ended))))
+            .boxed())
+    }
+
+    /// The task once it is terminal: its mission completes on the timer scheduled for it (here
+    /// or, after a restart, by the resume), which may run a moment after the deadline.
+    async fn ended(&self, task_id: String) -> RpcResult<Task> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(MAX_DURATION_MS);
+        loop {
+            let task = self.store.get(task_id.clone()).await?;
+            if task.state.is_terminal() || tokio::time::Instant::now() > deadline {
+                return Ok(task);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn get(&self, task_id: String) -> RpcResult<Task> {
         self.store.get(task_id).await
     }

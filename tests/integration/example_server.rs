@@ -611,3 +611,60 @@ async fn a_part_the_agent_cannot_read_is_refused_before_anything_happens() {
     }
     assert_eq!(outbox_events(&server, "mission.assigned"), 0);
 }
+
+#[tokio::test]
+async fn a_client_whose_stream_broke_follows_its_task_again_even_across_a_crash() {
+    let mut server = ServerProcess::start(&[]);
+    let body =
+        crate::support::stream_request(1, &new_id(), "follow me", json!({"durationMs": 1200}));
+    let mut first = SseReply::open(&server.url, body, &[("A2A-Extensions", URI)]).await;
+    let task = first.next_event().await.expect("the task");
+    let task_id = task["result"]["id"].as_str().unwrap().to_owned();
+    drop(first); // the stream broke
+
+    // The server dies too; the restarted one resumes the mission, and the client follows it.
+    let url = server.restart();
+    let resubscribe = rpc("tasks/resubscribe", json!({"id": task_id}));
+    let mut follow = SseReply::open(&url, resubscribe.clone(), &[]).await;
+    assert_eq!(follow.content_type(), "text/event-stream");
+    let events = follow.rest().await;
+    assert!(
+        events.iter().all(|e| e["id"] == 7),
+        "framed for this call: {events:?}"
+    );
+    assert_eq!(events[0]["result"]["kind"], "task");
+    assert_eq!(events[0]["result"]["status"]["state"], "working");
+    let last = &events.last().unwrap()["result"];
+    assert_eq!(
+        (last["final"].clone(), last["status"]["state"].clone()),
+        (json!(true), json!("completed"))
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["result"]["kind"] == "artifact-update"),
+        "{events:?}"
+    );
+
+    // Once it ended: the task and its final status, at once; in 1.0's shapes too.
+    let events = SseReply::open(&url, resubscribe, &[]).await.rest().await;
+    assert_eq!(events.len(), 3, "task, artifact, final status: {events:?}");
+    assert_eq!(events[0]["result"]["status"]["state"], "completed");
+    let v10 = rpc("SubscribeToTask", json!({"id": task_id}));
+    let events = SseReply::open(&url, v10, &[("A2A-Version", "1.0")])
+        .await
+        .rest()
+        .await;
+    assert_eq!(
+        events[0]["result"]["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    assert!(
+        events.last().unwrap()["result"]["statusUpdate"].is_object(),
+        "{events:?}"
+    );
+
+    // An unknown task is an ordinary JSON-RPC error.
+    let unknown = post(&url, rpc("tasks/resubscribe", json!({"id": "nope"})), &[]).await;
+    assert_eq!(unknown.json()["error"]["code"], -32001);
+}

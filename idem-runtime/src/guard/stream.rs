@@ -29,7 +29,7 @@ use crate::guard::{
     decide, layer_missing, not_serializable, replay_json, run_catching, store_failure, store_json,
     undeduplicated_failure, CallContext, Decision, Guarded,
 };
-use crate::layers::scope::{GovernedCall, Outcome};
+use crate::layers::scope::{CallId, GovernedCall, HttpScope, Outcome};
 use crate::store::{Entry, OpenStream, StoreError, StoredResponse};
 use crate::unit_of_work::{Sealed, SqlWrite, UnitOfWork};
 use crate::wire::{response_bytes, Payload};
@@ -64,6 +64,37 @@ impl<T> EventStream<T> {
         Self {
             events: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Serves `events` to this call as an event stream, not deduplicated: for a method
+    /// outside the extension that streams, such as A2A's `tasks/resubscribe` (declare it
+    /// `with_extensions`; no `#[idempotent]`). Each event is framed as a JSON-RPC response to
+    /// the call, as an `#[idempotent]` stream's are.
+    ///
+    /// ```
+    /// use idem_runtime::EventStream;
+    /// use jsonrpsee::core::RpcResult;
+    /// use serde_json::{json, Value};
+    /// fn resubscribe(ext: &jsonrpsee::Extensions) -> RpcResult<EventStream<Value>> {
+    ///     let events = futures::stream::iter([Ok(json!({"kind": "status-update"}))]);
+    ///     EventStream::live(ext, events)
+    /// }
+    /// // Without the layers there is no HTTP request to stream to: a clear error.
+    /// assert!(resubscribe(&jsonrpsee::Extensions::new()).is_err());
+    /// ```
+    pub fn live<S>(ext: &jsonrpsee::Extensions, events: S) -> Result<Self, ErrorObjectOwned>
+    where
+        T: Serialize + Send + 'static,
+        S: Stream<Item = Result<T, ErrorObjectOwned>> + Send + 'static,
+    {
+        let (Some(scope), Some(CallId(id))) = (ext.get::<HttpScope>(), ext.get::<CallId>()) else {
+            return Err(layer_missing());
+        };
+        if scope.is_batch() {
+            return Err(IdempotencyError::new(ErrorCode::StreamInBatch).into());
+        }
+        serve_undeduplicated(scope, events.boxed(), id.clone());
+        Ok(Self::handed_over())
     }
 
     fn take(&self) -> Option<Events<T>> {
@@ -110,14 +141,23 @@ impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObje
                 if let Some(unit) = ctx.unit {
                     unit.commit_alone().await.map_err(undeduplicated_failure)?;
                 }
-                let recording = Arc::new(Recording::new());
-                tokio::spawn(record(events, recording.clone(), id, None));
-                scope.set_stream(recording, None);
+                serve_undeduplicated(&scope, events, id);
                 Ok(EventStream::handed_over())
             }
             (None, None) => Err(layer_missing()),
         }
     }
+}
+
+/// Records `events` in a task of its own and hands them to the HTTP layer, framed for `id`.
+fn serve_undeduplicated<T: Serialize + Send + 'static>(
+    scope: &HttpScope,
+    events: Events<T>,
+    id: Id<'static>,
+) {
+    let recording = Arc::new(Recording::new());
+    tokio::spawn(record(events, recording.clone(), id, None));
+    scope.set_stream(recording, None);
 }
 
 async fn run_governed<T, F>(

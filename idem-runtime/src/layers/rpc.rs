@@ -19,7 +19,7 @@ use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::collision;
 use crate::hash::{hash_and_message_id, spelling, HashError, Spelling, MAX_DEPTH};
-use crate::layers::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated, WebSocket};
+use crate::layers::scope::{CallId, GovernedCall, HttpScope, Outcome, Undeduplicated, WebSocket};
 use crate::message_id::MessageId;
 use crate::state::State;
 use crate::unit_of_work::UnitOfWork;
@@ -151,6 +151,10 @@ impl<S> RpcService<S> {
         spelled: bool,
     ) -> Result<Option<Payload>, ErrorObjectOwned> {
         if !self.state.governed.contains(request.method_name()) {
+            if request.extensions().get::<HttpScope>().is_some() {
+                let id = CallId(request.id.clone().into_owned());
+                request.extensions_mut().insert(id);
+            }
             return Ok(None);
         }
         if request.extensions().get::<WebSocket>().is_some() {

@@ -161,6 +161,11 @@ impl GovernedCall {
 #[derive(Clone)]
 pub(crate) struct Undeduplicated(pub(crate) Id<'static>);
 
+/// The id of a call outside the extension, over HTTP: a method that streams without being
+/// deduplicated ([`crate::EventStream::live`]) frames its events with it.
+#[derive(Clone)]
+pub(crate) struct CallId(pub(crate) Id<'static>);
+
 /// A WebSocket connection: its calls share the upgrade request's extensions, so no per-request
 /// scope can be kept, and governed calls are refused on it.
 #[derive(Clone, Copy)]
