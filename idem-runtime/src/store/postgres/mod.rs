@@ -641,7 +641,7 @@ impl Store for PostgresStore {
             let deleted = execute(
                 &client,
                 "DELETE FROM idempotency_cache WHERE message_id IN (
-                   SELECT message_id FROM idempotency_cache WHERE inserted_at + $1 < $2
+                   SELECT message_id FROM idempotency_cache WHERE inserted_at < $2::BIGINT - $1::BIGINT
                    LIMIT $3 FOR UPDATE SKIP LOCKED)",
                 &[&ttl, &now, &SWEEP_CHUNK],
             )
