@@ -29,7 +29,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::hash::Spelling;
 use crate::message_id::MessageId;
-use crate::store::sqlite::checkpointer::Checkpointer;
+use crate::store::sqlite::checkpointer::{Checkpointer, Restart};
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::file_lock::ServingLock;
 use crate::store::sqlite::key_index::KeyIndex;
@@ -125,13 +125,16 @@ impl SqliteStore {
         let lock = ServingLock::acquire(&path)?;
         let conn = connect(&path)?;
         conn.execute_batch(SCHEMA)?;
-        // The checkpointer's thread copies the log back, never the writer (see there).
+        // The checkpointer's thread copies the log back; the writer only when asked to start it
+        // over (see there).
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
-        let checkpointer = Checkpointer::start(&path, connect)?;
+        let restart = Restart::default();
+        let checkpointer = Checkpointer::start(&path, connect, restart.clone())?;
         let touches = Arc::new(Mutex::new(HashMap::new()));
         let tier = Arc::new(MemoryTier::new(config.memory_tier_bytes));
         let index = Arc::new(stored_keys(&conn)?);
         let writer = Writer {
+            restart,
             file: FileIdentity::of(&path)?,
             rows: count_rows(&conn)?,
             conn,
@@ -634,6 +637,8 @@ pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     conn.set_prepared_statement_cache_capacity(64);
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // The connection that starts the log over truncates it to this (see the checkpointer).
+    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
     // Each write in a batch runs under a savepoint, whose undo copies of pages go to a
     // sub-journal: in memory, not in a temporary file (they never need to survive a crash).
     conn.pragma_update(None, "temp_store", "MEMORY")?;

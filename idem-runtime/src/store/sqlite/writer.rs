@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 
 use crate::clock::Clock;
 use crate::message_id::MessageId;
+use crate::store::sqlite::checkpointer::Restart;
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::key_index::KeyIndex;
 use crate::store::sqlite::memory_tier::MemoryTier;
@@ -114,6 +115,8 @@ pub(crate) struct Writer {
     pub(crate) conn: Connection,
     /// The file `conn` writes to: nothing commits once its path names another, or none.
     pub(crate) file: FileIdentity,
+    /// The checkpointer's request to start the log over, run between two batches.
+    pub(crate) restart: Restart,
     pub(crate) clock: Arc<dyn Clock>,
     /// LRU uses noted by reads, written with the next batch: a replay costs no fsync.
     pub(crate) touches: Arc<Mutex<HashMap<String, u64>>>,
@@ -135,6 +138,7 @@ impl Writer {
                 }
             }
             self.commit(batch);
+            self.restart.run_if_asked(&self.conn);
         }
     }
 
