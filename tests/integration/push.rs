@@ -173,14 +173,15 @@ async fn call_v10(url: &str, method: &str, params: Value) -> Value {
 }
 
 /// Sends a message whose task has the webhook `push`; the task's id.
-async fn send_with_webhook(url: &str, push: Value, duration_ms: u64) -> String {
+async fn send_with_webhook(server: &ServerProcess, push: Value, duration_ms: u64) -> String {
+    let url = &server.url;
     let message = json!({"kind": "message", "messageId": new_id(), "role": "user",
         "parts": [{"kind": "text", "text": "notify me"}]});
     let params = json!({"message": message, "configuration": {"pushNotificationConfig": push},
         "metadata": {"durationMs": duration_ms}});
     let reply = post_activated(url, rpc("message/send", params)).await;
     let id = reply.json()["result"]["id"].as_str().map(str::to_owned);
-    id.unwrap_or_else(|| panic!("a task: {}", reply.describe()))
+    id.unwrap_or_else(|| panic!("a task: {}\n{}", reply.describe(), server.stderr()))
 }
 
 #[tokio::test]
@@ -188,7 +189,7 @@ async fn every_event_reaches_a_webhook_that_fails_and_restarts_across_a_server_c
     let mut receiver = Receiver::start(2).await;
     let mut server = ServerProcess::start(&[]);
     let webhook = json!({"url": receiver.url(), "token": "secret"});
-    let task_id = send_with_webhook(&server.url, webhook, 1500).await;
+    let task_id = send_with_webhook(&server, webhook, 1500).await;
 
     // Delivered after two refusals, retried with backoff.
     receiver.wait_for("mission.assigned").await;
@@ -245,7 +246,7 @@ async fn push_configs_and_their_delivery_on_postgres() {
     push_configs_on(ServerProcess::start_on(Some(&db.url), &[], &[])).await;
     let receiver = Receiver::start(1).await;
     let server = ServerProcess::start_on(Some(&db.url), &[], &[]);
-    let task_id = send_with_webhook(&server.url, json!({"url": receiver.url()}), 100).await;
+    let task_id = send_with_webhook(&server, json!({"url": receiver.url()}), 100).await;
     receiver.wait_for("mission.assigned").await;
     receiver.wait_for("mission.completed").await;
     assert!(receiver
@@ -262,7 +263,7 @@ async fn push_configs_on(server: ServerProcess) {
     let card: Value = card.json().await.unwrap();
     assert_eq!(card["capabilities"]["pushNotifications"], true);
     let hook = "http://127.0.0.1:9/hook";
-    let task_id = send_with_webhook(url, json!({"url": hook, "token": "t"}), 60_000).await;
+    let task_id = send_with_webhook(&server, json!({"url": hook, "token": "t"}), 60_000).await;
     let first = json!({"taskId": task_id, "pushNotificationConfig": {"id": task_id, "url": hook, "token": "t"}});
 
     // The send's own webhook, under the task's id.
