@@ -341,18 +341,17 @@ fn the_admin_tool_refuses_a_missing_file_and_a_bad_command() {
 #[tokio::test]
 async fn on_postgres_a_purge_is_seen_by_the_serving_replica_at_once() {
     let what = "the admin tool on PostgreSQL";
-    let Some(db) = idem_conformance::postgres::TestDatabase::create("idem_admin", what).await
-    else {
+    let Some(db) = crate::replicas::Database::shared("idem_admin", what).await else {
         return;
     };
-    let server = ServerProcess::start_on(Some(&db.url), &[], &[]);
+    let server = ServerProcess::start_on(Some(db.url()), &[], &[]);
     let key = new_id();
     post_activated(&server.url, send_body(&key, "x")).await;
-    let stats = stdout(&admin(&["--db", &db.url, "stats"], &[]));
+    let stats = stdout(&admin(&["--db", db.url(), "stats"], &[]));
     assert!(stats.contains("entries              1"), "{stats}");
-    let show = stdout(&admin(&["--db", &db.url, "show", &key], &[]));
+    let show = stdout(&admin(&["--db", db.url(), "show", &key], &[]));
     assert!(show.contains("method        message/send"), "{show}");
-    let purge = admin(&["--db", &db.url, "purge", &key, "--yes"], &[]);
+    let purge = admin(&["--db", db.url(), "purge", &key, "--yes"], &[]);
     assert!(purge.status.success(), "{purge:?}");
     // No replica keeps entries in memory: the key executes again, at once.
     let again = post_activated(&server.url, send_body(&key, "x")).await;

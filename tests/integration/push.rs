@@ -240,12 +240,12 @@ async fn push_configs_are_set_read_listed_and_deleted_in_both_versions() {
 #[tokio::test]
 async fn push_configs_and_their_delivery_on_postgres() {
     let what = "push notifications on PostgreSQL";
-    let Some(db) = idem_conformance::postgres::TestDatabase::create("idem_push", what).await else {
+    let Some(db) = crate::replicas::Database::shared("idem_push", what).await else {
         return;
     };
-    push_configs_on(ServerProcess::start_on(Some(&db.url), &[], &[])).await;
+    push_configs_on(ServerProcess::start_on(Some(db.url()), &[], &[])).await;
     let receiver = Receiver::start(1).await;
-    let server = ServerProcess::start_on(Some(&db.url), &[], &[]);
+    let server = ServerProcess::start_on(Some(db.url()), &[], &[]);
     let task_id = send_with_webhook(&server, json!({"url": receiver.url()}), 100).await;
     receiver.wait_for("mission.assigned").await;
     receiver.wait_for("mission.completed").await;

@@ -21,8 +21,9 @@ use idem_conformance::side_effects::SideEffects;
 use idem_conformance::{check, Db, Outcome, Restart, Scenario, Target};
 
 /// A database of the test's own, dropped with it. Holds the server shared while it lives:
-/// the test that restarts PostgreSQL holds it alone.
-struct Database {
+/// the test that restarts PostgreSQL holds it alone. Every PostgreSQL test of this crate
+/// takes its database here ([`Database::shared`]), or that restart fails it.
+pub(crate) struct Database {
     test: TestDatabase,
     _server: ServerGuard,
 }
@@ -58,8 +59,18 @@ impl Database {
         })
     }
 
-    fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.test.url
+    }
+
+    /// A database named `PREFIX_...` for another module's test (`what` names it when skipped).
+    pub(crate) async fn shared(prefix: &str, what: &str) -> Option<Self> {
+        let server = ServerGuard::Shared(SERVER.read().await);
+        let test = TestDatabase::create(prefix, what).await?;
+        Some(Self {
+            test,
+            _server: server,
+        })
     }
 
     /// (tasks, mission.assigned events) in the database now.
