@@ -174,6 +174,11 @@ impl PushConfigs {
     /// The configs of an existing task (-32001 otherwise).
     pub async fn of(&self, task_id: &str) -> RpcResult<Vec<PushConfig>> {
         self.store.get(task_id.to_owned()).await?;
+        self.stored(task_id).await
+    }
+
+    /// The configs stored for `task_id`, with no check that the task exists.
+    pub async fn stored(&self, task_id: &str) -> RpcResult<Vec<PushConfig>> {
         let stored = self.store.push_configs(task_id.to_owned()).await?;
         stored
             .iter()

@@ -97,9 +97,10 @@ impl Relay {
 
     /// Posts the event to every webhook of its task; `Err` unless each answered 2xx.
     async fn deliver(&self, event: &Pending) -> Result<(), String> {
+        // The outbox row names an existing task: its configs, then the task itself, once.
         let configs = self
             .push
-            .of(&event.task_id)
+            .stored(&event.task_id)
             .await
             .map_err(|e| e.to_string())?;
         if configs.is_empty() {
