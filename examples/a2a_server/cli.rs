@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 pub const USAGE: &str = "\
 usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|optional|off]
+                  [--max-in-flight N]
 
   --listen ADDR          address to serve on (default 127.0.0.1:8080; port 0 picks a free one)
   --db PATH|URL          where tasks, outbox and idempotency cache live: a SQLite file
@@ -13,6 +14,8 @@ usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|option
   --idempotency MODE     required: governed calls must activate idempotency/v1 (default)
                          optional: calls that do not activate it run undeduplicated
                          off:      the agent without the extension
+  --max-in-flight N      HTTP requests served at once (default 4096); one more is answered
+                         429 at once. A durable call is in flight until its group commit
 
 environment: AIWG_IDEMPOTENCY_TTL, AIWG_IDEMPOTENCY_MAX_ENTRIES, AIWG_IDEMPOTENCY_CLAIM_LEASE_MS,
              RUST_LOG (logs go to stderr)
@@ -31,6 +34,8 @@ pub struct Cli {
     pub listen: SocketAddr,
     pub db: Db,
     pub mode: Mode,
+    /// jsonrpsee's `max_connections`, which counts HTTP requests in flight, not connections.
+    pub max_in_flight: u32,
 }
 
 /// Where the server keeps its state.
@@ -67,12 +72,17 @@ pub enum Command {
     Help,
 }
 
+/// jsonrpsee's own default (100) answered 429 to a load of 64 clients: requests of clients
+/// that had left were still in flight, waiting for their commit, while new ones arrived.
+const DEFAULT_MAX_IN_FLIGHT: u32 = 4096;
+
 /// Reads the flags (`--flag value` or `--flag=value`); the error says what is wrong.
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     let mut cli = Cli {
         listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
         db: Db::File(PathBuf::from("a2a-example.db")),
         mode: Mode::Required,
+        max_in_flight: DEFAULT_MAX_IN_FLIGHT,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -92,6 +102,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             Flag::Listen => cli.listen = listen(&value)?,
             Flag::Db => cli.db = Db::parse(&value),
             Flag::Idempotency => cli.mode = mode(&value)?,
+            Flag::MaxInFlight => cli.max_in_flight = max_in_flight(&value)?,
         }
     }
     Ok(Command::Serve(cli))
@@ -103,10 +114,11 @@ enum Flag {
     Listen,
     Db,
     Idempotency,
+    MaxInFlight,
 }
 
 impl Flag {
-    const ALL: [Flag; 3] = [Flag::Listen, Flag::Db, Flag::Idempotency];
+    const ALL: [Flag; 4] = [Flag::Listen, Flag::Db, Flag::Idempotency, Flag::MaxInFlight];
 
     fn parse(arg: &str) -> Result<Self, String> {
         Self::ALL
@@ -120,6 +132,7 @@ impl Flag {
             Flag::Listen => "--listen",
             Flag::Db => "--db",
             Flag::Idempotency => "--idempotency",
+            Flag::MaxInFlight => "--max-in-flight",
         }
     }
 }
@@ -137,6 +150,15 @@ fn mode(value: &str) -> Result<Mode, String> {
         "off" => Ok(Mode::Off),
         _ => Err(format!(
             "--idempotency {value:?} is not one of required, optional, off"
+        )),
+    }
+}
+
+fn max_in_flight(value: &str) -> Result<u32, String> {
+    match value.parse() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "--max-in-flight {value:?} is not a positive number"
         )),
     }
 }

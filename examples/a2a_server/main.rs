@@ -30,7 +30,7 @@ use std::process::ExitCode;
 
 use idem::{Idempotency, IdempotencyConfig};
 use jsonrpsee::server::middleware::rpc::RpcServiceBuilder;
-use jsonrpsee::server::{Server, ServerHandle};
+use jsonrpsee::server::{Server, ServerConfig, ServerHandle};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tower::ServiceBuilder;
 use tracing_subscriber::EnvFilter;
@@ -145,7 +145,11 @@ async fn start(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let listener = listener.into_std().map_err(|e| e.to_string())?;
     let card = agent_card(addr, idem.agent_card_extension().into_iter().collect());
+    let config = ServerConfig::builder()
+        .max_connections(cli.max_in_flight)
+        .build();
     let server = Server::builder()
+        .set_config(config)
         .set_http_middleware(
             ServiceBuilder::new()
                 .layer(FrontLayer::new(&card, metrics))

@@ -48,6 +48,15 @@ fn a_bad_idempotency_mode_exits_2_naming_it() {
 }
 
 #[test]
+fn a_max_in_flight_of_zero_exits_2_naming_it() {
+    let stderr = refused(&["--max-in-flight", "0"], &[]);
+    assert!(
+        stderr.contains(r#"--max-in-flight "0" is not a positive number"#),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_malformed_ttl_exits_2_naming_the_variable() {
     let stderr = refused(&[], &[("AIWG_IDEMPOTENCY_TTL", "abc")]);
     assert!(stderr.contains("AIWG_IDEMPOTENCY_TTL"), "{stderr}");
@@ -582,6 +591,44 @@ async fn a_blocking_send_killed_before_its_end_leaves_nothing_and_its_retry_runs
     assert!(post_activated(&url, body).await.replayed());
     assert_eq!(outbox_events(&server, "mission.assigned"), 1);
     assert_eq!(outbox_events(&server, "mission.completed"), 1);
+}
+
+/// jsonrpsee counts HTTP requests in flight against `max_connections` (100 by default) and
+/// answers the rest 429: under load, requests of clients that left still wait for their
+/// commit while new ones arrive. The example serves far more at once (`--max-in-flight`).
+#[tokio::test]
+async fn more_calls_in_flight_than_jsonrpsee_default_limit_are_all_served() {
+    let server = ServerProcess::start_with(&["--idempotency", "off"], &[]);
+    let calls = (0..150).map(|_| {
+        let (url, body) = (
+            server.url.clone(),
+            blocking_send("message/send", &new_id(), 800),
+        );
+        tokio::spawn(async move { post(&url, body, &[]).await })
+    });
+    let replies = futures::future::join_all(calls).await;
+    for reply in replies {
+        let reply = reply.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.describe());
+        assert_eq!(reply.json()["result"]["status"]["state"], "completed");
+    }
+    assert_eq!(outbox_events(&server, "mission.completed"), 150);
+
+    // The limit holds where it is set: one call past it is refused, not queued.
+    let server = ServerProcess::start_with(&["--idempotency", "off", "--max-in-flight", "1"], &[]);
+    let url = server.url.clone();
+    let long = tokio::spawn(async move {
+        post(&url, blocking_send("message/send", &new_id(), 800), &[]).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = post(
+        &server.url,
+        blocking_send("message/send", &new_id(), 0),
+        &[],
+    )
+    .await;
+    assert_eq!(refused.status, 429, "{}", refused.describe());
+    assert_eq!(long.await.unwrap().status, 200);
 }
 
 #[tokio::test]
