@@ -35,15 +35,20 @@ impl KeyIndex {
 
     /// `false` only when no row holds `key`.
     pub(crate) fn may_hold(&self, key: &str) -> bool {
-        let fingerprint = self.seed.hash_one(key);
+        let fingerprint = self.fingerprint(key);
         self.counts().contains_key(&fingerprint)
+    }
+
+    /// What the index keeps of `key`.
+    pub(crate) fn fingerprint(&self, key: &str) -> u64 {
+        self.seed.hash_one(key)
     }
 
     /// Rows of these keys were committed.
     pub(crate) fn added<'a>(&self, keys: impl IntoIterator<Item = &'a str>) {
         let mut counts = self.counts();
         for key in keys {
-            *counts.entry(self.seed.hash_one(key)).or_default() += 1;
+            *counts.entry(self.fingerprint(key)).or_default() += 1;
         }
     }
 
@@ -51,7 +56,7 @@ impl KeyIndex {
     pub(crate) fn removed<'a>(&self, keys: impl IntoIterator<Item = &'a str>) {
         let mut counts = self.counts();
         for key in keys {
-            let fingerprint = self.seed.hash_one(key);
+            let fingerprint = self.fingerprint(key);
             if let Some(count) = counts.get_mut(&fingerprint) {
                 *count -= 1;
                 if *count == 0 {

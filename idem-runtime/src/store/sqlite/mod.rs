@@ -437,9 +437,10 @@ fn stored_keys(conn: &Connection) -> rusqlite::Result<KeyIndex> {
 
 /// Stores `entry` in the batch, counting its row if it is new.
 fn store_entry(conn: &Connection, batch: &mut Batch, entry: Arc<Entry>) -> Result<(), StoreError> {
-    let new = insert_entry(conn, &entry, batch.now_ms)?;
+    let may_exist = batch.may_hold_entry(&entry.message_id);
+    let new = insert_entry(conn, &entry, batch.now_ms, may_exist)?;
     batch.rows += u64::from(new);
-    batch.changes.push(Change::Stored { entry, new });
+    batch.stored(entry, new);
     Ok(())
 }
 
@@ -456,11 +457,18 @@ fn apply_writes(conn: &Connection, writes: &mut [SqlWrite]) -> Result<(), StoreE
     Ok(())
 }
 
-/// Inserts or replaces; returns whether the key was new (the row count grew).
-fn insert_entry(conn: &Connection, entry: &Entry, now_ms: u64) -> rusqlite::Result<bool> {
-    let existed = conn
-        .prepare_cached("SELECT 1 FROM idempotency_cache WHERE message_id = ?1")?
-        .exists([entry.message_id.as_str()])?;
+/// Inserts or replaces; returns whether the key was new (the row count grew). Unless
+/// `may_exist`, the key is known to have no row, and is not looked for (a fresh call's case).
+fn insert_entry(
+    conn: &Connection,
+    entry: &Entry,
+    now_ms: u64,
+    may_exist: bool,
+) -> rusqlite::Result<bool> {
+    let existed = may_exist
+        && conn
+            .prepare_cached("SELECT 1 FROM idempotency_cache WHERE message_id = ?1")?
+            .exists([entry.message_id.as_str()])?;
     let headers = entry.response.headers_json();
     conn.prepare_cached(
         "INSERT OR REPLACE INTO idempotency_cache

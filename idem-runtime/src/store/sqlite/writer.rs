@@ -13,7 +13,7 @@
 //! transaction (disk full, I/O error) fails every write in the batch: nothing of any of them
 //! is stored.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{mpsc, Arc, Mutex};
 
 use rusqlite::{params, Connection};
@@ -39,6 +39,26 @@ pub(crate) struct Batch {
     /// What the writes so far changed, in order: the memory tier and the key index learn it
     /// once the batch has committed.
     pub(crate) changes: Vec<Change>,
+    /// The key index as the batch began, and the fingerprints of the entries stored since:
+    /// together they know which keys cannot have a row.
+    index: Arc<KeyIndex>,
+    stored: HashSet<u64>,
+}
+
+impl Batch {
+    /// `false` only when no entry row of `key` exists: a fresh key's insert then needs no
+    /// read first.
+    pub(crate) fn may_hold_entry(&self, key: &MessageId) -> bool {
+        self.index.may_hold(key.as_str())
+            || self.stored.contains(&self.index.fingerprint(key.as_str()))
+    }
+
+    /// An entry of `entry`'s key was stored by this batch; `new` when no row was there.
+    pub(crate) fn stored(&mut self, entry: Arc<Entry>, new: bool) {
+        self.stored
+            .insert(self.index.fingerprint(entry.message_id.as_str()));
+        self.changes.push(Change::Stored { entry, new });
+    }
 }
 
 /// One change to the rows of the store's own tables.
@@ -185,6 +205,8 @@ impl Writer {
             now_ms: self.clock.now_millis(),
             rows: self.rows,
             changes: Vec::new(),
+            index: self.index.clone(),
+            stored: HashSet::new(),
         };
         apply_touches(&self.conn, touches)?;
         let mut outcomes = Vec::with_capacity(jobs.len());

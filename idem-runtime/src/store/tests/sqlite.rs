@@ -263,3 +263,39 @@ async fn a_write_that_runs_once_runs_once_through_a_redone_batch() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(fx.effects().await, vec!["once".to_owned()]);
 }
+
+/// A fresh key's insert skips the read for its row (the key index knows it has none); two
+/// stores of one key in the same batch must still count one row, or the LRU bound drifts.
+#[tokio::test]
+async fn one_key_stored_twice_in_a_batch_is_one_row() {
+    let fx = Fixture::sqlite();
+    let store = SqliteStore::open(&fx.path, &config(86_400, 50)).unwrap();
+    let entry = |n: u32, body: &str| {
+        Arc::new(crate::store::Entry {
+            message_id: key(n),
+            method: "message/send".into(),
+            request_hash: request_hash(b"{}").unwrap(),
+            response: response(body),
+            inserted_at: store.now_seconds(),
+        })
+    };
+    let lease = crate::store::Lease::exclusive();
+    for round in 0..20 {
+        // Queued together, these commit in one batch more often than not.
+        let (a, b, c) = tokio::join!(
+            store.put(entry(round, "first"), Vec::new(), &lease),
+            store.put(entry(round, "second"), Vec::new(), &lease),
+            store.put(entry(1000 + round, "other"), Vec::new(), &lease),
+        );
+        a.and(b).and(c).unwrap();
+    }
+    assert_eq!(store.row_count().await.unwrap(), 40);
+    // The bound counts rows as they are: with room for 50, ten more evict nothing.
+    for n in 2000..2010 {
+        store
+            .put(entry(n, "more"), Vec::new(), &lease)
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.row_count().await.unwrap(), 50);
+}
