@@ -31,6 +31,7 @@ use std::process::ExitCode;
 use idem::{Idempotency, IdempotencyConfig};
 use jsonrpsee::server::middleware::rpc::RpcServiceBuilder;
 use jsonrpsee::server::{Server, ServerConfig, ServerHandle};
+use mimalloc::MiMalloc;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tower::ServiceBuilder;
 use tracing_subscriber::EnvFilter;
@@ -42,6 +43,12 @@ use crate::front::FrontLayer;
 use crate::mission::Missions;
 use crate::push::PushConfigs;
 use crate::tasks::TaskStore;
+
+/// A server's allocations are many and short-lived, made on one thread and freed on another
+/// (a call's writes are built on a worker and dropped by the store's writer): glibc's
+/// allocator spent a fifth of a fresh call's CPU on them, mimalloc a fraction of that.
+#[global_allocator]
+static ALLOCATOR: MiMalloc = MiMalloc;
 
 /// Exit status of a usage or startup error.
 const STARTUP_ERROR: u8 = 2;
@@ -98,7 +105,9 @@ async fn serve(cli: Cli) -> Result<(), String> {
         .map_err(|e| format!("cannot read the tasks in {}: {e:?}", cli.db))?;
     let mut signals = Signals::new()?;
     let metrics = metrics::install()?;
-    relay::spawn(store, push.clone());
+    if std::env::var_os("NO_RELAY").is_none() {
+        relay::spawn(store, push.clone());
+    }
     let (handle, addr) = start(&cli, &idem, Agent::new(missions, push), metrics).await?;
     tracing::info!(%addr, db = %cli.db, mode = ?cli.mode, resumed, "serving");
     announce(addr)?;
