@@ -70,6 +70,8 @@ pub struct Pending {
     pub id: i64,
     pub task_id: String,
     pub event_type: String,
+    /// Whether the task had a webhook when the event was read.
+    pub has_webhooks: bool,
 }
 
 /// A `push_configs` row to write: one webhook of a task.
@@ -224,12 +226,12 @@ impl TaskStore {
         Ok(pending?)
     }
 
-    /// Marks outbox event `id` delivered.
-    pub async fn mark_delivered(&self, id: i64) -> RpcResult<()> {
+    /// Marks outbox events `ids` delivered, in one transaction.
+    pub async fn mark_delivered(&self, ids: Vec<i64>) -> RpcResult<()> {
         let now = clock::now_ms() as i64;
         let marked = match &self.db {
-            Backend::Sqlite(db) => sqlite::mark_delivered(db, id, now).await,
-            Backend::Postgres(pool) => postgres::mark_delivered(pool, id, now).await,
+            Backend::Sqlite(db) => sqlite::mark_delivered(db, ids, now).await,
+            Backend::Postgres(pool) => postgres::mark_delivered(pool, ids, now).await,
         };
         Ok(marked?)
     }

@@ -232,6 +232,39 @@ async fn every_event_reaches_a_webhook_that_fails_and_restarts_across_a_server_c
     }
 }
 
+/// Events of tasks without webhooks have nowhere to go: the relay marks all it reads in one
+/// write (one timestamp), not one write and one commit each, which under load fell behind the
+/// calls by thousands of events a second.
+#[tokio::test]
+async fn events_without_webhooks_are_marked_delivered_together() {
+    let server = ServerProcess::start(&[]);
+    let sends = (0..200).map(|n| {
+        let url = server.url.clone();
+        let body = crate::support::send_with(n, "message/send", &new_id(), "quiet", json!({}));
+        async move { post_activated(&url, body).await.status }
+    });
+    let statuses = futures::future::join_all(sends).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+    let conn = rusqlite::Connection::open_with_flags(server.db(), flags).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    let assigned = "FROM outbox WHERE event_type = 'mission.assigned'";
+    let undelivered = format!("SELECT COUNT(*) {assigned} AND delivered_at IS NULL");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while conn
+        .query_row(&undelivered, [], |r| r.get::<_, i64>(0))
+        .unwrap()
+        > 0
+    {
+        assert!(Instant::now() < deadline, "{}", server.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let writes = format!("SELECT COUNT(DISTINCT delivered_at) {assigned}");
+    let writes: i64 = conn.query_row(&writes, [], |r| r.get(0)).unwrap();
+    // One per read of the outbox that found some (a read every 100 ms while the calls came).
+    assert!(writes <= 40, "200 events marked in {writes} writes");
+}
+
 #[tokio::test]
 async fn push_configs_are_set_read_listed_and_deleted_in_both_versions() {
     push_configs_on(ServerProcess::start(&[])).await;

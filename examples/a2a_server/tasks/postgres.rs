@@ -112,13 +112,19 @@ pub async fn undelivered(pool: &Pool, limit: i64) -> Result<Vec<Pending>, Failur
         id: row.get(0),
         task_id: row.get(1),
         event_type: row.get(2),
+        has_webhooks: row.get(3),
     });
     Ok(pending.collect())
 }
 
-pub async fn mark_delivered(pool: &Pool, id: i64, now: i64) -> Result<(), Failure> {
-    let client = pool.get().await?;
-    client.execute(sql::MARK_DELIVERED, &[&id, &now]).await?;
+pub async fn mark_delivered(pool: &Pool, ids: Vec<i64>, now: i64) -> Result<(), Failure> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let statement = tx.prepare_cached(sql::MARK_DELIVERED).await?;
+    for id in &ids {
+        tx.execute(&statement, &[id, &now]).await?;
+    }
+    tx.commit().await?;
     Ok(())
 }
 

@@ -99,9 +99,10 @@ pub const PUSH_CONFIGS: &str =
 pub const DELETE_PUSH_CONFIG: &str =
     "DELETE FROM push_configs WHERE task_id = $1 AND config_id = $2";
 
-/// `$1` how many: the oldest events not delivered yet.
-pub const UNDELIVERED: &str = "SELECT id, task_id, event_type FROM outbox
-    WHERE delivered_at IS NULL ORDER BY id LIMIT $1";
+/// `$1` how many: the oldest events not delivered yet, and whether their task has webhooks.
+pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
+    EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = outbox.task_id)
+    FROM outbox WHERE delivered_at IS NULL ORDER BY id LIMIT $1";
 
 /// `$1` event id, `$2` now.
 pub const MARK_DELIVERED: &str = "UPDATE outbox SET delivered_at = $2 WHERE id = $1";

@@ -94,6 +94,7 @@ pub async fn undelivered(db: &Database, limit: i64) -> Result<Vec<Pending>, Fail
                 id: row.get(0)?,
                 task_id: row.get(1)?,
                 event_type: row.get(2)?,
+                has_webhooks: row.get(3)?,
             })
         })?;
         rows.collect::<rusqlite::Result<Vec<_>>>()
@@ -101,11 +102,13 @@ pub async fn undelivered(db: &Database, limit: i64) -> Result<Vec<Pending>, Fail
     Ok(read.await?)
 }
 
-pub async fn mark_delivered(db: &Database, id: i64, now: i64) -> Result<(), Failure> {
+pub async fn mark_delivered(db: &Database, ids: Vec<i64>, now: i64) -> Result<(), Failure> {
     let marked = db.transact(move |conn| {
-        conn.prepare_cached(&sqlite(sql::MARK_DELIVERED))?
-            .execute(params![id, now])
-            .map(|_| ())
+        let mut statement = conn.prepare_cached(&sqlite(sql::MARK_DELIVERED))?;
+        for id in &ids {
+            statement.execute(params![id, now])?;
+        }
+        Ok::<_, rusqlite::Error>(())
     });
     Ok(marked.await?)
 }
