@@ -20,7 +20,7 @@ use crate::push::{PushConfig, PushConfigs};
 use crate::shapes::Shape;
 use crate::tasks::{Pending, TaskStore};
 
-/// How often the outbox is read when the last read found less than a full batch.
+/// How often the outbox is read, unless the last read found a full batch and marked some.
 const POLL: Duration = Duration::from_millis(100);
 /// Events read at once.
 const BATCH: i64 = 512;
@@ -56,30 +56,36 @@ struct Relay {
 impl Relay {
     async fn run(mut self) {
         loop {
-            let full = match self.store.undelivered(BATCH).await {
+            // More are waiting behind a full batch; a batch that only waits for retries is
+            // read again after the pause, not at once.
+            let more = match self.store.undelivered(BATCH).await {
                 Ok(pending) => {
                     let full = pending.len() as i64 == BATCH;
-                    self.deliver_all(pending).await;
-                    full
+                    let marked = self.deliver_all(pending).await;
+                    full && marked > 0
                 }
                 Err(error) => {
                     tracing::warn!(?error, "relay: the outbox could not be read");
                     false
                 }
             };
-            if !full {
+            if !more {
                 tokio::time::sleep(POLL).await;
             }
         }
     }
 
-    async fn deliver_all(&mut self, pending: Vec<Pending>) {
+    /// Delivers what is due; returns how many events it marked delivered.
+    async fn deliver_all(&mut self, pending: Vec<Pending>) -> usize {
         let (pending, nowhere): (Vec<_>, Vec<_>) =
             pending.into_iter().partition(|event| event.has_webhooks);
         let nowhere: Vec<i64> = nowhere.into_iter().map(|event| event.id).collect();
+        let mut marked = 0;
         if !nowhere.is_empty() {
-            if let Err(error) = self.store.mark_delivered(nowhere).await {
-                tracing::warn!(?error, "relay: events without webhooks not marked");
+            let count = nowhere.len();
+            match self.store.mark_delivered(nowhere).await {
+                Ok(()) => marked += count,
+                Err(error) => tracing::warn!(?error, "relay: events without webhooks not marked"),
             }
         }
         // A task whose earlier event waits for a retry gets none of its later ones first.
@@ -96,8 +102,11 @@ impl Relay {
             match self.deliver(&event).await {
                 Ok(()) => {
                     self.retries.remove(&event.id);
-                    if let Err(error) = self.store.mark_delivered(vec![event.id]).await {
-                        tracing::warn!(id = event.id, ?error, "relay: delivered, not marked");
+                    match self.store.mark_delivered(vec![event.id]).await {
+                        Ok(()) => marked += 1,
+                        Err(error) => {
+                            tracing::warn!(id = event.id, ?error, "relay: delivered, not marked")
+                        }
                     }
                 }
                 Err(why) => {
@@ -112,6 +121,7 @@ impl Relay {
                 }
             }
         }
+        marked
     }
 
     /// Posts the event to every webhook of its task; `Err` unless each answered 2xx.
