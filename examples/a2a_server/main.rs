@@ -105,9 +105,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
         .map_err(|e| format!("cannot read the tasks in {}: {e:?}", cli.db))?;
     let mut signals = Signals::new()?;
     let metrics = metrics::install()?;
-    if std::env::var_os("NO_RELAY").is_none() {
-        relay::spawn(store, push.clone());
-    }
+    relay::spawn(store, push.clone());
     let (handle, addr) = start(&cli, &idem, Agent::new(missions, push), metrics).await?;
     tracing::info!(%addr, db = %cli.db, mode = ?cli.mode, resumed, "serving");
     announce(addr)?;
