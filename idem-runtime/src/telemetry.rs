@@ -147,7 +147,6 @@ fn outcome_label(outcome: Outcome) -> &'static str {
     }
 }
 
-/// Counts what happened to a governed call of `method`, and notes it in the call's span.
 /// The method as a label: the governed methods' names without an allocation per call (a
 /// method governed by configuration pays one).
 fn method_label(method: &str) -> SharedString {
@@ -160,6 +159,7 @@ fn method_label(method: &str) -> SharedString {
     }
 }
 
+/// Counts what happened to a governed call of `method`, and notes it in the call's span.
 pub(crate) fn outcome(method: &str, outcome: Outcome) {
     let label = outcome_label(outcome);
     tracing::Span::current().record("outcome", label);
