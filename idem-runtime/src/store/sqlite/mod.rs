@@ -331,11 +331,9 @@ impl Store for SqliteStore {
         let stream = stream.clone();
         self.write(all_rerunnable(&writes), move |conn, batch| {
             apply_writes(conn, &mut writes)?;
-            if insert_open_stream(conn, &stream)? {
-                batch
-                    .changes
-                    .push(Change::Opened(stream.message_id.clone()));
-            }
+            let may_exist = batch.may_hold(&stream.message_id);
+            let new = insert_open_stream(conn, &stream, may_exist)?;
+            batch.opened(&stream.message_id, new);
             insert_event(conn, &stream.message_id, 0, &first_event)
         })
         .await
@@ -437,7 +435,7 @@ fn stored_keys(conn: &Connection) -> rusqlite::Result<KeyIndex> {
 
 /// Stores `entry` in the batch, counting its row if it is new.
 fn store_entry(conn: &Connection, batch: &mut Batch, entry: Arc<Entry>) -> Result<(), StoreError> {
-    let may_exist = batch.may_hold_entry(&entry.message_id);
+    let may_exist = batch.may_hold(&entry.message_id);
     let new = insert_entry(conn, &entry, batch.now_ms, may_exist)?;
     batch.rows += u64::from(new);
     batch.stored(entry, new);
@@ -539,11 +537,17 @@ pub(crate) fn count_rows(conn: &Connection) -> rusqlite::Result<u64> {
         .map(|n| n as u64)
 }
 
-/// Returns whether the row is new.
-fn insert_open_stream(conn: &Connection, stream: &OpenStream) -> rusqlite::Result<bool> {
-    let existed = conn
-        .prepare_cached("SELECT 1 FROM idempotency_open_streams WHERE message_id = ?1")?
-        .exists([stream.message_id.as_str()])?;
+/// Returns whether the row is new. Unless `may_exist`, the key is known to have no row, and
+/// is not looked for, as in [`insert_entry`].
+fn insert_open_stream(
+    conn: &Connection,
+    stream: &OpenStream,
+    may_exist: bool,
+) -> rusqlite::Result<bool> {
+    let existed = may_exist
+        && conn
+            .prepare_cached("SELECT 1 FROM idempotency_open_streams WHERE message_id = ?1")?
+            .exists([stream.message_id.as_str()])?;
     conn.prepare_cached(
         "INSERT OR REPLACE INTO idempotency_open_streams
            (message_id, method, request_hash, jsonrpc_id, started_at)

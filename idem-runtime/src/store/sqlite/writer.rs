@@ -39,25 +39,36 @@ pub(crate) struct Batch {
     /// What the writes so far changed, in order: the memory tier and the key index learn it
     /// once the batch has committed.
     pub(crate) changes: Vec<Change>,
-    /// The key index as the batch began, and the fingerprints of the entries stored since:
-    /// together they know which keys cannot have a row.
+    /// The key index as the batch began, and the fingerprints of the keys this batch wrote a
+    /// row of since: together they know which keys cannot have a row.
     index: Arc<KeyIndex>,
-    stored: HashSet<u64>,
+    written: HashSet<u64>,
 }
 
 impl Batch {
-    /// `false` only when no entry row of `key` exists: a fresh key's insert then needs no
-    /// read first.
-    pub(crate) fn may_hold_entry(&self, key: &MessageId) -> bool {
+    /// `false` only when no row of `key` exists, neither an entry nor an open stream: a fresh
+    /// key's insert then needs no read first.
+    pub(crate) fn may_hold(&self, key: &MessageId) -> bool {
         self.index.may_hold(key.as_str())
-            || self.stored.contains(&self.index.fingerprint(key.as_str()))
+            || self.written.contains(&self.index.fingerprint(key.as_str()))
     }
 
     /// An entry of `entry`'s key was stored by this batch; `new` when no row was there.
     pub(crate) fn stored(&mut self, entry: Arc<Entry>, new: bool) {
-        self.stored
-            .insert(self.index.fingerprint(entry.message_id.as_str()));
+        self.wrote(&entry.message_id);
         self.changes.push(Change::Stored { entry, new });
+    }
+
+    /// An open-stream row of `key` was written by this batch; `new` when none was there.
+    pub(crate) fn opened(&mut self, key: &MessageId, new: bool) {
+        self.wrote(key);
+        if new {
+            self.changes.push(Change::Opened(key.clone()));
+        }
+    }
+
+    fn wrote(&mut self, key: &MessageId) {
+        self.written.insert(self.index.fingerprint(key.as_str()));
     }
 }
 
@@ -206,7 +217,7 @@ impl Writer {
             rows: self.rows,
             changes: Vec::new(),
             index: self.index.clone(),
-            stored: HashSet::new(),
+            written: HashSet::new(),
         };
         apply_touches(&self.conn, touches)?;
         let mut outcomes = Vec::with_capacity(jobs.len());
