@@ -463,10 +463,7 @@ fn insert_entry(
     now_ms: u64,
     may_exist: bool,
 ) -> rusqlite::Result<bool> {
-    let existed = may_exist
-        && conn
-            .prepare_cached("SELECT 1 FROM idempotency_cache WHERE message_id = ?1")?
-            .exists([entry.message_id.as_str()])?;
+    let existed = may_exist && has_row(conn, "idempotency_cache", &entry.message_id)?;
     let headers = entry.response.headers_json();
     conn.prepare_cached(
         "INSERT OR REPLACE INTO idempotency_cache
@@ -537,6 +534,12 @@ pub(crate) fn count_rows(conn: &Connection) -> rusqlite::Result<u64> {
         .map(|n| n as u64)
 }
 
+/// Whether `table` holds a row of `key`.
+fn has_row(conn: &Connection, table: &str, key: &MessageId) -> rusqlite::Result<bool> {
+    let sql = format!("SELECT 1 FROM {table} WHERE message_id = ?1");
+    conn.prepare_cached(&sql)?.exists([key.as_str()])
+}
+
 /// Returns whether the row is new. Unless `may_exist`, the key is known to have no row, and
 /// is not looked for, as in [`insert_entry`].
 fn insert_open_stream(
@@ -544,10 +547,7 @@ fn insert_open_stream(
     stream: &OpenStream,
     may_exist: bool,
 ) -> rusqlite::Result<bool> {
-    let existed = may_exist
-        && conn
-            .prepare_cached("SELECT 1 FROM idempotency_open_streams WHERE message_id = ?1")?
-            .exists([stream.message_id.as_str()])?;
+    let existed = may_exist && has_row(conn, "idempotency_open_streams", &stream.message_id)?;
     conn.prepare_cached(
         "INSERT OR REPLACE INTO idempotency_open_streams
            (message_id, method, request_hash, jsonrpc_id, started_at)
