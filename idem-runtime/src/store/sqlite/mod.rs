@@ -9,6 +9,7 @@
 //! recent entries (`memory_tier.rs`: a replay reads nothing).
 
 mod checkpointer;
+mod entries;
 mod file_identity;
 mod file_lock;
 pub(crate) mod key_index;
@@ -37,15 +38,17 @@ use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::sqlite::readers::Readers;
 use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{
-    is_expired, Entry, EntryRow, Found, Lease, OpenStream, OpenStreamRow, ReadJob, Store,
-    StoreError, StoreStats,
+    is_expired, Entry, Found, Lease, OpenStream, OpenStreamRow, ReadJob, Store, StoreError,
+    StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
 
 /// The table and index of spec §4.4, plus two columns the design needs.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idempotency_cache (
-    message_id       TEXT NOT NULL PRIMARY KEY,
+    -- One row per key, as the spec's PRIMARY KEY makes it; the writer keeps it so, and the
+    -- key index finds a key's row in memory (key_index.rs says why not through this column).
+    message_id       TEXT NOT NULL,
     request_hash     TEXT NOT NULL,
     response_status  INTEGER NOT NULL,
     response_headers BLOB NOT NULL,
@@ -57,7 +60,10 @@ CREATE TABLE IF NOT EXISTS idempotency_cache (
     last_used_at     INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inserted_at);
-CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at ON idempotency_cache(last_used_at);
+-- The LRU order, with the key: the key index loads from it at open, not from the rows. A new
+-- row's cells go at its end (one batch shares one last_used_at), never on a random page.
+CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at
+    ON idempotency_cache(last_used_at, message_id);
 -- Streams being recorded: their side effects are committed, their response is not finished.
 -- A row left here by a process that died is closed as interrupted by the next claim.
 CREATE TABLE IF NOT EXISTS idempotency_open_streams (
@@ -136,7 +142,7 @@ impl SqliteStore {
         let writer = Writer {
             restart,
             file: FileIdentity::of(&path)?,
-            rows: count_rows(&conn)?,
+            rows: entries::count(&conn)?,
             conn,
             clock: clock.clone(),
             touches: touches.clone(),
@@ -252,9 +258,10 @@ impl SqliteStore {
     /// Reads `key`'s entry from the file, keeping it in the memory tier if it is live.
     async fn read_entry(&self, key: &MessageId) -> Result<Option<Arc<Entry>>, StoreError> {
         let (id, deletions) = (key.clone(), self.tier.deletions(key));
+        let rowids = self.index.entry_rows(key.as_str());
         let entry = self
             .readers
-            .run(move |conn| select_entry(conn, &id))
+            .run(move |conn| entries::select(conn, &id, &rowids))
             .await?;
         Ok(self.read_back(entry, deletions))
     }
@@ -284,10 +291,11 @@ impl Store for SqliteStore {
         }
         let deletions = self.tier.deletions(key);
         let (id, ttl, now) = (key.clone(), self.ttl_seconds, self.clock.now_seconds());
+        let rowids = self.index.entry_rows(key.as_str());
         let (entry, open) = self
             .readers
             .run(move |conn| {
-                let entry = select_entry(conn, &id)?;
+                let entry = entries::select(conn, &id, &rowids)?;
                 // While an entry is live no stream of its key can be open: a replay costs one
                 // query.
                 let open = match &entry {
@@ -316,7 +324,7 @@ impl Store for SqliteStore {
     ) -> Result<(), StoreError> {
         self.write(all_rerunnable(&writes), move |conn, batch| {
             apply_writes(conn, &mut writes)?;
-            store_entry(conn, batch, entry.clone())
+            entries::store(conn, batch, entry.clone())
         })
         .await
     }
@@ -354,7 +362,7 @@ impl Store for SqliteStore {
     async fn close_stream(&self, entry: Arc<Entry>, _lease: &Lease) -> Result<(), StoreError> {
         self.write(true, move |conn, batch| {
             let key = entry.message_id.clone();
-            store_entry(conn, batch, entry.clone())?;
+            entries::store(conn, batch, entry.clone())?;
             // After the entry: the key index never misses the key between the two changes.
             if delete_open_stream(conn, key.as_str())? {
                 batch.changes.push(Change::Closed(key));
@@ -399,7 +407,7 @@ impl Store for SqliteStore {
     }
 
     async fn row_count(&self) -> Result<u64, StoreError> {
-        self.readers.run(|conn| Ok(count_rows(conn)?)).await
+        self.readers.run(|conn| Ok(entries::count(conn)?)).await
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
@@ -423,23 +431,15 @@ impl Store for SqliteStore {
 
 /// The keys of the rows the file holds, as the key index starts with them.
 fn stored_keys(conn: &Connection) -> rusqlite::Result<KeyIndex> {
-    let mut keys = conn.prepare(
-        "SELECT message_id FROM idempotency_cache
-         UNION ALL SELECT message_id FROM idempotency_open_streams",
-    )?;
-    let keys = keys
+    let entries = entries::all_keys(conn)?;
+    let mut streams = conn.prepare("SELECT message_id FROM idempotency_open_streams")?;
+    let streams = streams
         .query_map([], |row| row.get::<_, String>(0))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(KeyIndex::new(keys.iter().map(String::as_str)))
-}
-
-/// Stores `entry` in the batch, counting its row if it is new.
-fn store_entry(conn: &Connection, batch: &mut Batch, entry: Arc<Entry>) -> Result<(), StoreError> {
-    let may_exist = batch.may_hold(&entry.message_id);
-    let new = insert_entry(conn, &entry, batch.now_ms, may_exist)?;
-    batch.rows += u64::from(new);
-    batch.stored(entry, new);
-    Ok(())
+    Ok(KeyIndex::new(
+        entries.iter().map(|(rowid, key)| (*rowid, key.as_str())),
+        streams.iter().map(String::as_str),
+    ))
 }
 
 /// Whether a redo of the batch may run these writes again.
@@ -455,35 +455,6 @@ fn apply_writes(conn: &Connection, writes: &mut [SqlWrite]) -> Result<(), StoreE
     Ok(())
 }
 
-/// Inserts or replaces; returns whether the key was new (the row count grew). Unless
-/// `may_exist`, the key is known to have no row, and is not looked for (a fresh call's case).
-fn insert_entry(
-    conn: &Connection,
-    entry: &Entry,
-    now_ms: u64,
-    may_exist: bool,
-) -> rusqlite::Result<bool> {
-    let existed = may_exist && has_row(conn, "idempotency_cache", &entry.message_id)?;
-    let headers = entry.response.headers_json();
-    conn.prepare_cached(
-        "INSERT OR REPLACE INTO idempotency_cache
-           (message_id, request_hash, response_status, response_headers, response_body,
-            inserted_at, method, last_used_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )?
-    .execute(params![
-        entry.message_id.as_str(),
-        entry.request_hash.as_str(),
-        entry.response.status,
-        headers,
-        entry.response.body,
-        entry.inserted_at as i64,
-        entry.method,
-        now_ms as i64,
-    ])?;
-    Ok(!existed)
-}
-
 /// Deletes a chunk of expired entries, and open streams older than the TTL (whose retries
 /// are new requests by now); returns how many entries it deleted.
 fn sweep_chunk(
@@ -492,62 +463,43 @@ fn sweep_chunk(
     now: u64,
     changes: &mut Vec<Change>,
 ) -> rusqlite::Result<u64> {
-    let deleted = deleted_keys(
+    let deleted = entries::delete(
         conn,
         // `inserted_at + ttl < now` (spec §4.4), written so that the index on `inserted_at`
         // finds the expired rows instead of a scan of the table.
         "DELETE FROM idempotency_cache WHERE rowid IN
            (SELECT rowid FROM idempotency_cache WHERE inserted_at < ?2 - ?1 LIMIT ?3)
-         RETURNING message_id",
+         RETURNING rowid, message_id",
         params![ttl as i64, now as i64, SWEEP_CHUNK as i64],
     )?;
     let count = deleted.len() as u64;
-    changes.extend(deleted.into_iter().map(Change::Deleted));
+    changes.extend(deleted);
     conn.prepare_cached(
         "DELETE FROM idempotency_stream_events WHERE message_id IN
            (SELECT message_id FROM idempotency_open_streams WHERE started_at + ?1 < ?2)",
     )?
     .execute(params![ttl as i64, now as i64])?;
-    let closed = deleted_keys(
-        conn,
+    let mut closed = conn.prepare_cached(
         "DELETE FROM idempotency_open_streams WHERE started_at + ?1 < ?2 RETURNING message_id",
-        params![ttl as i64, now as i64],
     )?;
-    changes.extend(closed.into_iter().map(Change::Closed));
+    let closed = closed.query_map(params![ttl as i64, now as i64], |row| {
+        Ok(Change::Closed(MessageId::from_stored(row.get(0)?)))
+    })?;
+    changes.extend(closed.collect::<rusqlite::Result<Vec<_>>>()?);
     Ok(count)
 }
 
-/// Runs a `DELETE ... RETURNING message_id`; returns the deleted rows' keys.
-pub(crate) fn deleted_keys(
-    conn: &Connection,
-    sql: &str,
-    params: impl rusqlite::Params,
-) -> rusqlite::Result<Vec<MessageId>> {
-    let mut delete = conn.prepare_cached(sql)?;
-    let keys = delete.query_map(params, |row| row.get::<_, String>(0))?;
-    keys.map(|key| key.map(MessageId::from_stored)).collect()
-}
-
-pub(crate) fn count_rows(conn: &Connection) -> rusqlite::Result<u64> {
-    conn.prepare_cached("SELECT COUNT(*) FROM idempotency_cache")?
-        .query_row([], |row| row.get::<_, i64>(0))
-        .map(|n| n as u64)
-}
-
-/// Whether `table` holds a row of `key`.
-fn has_row(conn: &Connection, table: &str, key: &MessageId) -> rusqlite::Result<bool> {
-    let sql = format!("SELECT 1 FROM {table} WHERE message_id = ?1");
-    conn.prepare_cached(&sql)?.exists([key.as_str()])
-}
-
 /// Returns whether the row is new. Unless `may_exist`, the key is known to have no row, and
-/// is not looked for, as in [`insert_entry`].
+/// is not looked for.
 fn insert_open_stream(
     conn: &Connection,
     stream: &OpenStream,
     may_exist: bool,
 ) -> rusqlite::Result<bool> {
-    let existed = may_exist && has_row(conn, "idempotency_open_streams", &stream.message_id)?;
+    let existed = may_exist
+        && conn
+            .prepare_cached("SELECT 1 FROM idempotency_open_streams WHERE message_id = ?1")?
+            .exists([stream.message_id.as_str()])?;
     conn.prepare_cached(
         "INSERT OR REPLACE INTO idempotency_open_streams
            (message_id, method, request_hash, jsonrpc_id, started_at)
@@ -620,26 +572,6 @@ fn select_open_stream(
         .map(|event| event.map(Bytes::from))
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(Some((stream, events)))
-}
-
-fn select_entry(conn: &Connection, id: &MessageId) -> Result<Option<Entry>, StoreError> {
-    let row = conn
-        .prepare_cached(
-            "SELECT request_hash, response_status, response_headers, response_body, inserted_at, method
-             FROM idempotency_cache WHERE message_id = ?1",
-        )?
-        .query_row([id.as_str()], |row| {
-            Ok(EntryRow {
-                request_hash: row.get(0)?,
-                status: row.get(1)?,
-                headers: row.get(2)?,
-                body: row.get(3)?,
-                inserted_at: row.get(4)?,
-                method: row.get(5)?,
-            })
-        })
-        .optional()?;
-    row.map(|row| row.decode(id)).transpose()
 }
 
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {

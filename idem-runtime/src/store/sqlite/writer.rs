@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 use crate::clock::Clock;
 use crate::message_id::MessageId;
 use crate::store::sqlite::checkpointer::Restart;
+use crate::store::sqlite::entries;
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::key_index::KeyIndex;
 use crate::store::sqlite::memory_tier::MemoryTier;
@@ -39,10 +40,19 @@ pub(crate) struct Batch {
     /// What the writes so far changed, in order: the memory tier and the key index learn it
     /// once the batch has committed.
     pub(crate) changes: Vec<Change>,
-    /// The key index as the batch began, and the fingerprints of the keys this batch wrote a
-    /// row of since: together they know which keys cannot have a row.
+    /// The key index as the batch began, and the keys this batch wrote a row of since (their
+    /// fingerprints, and the entries' rowids): together they know which keys cannot have a
+    /// row, and where the others may have one.
     index: Arc<KeyIndex>,
     written: HashSet<u64>,
+    entries_written: Vec<(u64, i64)>,
+}
+
+/// How far a batch had got: what a write that failed alone is rewound to.
+pub(crate) struct Mark {
+    rows: u64,
+    changes: usize,
+    entries_written: usize,
 }
 
 impl Batch {
@@ -53,10 +63,30 @@ impl Batch {
             || self.written.contains(&self.index.fingerprint(key.as_str()))
     }
 
-    /// An entry of `entry`'s key was stored by this batch; `new` when no row was there.
-    pub(crate) fn stored(&mut self, entry: Arc<Entry>, new: bool) {
-        self.wrote(&entry.message_id);
-        self.changes.push(Change::Stored { entry, new });
+    /// The rowids that may hold `key`'s entry: the key index's, then this batch's.
+    pub(crate) fn entry_rows(&self, key: &MessageId) -> Vec<i64> {
+        let fingerprint = self.index.fingerprint(key.as_str());
+        let mut rows = self.index.entry_rows(key.as_str());
+        let written = self
+            .entries_written
+            .iter()
+            .filter(|(f, _)| *f == fingerprint);
+        rows.extend(written.map(|(_, rowid)| *rowid));
+        rows
+    }
+
+    /// Whether two keys share a fingerprint (and so the key index's candidates).
+    pub(crate) fn same_fingerprint(&self, a: &str, b: &MessageId) -> bool {
+        self.index.fingerprint(a) == self.index.fingerprint(b.as_str())
+    }
+
+    /// `entry` was stored at `rowid`; `new` when no row of its key was there.
+    pub(crate) fn stored(&mut self, entry: Arc<Entry>, rowid: i64, new: bool) {
+        let fingerprint = self.wrote(&entry.message_id);
+        if new {
+            self.entries_written.push((fingerprint, rowid));
+        }
+        self.changes.push(Change::Stored { entry, rowid, new });
     }
 
     /// An open-stream row of `key` was written by this batch; `new` when none was there.
@@ -67,17 +97,39 @@ impl Batch {
         }
     }
 
-    fn wrote(&mut self, key: &MessageId) {
-        self.written.insert(self.index.fingerprint(key.as_str()));
+    fn wrote(&mut self, key: &MessageId) -> u64 {
+        let fingerprint = self.index.fingerprint(key.as_str());
+        self.written.insert(fingerprint);
+        fingerprint
+    }
+
+    fn mark(&self) -> Mark {
+        Mark {
+            rows: self.rows,
+            changes: self.changes.len(),
+            entries_written: self.entries_written.len(),
+        }
+    }
+
+    /// Forgets what the writes since `mark` did (they were rolled back). `written` may keep
+    /// their keys: it only ever makes a key be looked for.
+    fn rewind(&mut self, mark: Mark) {
+        self.rows = mark.rows;
+        self.changes.truncate(mark.changes);
+        self.entries_written.truncate(mark.entries_written);
     }
 }
 
 /// One change to the rows of the store's own tables.
 pub(crate) enum Change {
-    /// An entry was stored; `new` when no row of its key was there before.
-    Stored { entry: Arc<Entry>, new: bool },
-    /// An entry's row was deleted (swept, evicted).
-    Deleted(MessageId),
+    /// An entry was stored at `rowid`; `new` when no row of its key was there before.
+    Stored {
+        entry: Arc<Entry>,
+        rowid: i64,
+        new: bool,
+    },
+    /// The entry of `key` at `rowid` was deleted (swept, evicted), or found gone.
+    Deleted { key: MessageId, rowid: i64 },
     /// An open-stream row was added.
     Opened(MessageId),
     /// An open-stream row was deleted (the stream closed, or was swept).
@@ -189,7 +241,7 @@ impl Writer {
                 if !self.conn.is_autocommit() {
                     let _ = self.conn.execute_batch("ROLLBACK");
                 }
-                self.rows = crate::store::sqlite::count_rows(&self.conn).unwrap_or(self.rows);
+                self.rows = entries::count(&self.conn).unwrap_or(self.rows);
                 let failed = || Err(StoreError::Commit(failure.clone()));
                 jobs.iter().map(|_| failed()).collect()
             }
@@ -218,8 +270,9 @@ impl Writer {
             changes: Vec::new(),
             index: self.index.clone(),
             written: HashSet::new(),
+            entries_written: Vec::new(),
         };
-        apply_touches(&self.conn, touches)?;
+        apply_touches(&self.conn, &self.index, touches)?;
         let mut outcomes = Vec::with_capacity(jobs.len());
         for job in jobs.iter_mut() {
             if careful || !job.rerunnable() {
@@ -238,9 +291,7 @@ impl Writer {
         let evicted = evict_least_recently_used(&self.conn, batch.rows, self.max_entries)?;
         let evictions = evicted.len() as u64;
         batch.rows -= evictions;
-        batch
-            .changes
-            .extend(evicted.into_iter().map(Change::Deleted));
+        batch.changes.extend(evicted);
         self.file.check()?;
         run(&self.conn, "COMMIT")?;
         crate::telemetry::evicted("lru", evictions);
@@ -254,18 +305,18 @@ impl Writer {
     fn publish(&self, changes: Vec<Change>) {
         for change in changes {
             match change {
-                Change::Stored { entry, new } => {
+                Change::Stored { entry, rowid, new } => {
                     if new {
-                        self.index.added([entry.message_id.as_str()]);
+                        self.index.entry_added(entry.message_id.as_str(), rowid);
                     }
                     self.tier.insert(entry);
                 }
-                Change::Deleted(key) => {
-                    self.index.removed([key.as_str()]);
+                Change::Deleted { key, rowid } => {
+                    self.index.entry_removed(key.as_str(), rowid);
                     self.tier.deleted([&key]);
                 }
-                Change::Opened(key) => self.index.added([key.as_str()]),
-                Change::Closed(key) => self.index.removed([key.as_str()]),
+                Change::Opened(key) => self.index.stream_added(key.as_str()),
+                Change::Closed(key) => self.index.stream_removed(key.as_str()),
             }
         }
     }
@@ -276,7 +327,7 @@ impl Writer {
         job: &mut dyn Job,
         batch: &mut Batch,
     ) -> Result<Result<(), StoreError>, StoreError> {
-        let (rows, changes) = (batch.rows, batch.changes.len());
+        let mark = batch.mark();
         run(&self.conn, "SAVEPOINT job")?;
         match job.apply(&self.conn, batch) {
             Ok(()) => {
@@ -284,8 +335,7 @@ impl Writer {
                 Ok(Ok(()))
             }
             Err(error) => {
-                batch.rows = rows;
-                batch.changes.truncate(changes);
+                batch.rewind(mark);
                 if self.conn.is_autocommit() {
                     // SQLite rolled the whole transaction back (disk full, I/O error).
                     return Err(StoreError::Commit(format!("transaction lost: {error}")));
@@ -304,31 +354,32 @@ fn run(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn apply_touches(conn: &Connection, touches: &HashMap<String, u64>) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare_cached(
-        "UPDATE idempotency_cache SET last_used_at = MAX(last_used_at, ?2) WHERE message_id = ?1",
-    )?;
+fn apply_touches(
+    conn: &Connection,
+    index: &KeyIndex,
+    touches: &HashMap<String, u64>,
+) -> rusqlite::Result<()> {
     for (key, at) in touches {
-        stmt.execute(params![key, *at as i64])?;
+        entries::touch(conn, index, key, *at)?;
     }
     Ok(())
 }
 
 /// Keeps at most `max_entries` rows, enforced in the same transaction as the inserts;
-/// returns the keys it evicted.
+/// returns what it evicted.
 fn evict_least_recently_used(
     conn: &Connection,
     rows: u64,
     max_entries: u64,
-) -> rusqlite::Result<Vec<MessageId>> {
+) -> rusqlite::Result<Vec<Change>> {
     if rows <= max_entries {
         return Ok(Vec::new());
     }
-    crate::store::sqlite::deleted_keys(
+    entries::delete(
         conn,
         "DELETE FROM idempotency_cache WHERE rowid IN
            (SELECT rowid FROM idempotency_cache ORDER BY last_used_at, rowid LIMIT ?1)
-         RETURNING message_id",
+         RETURNING rowid, message_id",
         params![(rows - max_entries) as i64],
     )
 }

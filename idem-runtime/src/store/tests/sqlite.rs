@@ -14,6 +14,8 @@ use crate::IdempotencyConfig;
 use crate::store::tests::fixture::Fixture;
 use crate::store::tests::support::*;
 
+/// Spec §4.4's table and index, plus two columns; `message_id` is unique by the writer, not by
+/// an index on disk (`key_index.rs` says why).
 #[tokio::test]
 async fn schema_is_the_spec_table_plus_documented_columns() {
     let fx = Fixture::sqlite();
@@ -30,7 +32,7 @@ async fn schema_is_the_spec_table_plus_documented_columns() {
         .collect::<Result<_, _>>()
         .unwrap();
     let expected = [
-        ("message_id", "TEXT", true, true),
+        ("message_id", "TEXT", true, false),
         ("request_hash", "TEXT", true, false),
         ("response_status", "INTEGER", true, false),
         ("response_headers", "BLOB", true, false),
@@ -52,6 +54,18 @@ async fn schema_is_the_spec_table_plus_documented_columns() {
         )
         .unwrap();
     assert!(index.contains("idempotency_cache(inserted_at)"), "{index}");
+    // The key index loads from an index at open, not from the rows.
+    let plan: String = conn
+        .query_row(
+            "EXPLAIN QUERY PLAN SELECT rowid, message_id FROM idempotency_cache",
+            [],
+            |r| r.get(3),
+        )
+        .unwrap();
+    assert!(
+        plan.contains("COVERING INDEX idx_idempotency_last_used_at"),
+        "{plan}"
+    );
     let journal: String = conn
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .unwrap();
@@ -270,15 +284,7 @@ async fn a_write_that_runs_once_runs_once_through_a_redone_batch() {
 async fn one_key_stored_twice_in_a_batch_is_one_row() {
     let fx = Fixture::sqlite();
     let store = SqliteStore::open(&fx.path, &config(86_400, 50)).unwrap();
-    let entry = |n: u32, body: &str| {
-        Arc::new(crate::store::Entry {
-            message_id: key(n),
-            method: "message/send".into(),
-            request_hash: request_hash(b"{}").unwrap(),
-            response: response(body),
-            inserted_at: store.now_seconds(),
-        })
-    };
+    let entry = |n: u32, body: &str| entry(&store, n, body);
     let lease = crate::store::Lease::exclusive();
     for round in 0..20 {
         // Queued together, these commit in one batch more often than not.
@@ -298,4 +304,102 @@ async fn one_key_stored_twice_in_a_batch_is_one_row() {
             .unwrap();
     }
     assert_eq!(store.row_count().await.unwrap(), 50);
+}
+
+/// An entry of `key(n)` answered with `body`, stored now.
+fn entry(store: &SqliteStore, n: u32, body: &str) -> Arc<crate::store::Entry> {
+    Arc::new(crate::store::Entry {
+        message_id: key(n),
+        method: "message/send".into(),
+        request_hash: request_hash(b"{}").unwrap(),
+        response: response(body),
+        inserted_at: store.now_seconds(),
+    })
+}
+
+/// Stores `body` for `key(n)` straight through the store (no claim), as the writer would.
+async fn put(store: &SqliteStore, n: u32, body: &str) {
+    let lease = crate::store::Lease::exclusive();
+    let stored = store.put(entry(store, n, body), Vec::new(), &lease).await;
+    stored.unwrap();
+}
+
+async fn body_of(store: &SqliteStore, n: u32) -> Option<Vec<u8>> {
+    store.get(&key(n)).await.unwrap().map(|e| e.response.body)
+}
+
+/// Rows are found by the rowids the key index keeps. A row deleted behind the writer's back
+/// (an operator's purge) is a miss, also once SQLite gave its rowid to another key's row, and
+/// the key stored again is one row.
+#[tokio::test]
+async fn a_row_purged_behind_the_writer_is_a_miss_even_when_its_rowid_is_reused() {
+    let fx = Fixture::sqlite();
+    let off = config(86_400, 100).with(|c| c.memory_tier_bytes = 0);
+    let store = SqliteStore::open(&fx.path, &off).unwrap();
+    put(&store, 1, "one").await;
+    put(&store, 2, "two").await;
+    let purge = rusqlite::Connection::open(&fx.path).unwrap();
+    let purged = purge
+        .execute(
+            "DELETE FROM idempotency_cache WHERE message_id = ?1",
+            [key(2).as_str()],
+        )
+        .unwrap();
+    assert_eq!(purged, 1);
+    assert_eq!(body_of(&store, 2).await, None);
+    // The highest rowid was freed: the next row takes it.
+    put(&store, 3, "three").await;
+    let rowid = |n: u32| -> i64 {
+        purge
+            .query_row(
+                "SELECT rowid FROM idempotency_cache WHERE message_id = ?1",
+                [key(n).as_str()],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    assert_eq!(rowid(3), 2, "SQLite reused the purged row's rowid");
+    assert_eq!(body_of(&store, 2).await, None, "not key 3's entry");
+    assert_eq!(body_of(&store, 3).await.unwrap(), b"three");
+    // Stored again, the purged key is one row, found after a restart too.
+    put(&store, 2, "two again").await;
+    put(&store, 2, "two, replaced").await;
+    assert_eq!(store.row_count().await.unwrap(), 3);
+    store.close();
+    let store = SqliteStore::open(&fx.path, &off).unwrap();
+    assert_eq!(body_of(&store, 2).await.unwrap(), b"two, replaced");
+    assert_eq!(body_of(&store, 1).await.unwrap(), b"one");
+    assert_eq!(store.row_count().await.unwrap(), 3);
+}
+
+/// A file created before the key index kept rowids has the spec's `PRIMARY KEY` on
+/// `message_id` and the index on `inserted_at` alone: it is served as it is, and its unique
+/// index still holds one row per key.
+#[tokio::test]
+async fn a_file_with_the_primary_key_of_an_earlier_version_is_served() {
+    let fx = Fixture::sqlite();
+    {
+        let conn = rusqlite::Connection::open(&fx.path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE idempotency_cache (
+                message_id TEXT NOT NULL PRIMARY KEY, request_hash TEXT NOT NULL,
+                response_status INTEGER NOT NULL, response_headers BLOB NOT NULL,
+                response_body BLOB NOT NULL, inserted_at INTEGER NOT NULL,
+                method TEXT NOT NULL DEFAULT '', last_used_at INTEGER NOT NULL DEFAULT 0);
+             CREATE INDEX idx_idempotency_inserted_at ON idempotency_cache(inserted_at);",
+        )
+        .unwrap();
+    }
+    let off = config(86_400, 100).with(|c| c.memory_tier_bytes = 0);
+    {
+        let store = SqliteStore::open(&fx.path, &off).unwrap();
+        put(&store, 1, "one").await;
+        put(&store, 1, "one, replaced").await;
+        put(&store, 2, "two").await;
+    }
+    let store = SqliteStore::open(&fx.path, &off).unwrap();
+    assert_eq!(body_of(&store, 1).await.unwrap(), b"one, replaced");
+    put(&store, 2, "two, replaced").await;
+    assert_eq!(body_of(&store, 2).await.unwrap(), b"two, replaced");
+    assert_eq!(store.row_count().await.unwrap(), 2);
 }
