@@ -5,8 +5,10 @@
 //! It reads what is undelivered from the outbox itself, so a restart resumes where the last
 //! process stopped; an event it was delivering when the process died is delivered again,
 //! with the same id (`X-A2A-Event-Id`, the outbox row's id), which is how a receiver
-//! recognises a duplicate. A webhook that fails is retried with exponential backoff; the
-//! events of one task are delivered in the order they happened. The body is the task as
+//! recognises a duplicate. A webhook that fails is retried with exponential backoff, written
+//! to the event's row (`next_attempt_at`): until then the outbox is read past it and the later
+//! events of its task, so events that wait for a failing webhook never hold back the others,
+//! however many. The events of one task are delivered in the order they happened. The body is the task as
 //! A2A 0.3 shapes it, as it is when delivered; the event's type is in `X-A2A-Event-Type`, a
 //! config's token in `X-A2A-Notification-Token`. An event of a task without webhooks has
 //! nowhere to go: the events of all such tasks that one read finds are marked delivered
@@ -14,13 +16,14 @@
 //! by one, each waiting for its commit, it fell behind by thousands of events a second).
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::clock;
 use crate::push::{PushConfig, PushConfigs};
 use crate::shapes::Shape;
 use crate::tasks::{Pending, TaskStore};
 
-/// How often the outbox is read, unless the last read found a full batch and marked some.
+/// How often the outbox is read, unless the last read found a full batch.
 const POLL: Duration = Duration::from_millis(100);
 /// Events read at once.
 const BATCH: i64 = 512;
@@ -49,20 +52,20 @@ struct Relay {
     store: TaskStore,
     push: PushConfigs,
     client: reqwest::Client,
-    /// Events that failed: how many times, and when to try again.
-    retries: HashMap<i64, (u32, Instant)>,
+    /// Events that failed: how many times (their next attempt is in their row).
+    retries: HashMap<i64, u32>,
 }
 
 impl Relay {
     async fn run(mut self) {
         loop {
-            // More are waiting behind a full batch; a batch that only waits for retries is
-            // read again after the pause, not at once.
+            // More are waiting behind a full batch: an event read and marked delivered, or
+            // held back for a retry, is not read again, so the next read finds others.
             let more = match self.store.undelivered(BATCH).await {
                 Ok(pending) => {
                     let full = pending.len() as i64 == BATCH;
-                    let marked = self.deliver_all(pending).await;
-                    full && marked > 0
+                    let settled = self.deliver_all(pending).await;
+                    full && settled > 0
                 }
                 Err(error) => {
                     tracing::warn!(?error, "relay: the outbox could not be read");
@@ -75,7 +78,7 @@ impl Relay {
         }
     }
 
-    /// Delivers what is due; returns how many events it marked delivered.
+    /// Delivers what was read; returns how many events it marked delivered or held back.
     async fn deliver_all(&mut self, pending: Vec<Pending>) -> usize {
         let (pending, nowhere): (Vec<_>, Vec<_>) =
             pending.into_iter().partition(|event| event.has_webhooks);
@@ -88,15 +91,10 @@ impl Relay {
                 Err(error) => tracing::warn!(?error, "relay: events without webhooks not marked"),
             }
         }
-        // A task whose earlier event waits for a retry gets none of its later ones first.
+        // A task whose earlier event failed just now gets none of its later ones first.
         let mut waiting: HashSet<String> = HashSet::new();
         for event in pending {
-            let due = self
-                .retries
-                .get(&event.id)
-                .is_none_or(|(_, at)| *at <= Instant::now());
-            if waiting.contains(&event.task_id) || !due {
-                waiting.insert(event.task_id);
+            if waiting.contains(&event.task_id) {
                 continue;
             }
             match self.deliver(&event).await {
@@ -110,13 +108,19 @@ impl Relay {
                     }
                 }
                 Err(why) => {
-                    let failures = self.retries.get(&event.id).map_or(0, |(n, _)| *n);
+                    let failures = self.retries.get(&event.id).copied().unwrap_or(0);
                     let wait = FIRST_BACKOFF
                         .saturating_mul(1 << failures.min(16))
                         .min(MAX_BACKOFF);
                     tracing::warn!(id = event.id, failures = failures + 1, ?wait, %why, "relay: delivery failed");
-                    self.retries
-                        .insert(event.id, (failures + 1, Instant::now() + wait));
+                    self.retries.insert(event.id, failures + 1);
+                    let at = clock::now_ms() + wait.as_millis() as u64;
+                    match self.store.retry_at(event.id, at).await {
+                        Ok(()) => marked += 1,
+                        Err(error) => {
+                            tracing::warn!(id = event.id, ?error, "relay: retry not scheduled")
+                        }
+                    }
                     waiting.insert(event.task_id);
                 }
             }

@@ -217,21 +217,32 @@ impl TaskStore {
         Ok(deleted?)
     }
 
-    /// The oldest `limit` outbox events not delivered yet, in the order they happened.
+    /// The oldest `limit` outbox events to deliver now, in the order they happened: none that
+    /// waits out a failed attempt's backoff (`retry_at`), nor a later one of its task.
     pub async fn undelivered(&self, limit: i64) -> RpcResult<Vec<Pending>> {
+        let now = clock::now_ms() as i64;
         let pending = match &self.db {
-            Backend::Sqlite(db) => sqlite::undelivered(db, limit).await,
-            Backend::Postgres(pool) => postgres::undelivered(pool, limit).await,
+            Backend::Sqlite(db) => sqlite::undelivered(db, limit, now).await,
+            Backend::Postgres(pool) => postgres::undelivered(pool, limit, now).await,
         };
         Ok(pending?)
     }
 
     /// Marks outbox events `ids` delivered, in one transaction.
     pub async fn mark_delivered(&self, ids: Vec<i64>) -> RpcResult<()> {
-        let now = clock::now_ms() as i64;
+        self.mark(sql::MARK_DELIVERED, ids, clock::now_ms()).await
+    }
+
+    /// Holds outbox event `id` (and the later events of its task) back until `at_ms`.
+    pub async fn retry_at(&self, id: i64, at_ms: u64) -> RpcResult<()> {
+        self.mark(sql::RETRY_AT, vec![id], at_ms).await
+    }
+
+    async fn mark(&self, sql: &'static str, ids: Vec<i64>, value: u64) -> RpcResult<()> {
+        let value = value as i64;
         let marked = match &self.db {
-            Backend::Sqlite(db) => sqlite::mark_delivered(db, ids, now).await,
-            Backend::Postgres(pool) => postgres::mark_delivered(pool, ids, now).await,
+            Backend::Sqlite(db) => sqlite::mark(db, sql, ids, value).await,
+            Backend::Postgres(pool) => postgres::mark(pool, sql, ids, value).await,
         };
         Ok(marked?)
     }

@@ -232,6 +232,41 @@ async fn every_event_reaches_a_webhook_that_fails_and_restarts_across_a_server_c
     }
 }
 
+/// Events waiting for a webhook that keeps failing wait out their backoff in their rows, and
+/// the relay reads past them: more of them than it reads at once (512) hold back no other
+/// task's event. Before, the oldest 512 were read again and again, and nothing behind them.
+#[tokio::test]
+async fn events_waiting_for_a_failing_webhook_never_hold_back_another_tasks() {
+    let failing = Receiver::start(usize::MAX).await;
+    let working = Receiver::start(0).await;
+    let server = ServerProcess::start(&[]);
+    // The longest mission: no completion events while the test runs.
+    let sends = (0..600).map(|_| send_with_webhook(&server, json!({"url": failing.url()}), 60_000));
+    futures::future::join_all(sends).await;
+    let task_id = send_with_webhook(&server, json!({"url": working.url()}), 60_000).await;
+    working.wait_for("mission.assigned").await;
+    assert_eq!(working.taken()[0].body["id"], task_id.as_str());
+    assert!(failing.taken().len() >= 512, "{}", failing.taken().len());
+    assert!(failing.taken().iter().all(|d| d.status == 500));
+}
+
+/// An outbox made by an earlier version has no `next_attempt_at`: the server adds it at start,
+/// and a failed delivery's retry is held in it.
+#[tokio::test]
+async fn an_outbox_of_an_earlier_version_gains_its_retry_column() {
+    let receiver = Receiver::start(1).await;
+    let mut server = ServerProcess::start(&[]);
+    server.kill();
+    let conn = rusqlite::Connection::open(server.db()).unwrap();
+    conn.execute_batch("ALTER TABLE outbox DROP COLUMN next_attempt_at")
+        .unwrap();
+    drop(conn);
+    server.restart();
+    send_with_webhook(&server, json!({"url": receiver.url()}), 60_000).await;
+    receiver.wait_for("mission.assigned").await;
+    assert_eq!(receiver.taken()[0].status, 500, "delivered after a retry");
+}
+
 /// Events of tasks without webhooks have nowhere to go: the relay marks all it reads in one
 /// write (one timestamp), not one write and one commit each, which under load fell behind the
 /// calls by thousands of events a second.

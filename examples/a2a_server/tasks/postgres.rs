@@ -105,9 +105,9 @@ pub async fn delete_push_config(
     Ok(deleted > 0)
 }
 
-pub async fn undelivered(pool: &Pool, limit: i64) -> Result<Vec<Pending>, Failure> {
+pub async fn undelivered(pool: &Pool, limit: i64, now: i64) -> Result<Vec<Pending>, Failure> {
     let client = pool.get().await?;
-    let rows = client.query(sql::UNDELIVERED, &[&limit]).await?;
+    let rows = client.query(sql::UNDELIVERED, &[&limit, &now]).await?;
     let pending = rows.iter().map(|row| Pending {
         id: row.get(0),
         task_id: row.get(1),
@@ -117,12 +117,13 @@ pub async fn undelivered(pool: &Pool, limit: i64) -> Result<Vec<Pending>, Failur
     Ok(pending.collect())
 }
 
-pub async fn mark_delivered(pool: &Pool, ids: Vec<i64>, now: i64) -> Result<(), Failure> {
+/// Runs `sql` (`$1` an event id, `$2` a value) for each of `ids`, in one transaction.
+pub async fn mark(pool: &Pool, sql: &str, ids: Vec<i64>, value: i64) -> Result<(), Failure> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let statement = tx.prepare_cached(sql::MARK_DELIVERED).await?;
+    let statement = tx.prepare_cached(sql).await?;
     for id in &ids {
-        tx.execute(&statement, &[id, &now]).await?;
+        tx.execute(&statement, &[id, &value]).await?;
     }
     tx.commit().await?;
     Ok(())

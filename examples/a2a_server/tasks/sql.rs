@@ -19,7 +19,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     event_type   TEXT NOT NULL,    -- mission.assigned | mission.completed | mission.canceled
     payload      TEXT NOT NULL,    -- JSON
     created_at   INTEGER NOT NULL, -- epoch ms
-    delivered_at INTEGER           -- set by the relay once every webhook of the task took it
+    delivered_at INTEGER,          -- set by the relay once every webhook of the task took it
+    next_attempt_at INTEGER        -- epoch ms: a failed delivery is not tried again before
 );
 CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
 CREATE INDEX IF NOT EXISTS idx_outbox_undelivered ON outbox(id) WHERE delivered_at IS NULL;
@@ -50,8 +51,10 @@ CREATE TABLE IF NOT EXISTS outbox (
     event_type   TEXT NOT NULL,
     payload      TEXT NOT NULL,
     created_at   BIGINT NOT NULL,
-    delivered_at BIGINT
+    delivered_at BIGINT,
+    next_attempt_at BIGINT
 );
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS next_attempt_at BIGINT;
 CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
 CREATE INDEX IF NOT EXISTS idx_outbox_undelivered ON outbox(id) WHERE delivered_at IS NULL;
 CREATE TABLE IF NOT EXISTS push_configs (
@@ -99,13 +102,27 @@ pub const PUSH_CONFIGS: &str =
 pub const DELETE_PUSH_CONFIG: &str =
     "DELETE FROM push_configs WHERE task_id = $1 AND config_id = $2";
 
-/// `$1` how many: the oldest events not delivered yet, and whether their task has webhooks.
+/// `$1` how many, `$2` now: the oldest events to deliver now, and whether their task has
+/// webhooks. An event whose last attempt failed waits out its backoff, and so do the later
+/// events of its task (they are delivered in order), while every other event is read past it.
 pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
     EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = outbox.task_id)
-    FROM outbox WHERE delivered_at IS NULL ORDER BY id LIMIT $1";
+    FROM outbox WHERE delivered_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM outbox waiting
+        WHERE waiting.task_id = outbox.task_id AND waiting.id <= outbox.id
+          AND waiting.delivered_at IS NULL AND waiting.next_attempt_at > $2)
+    ORDER BY id LIMIT $1";
 
 /// `$1` event id, `$2` now.
 pub const MARK_DELIVERED: &str = "UPDATE outbox SET delivered_at = $2 WHERE id = $1";
+
+/// `$1` event id, `$2` when to try again (epoch ms).
+pub const RETRY_AT: &str = "UPDATE outbox SET next_attempt_at = $2 WHERE id = $1";
+
+/// The column an outbox of an earlier version lacks (SQLite has no `ADD COLUMN IF NOT EXISTS`).
+pub const SQLITE_HAS_NEXT_ATTEMPT: &str =
+    "SELECT COUNT(*) FROM pragma_table_info('outbox') WHERE name = 'next_attempt_at'";
+pub const SQLITE_ADD_NEXT_ATTEMPT: &str = "ALTER TABLE outbox ADD COLUMN next_attempt_at INTEGER";
 
 /// `sql` as SQLite spells its numbered parameters.
 pub fn sqlite(sql: &str) -> String {

@@ -11,7 +11,14 @@ use super::{Change, EventRow, Failure, Loaded, Pending, PushRow, TaskRow};
 use crate::model::Task;
 
 pub async fn create(db: &Database) -> Result<(), String> {
-    let created = db.transact(|conn| conn.execute_batch(sql::SQLITE_SCHEMA));
+    let created = db.transact(|conn| {
+        conn.execute_batch(sql::SQLITE_SCHEMA)?;
+        let has: i64 = conn.query_row(sql::SQLITE_HAS_NEXT_ATTEMPT, [], |row| row.get(0))?;
+        if has == 0 {
+            conn.execute_batch(sql::SQLITE_ADD_NEXT_ATTEMPT)?;
+        }
+        Ok::<_, rusqlite::Error>(())
+    });
     created.await.map_err(|e| e.to_string())
 }
 
@@ -86,10 +93,10 @@ pub async fn delete_push_config(
     Ok(deleted.await? > 0)
 }
 
-pub async fn undelivered(db: &Database, limit: i64) -> Result<Vec<Pending>, Failure> {
+pub async fn undelivered(db: &Database, limit: i64, now: i64) -> Result<Vec<Pending>, Failure> {
     let read = db.read(move |conn| {
         let mut statement = conn.prepare_cached(&sqlite(sql::UNDELIVERED))?;
-        let rows = statement.query_map([limit], |row| {
+        let rows = statement.query_map([limit, now], |row| {
             Ok(Pending {
                 id: row.get(0)?,
                 task_id: row.get(1)?,
@@ -102,11 +109,13 @@ pub async fn undelivered(db: &Database, limit: i64) -> Result<Vec<Pending>, Fail
     Ok(read.await?)
 }
 
-pub async fn mark_delivered(db: &Database, ids: Vec<i64>, now: i64) -> Result<(), Failure> {
+/// Runs `sql` (`$1` an event id, `$2` a value) for each of `ids`, in one transaction.
+pub async fn mark(db: &Database, sql: &str, ids: Vec<i64>, value: i64) -> Result<(), Failure> {
+    let sql = sqlite(sql);
     let marked = db.transact(move |conn| {
-        let mut statement = conn.prepare_cached(&sqlite(sql::MARK_DELIVERED))?;
+        let mut statement = conn.prepare_cached(&sql)?;
         for id in &ids {
-            statement.execute(params![id, now])?;
+            statement.execute(params![id, value])?;
         }
         Ok::<_, rusqlite::Error>(())
     });
