@@ -5,8 +5,9 @@
 //! connections, which WAL lets run while the writer commits. No SQLite call ever runs on an
 //! async worker thread, and the thread count does not grow with the load. An OS lock
 //! (`file_lock.rs`) keeps a second process off the file, which is what lets this process keep
-//! what the file holds in memory: the keys (`key_index.rs`: a fresh key reads nothing) and the
-//! recent entries (`memory_tier.rs`: a replay reads nothing).
+//! what the file holds in memory: the keys and their rows' rowids (`key_index.rs`: a fresh key
+//! reads nothing, a stored one is read by rowid, `entries.rs`) and the recent entries
+//! (`memory_tier.rs`: a replay reads nothing).
 
 mod checkpointer;
 mod entries;
