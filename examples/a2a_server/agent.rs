@@ -9,7 +9,7 @@ use jsonrpsee::Extensions;
 use serde_json::Value;
 
 use crate::errors;
-use crate::mission::{Missions, Orders};
+use crate::mission::{Metadata, Missions, Orders};
 use crate::push::{PushConfig, PushConfigs, Spelling};
 use crate::shapes::{self, SendConfiguration, Shape};
 
@@ -24,7 +24,7 @@ pub trait A2a {
         &self,
         message: Value,
         configuration: Option<SendConfiguration>,
-        metadata: Option<Value>,
+        metadata: Option<Metadata>,
     ) -> RpcResult<Replayable<Value>>;
 
     /// A2A 1.0 `SendMessage`: the result is `{"task": Task}`.
@@ -33,7 +33,7 @@ pub trait A2a {
         &self,
         message: Value,
         configuration: Option<SendConfiguration>,
-        metadata: Option<Value>,
+        metadata: Option<Metadata>,
     ) -> RpcResult<Replayable<Value>>;
 
     /// A2A 0.3 `message/stream`: Server-Sent Events, each a JSON-RPC response whose result is
@@ -43,7 +43,7 @@ pub trait A2a {
         &self,
         message: Value,
         configuration: Option<SendConfiguration>,
-        metadata: Option<Value>,
+        metadata: Option<Metadata>,
     ) -> RpcResult<EventStream<Value>>;
 
     /// A2A 1.0 `SendStreamingMessage`: the same events as `{"task"}`, `{"statusUpdate"}`,
@@ -53,7 +53,7 @@ pub trait A2a {
         &self,
         message: Value,
         configuration: Option<SendConfiguration>,
-        metadata: Option<Value>,
+        metadata: Option<Metadata>,
     ) -> RpcResult<EventStream<Value>>;
 
     /// A2A 0.3 `tasks/get`.
@@ -156,7 +156,7 @@ impl Agent {
         shape: Shape,
         message: Value,
         configuration: Option<SendConfiguration>,
-        metadata: Option<Value>,
+        metadata: Option<Metadata>,
     ) -> RpcResult<Replayable<Value>> {
         let orders = Orders::from_metadata(metadata.as_ref())?;
         let message = shapes::parse_message(&message).map_err(errors::invalid_params)?;
@@ -179,7 +179,7 @@ impl Agent {
         shape: Shape,
         message: Value,
         configuration: Option<SendConfiguration>,
-        metadata: Option<Value>,
+        metadata: Option<Metadata>,
     ) -> RpcResult<EventStream<Value>> {
         let orders = Orders::from_metadata(metadata.as_ref())?;
         let message = shapes::parse_message(&message).map_err(errors::invalid_params)?;
@@ -224,7 +224,7 @@ impl A2aServer for Agent {
         ext: &Extensions,
         message: Value,
         configuration: Option<SendConfiguration>,
-        metadata: Option<Value>,
+        metadata: Option<Metadata>,
     ) -> RpcResult<Replayable<Value>> {
         self.send(ext, Shape::V03, message, configuration, metadata)
             .await
@@ -236,7 +236,7 @@ impl A2aServer for Agent {
         ext: &Extensions,
         message: Value,
         configuration: Option<SendConfiguration>,
-        metadata: Option<Value>,
+        metadata: Option<Metadata>,
     ) -> RpcResult<Replayable<Value>> {
         self.send(ext, Shape::V10, message, configuration, metadata)
             .await
@@ -248,7 +248,7 @@ impl A2aServer for Agent {
         ext: &Extensions,
         message: Value,
         configuration: Option<SendConfiguration>,
-        metadata: Option<Value>,
+        metadata: Option<Metadata>,
     ) -> RpcResult<EventStream<Value>> {
         self.stream(ext, Shape::V03, message, configuration, metadata)
             .await
@@ -260,7 +260,7 @@ impl A2aServer for Agent {
         ext: &Extensions,
         message: Value,
         configuration: Option<SendConfiguration>,
-        metadata: Option<Value>,
+        metadata: Option<Metadata>,
     ) -> RpcResult<EventStream<Value>> {
         self.stream(ext, Shape::V10, message, configuration, metadata)
             .await

@@ -7,7 +7,9 @@ use std::time::Duration;
 use futures::stream::{self, BoxStream, StreamExt};
 use jsonrpsee::core::RpcResult;
 use jsonrpsee::types::ErrorObjectOwned;
-use serde_json::{json, Map, Value};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::{json, Value};
 use uuid::Uuid;
 
 use idem::UnitOfWork;
@@ -21,6 +23,54 @@ const DEFAULT_DURATION_MS: u64 = 2_000;
 const MAX_DURATION_MS: u64 = 60_000;
 const MAX_DELAY_MS: u64 = 10_000;
 
+/// `params.metadata` as a send reads it: the two members the missions obey. The others, a
+/// client's own (trace ids, tenants, routing...), are skipped unread: no tree of them is built
+/// only to be dropped.
+#[derive(Debug, Default)]
+pub struct Metadata {
+    duration_ms: Option<Value>,
+    delay_ms: Option<Value>,
+}
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(MetadataVisitor)
+    }
+}
+
+struct MetadataVisitor;
+
+/// A member's name, read without allocating it.
+#[derive(Deserialize)]
+enum Member {
+    #[serde(rename = "durationMs")]
+    DurationMs,
+    #[serde(rename = "delayMs")]
+    DelayMs,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> Visitor<'de> for MetadataVisitor {
+    type Value = Metadata;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("params.metadata to be an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Metadata, A::Error> {
+        let mut metadata = Metadata::default();
+        while let Some(member) = members.next_key()? {
+            match member {
+                Member::DurationMs => metadata.duration_ms = members.next_value()?,
+                Member::DelayMs => metadata.delay_ms = members.next_value()?,
+                Member::Other => drop(members.next_value::<IgnoredAny>()?),
+            }
+        }
+        Ok(metadata)
+    }
+}
+
 /// What `params.metadata` asks of a send.
 #[derive(Debug, Clone, Copy)]
 pub struct Orders {
@@ -31,22 +81,20 @@ pub struct Orders {
 }
 
 impl Orders {
-    pub fn from_metadata(metadata: Option<&Value>) -> Result<Self, ErrorObjectOwned> {
-        let metadata = match metadata {
-            None | Some(Value::Null) => &Map::new(),
-            Some(Value::Object(metadata)) => metadata,
-            Some(_) => return Err(errors::invalid_params("params.metadata must be an object")),
-        };
+    pub fn from_metadata(metadata: Option<&Metadata>) -> Result<Self, ErrorObjectOwned> {
+        let (duration, delay) = metadata.map_or((None, None), |m| {
+            (m.duration_ms.as_ref(), m.delay_ms.as_ref())
+        });
         Ok(Self {
-            duration_ms: millis(metadata, "durationMs", DEFAULT_DURATION_MS, MAX_DURATION_MS)?,
-            delay_ms: millis(metadata, "delayMs", 0, MAX_DELAY_MS)?,
+            duration_ms: millis(duration, "durationMs", DEFAULT_DURATION_MS, MAX_DURATION_MS)?,
+            delay_ms: millis(delay, "delayMs", 0, MAX_DELAY_MS)?,
         })
     }
 }
 
-/// An optional whole number of milliseconds from 0 to `max`.
-fn millis(metadata: &Map<String, Value>, key: &str, default: u64, max: u64) -> RpcResult<u64> {
-    match metadata.get(key) {
+/// An optional whole number of milliseconds from 0 to `max`: member `key`'s `value`.
+fn millis(value: Option<&Value>, key: &str, default: u64, max: u64) -> RpcResult<u64> {
+    match value {
         None | Some(Value::Null) => Ok(default),
         // Clients built on protobuf's Struct (the official A2A SDKs) send every number as a
         // double: `200.0` is the whole number 200, as JCS also says when it hashes it.

@@ -196,6 +196,51 @@ async fn a_send_assigns_a_working_task_that_completes_with_an_echo() {
     assert_eq!(texts, [json!("north"), json!("ridge")]);
 }
 
+/// `params.metadata` is read for `durationMs` and `delayMs` alone: a client's other members,
+/// however nested, are skipped; a protobuf-style `200.0` is 200; anything else is -32602 with
+/// the member it is about, and nothing runs.
+#[tokio::test]
+async fn send_metadata_is_read_for_its_orders_and_checked() {
+    let server = ServerProcess::start(&[]);
+    let send = |metadata: Value| {
+        let message = json!({"kind": "message", "messageId": new_id(), "role": "user",
+            "parts": [{"kind": "text", "text": "orders"}]});
+        rpc(
+            "message/send",
+            json!({"message": message, "metadata": metadata}),
+        )
+    };
+    let client = json!({"trace": {"id": "t-1", "spans": [1, 2.5, {"deep": [null, true]}]},
+        "tenant": "acme", "durationMs": 200.0});
+    let task = post_activated(&server.url, send(client)).await.json();
+    let id = task["result"]["id"].as_str().unwrap().to_owned();
+    until_completed(&server.url, &id).await;
+    for (metadata, about) in [
+        (json!("fast"), "params.metadata to be an object"),
+        (json!([200, 0]), "params.metadata to be an object"),
+        (
+            json!({"durationMs": 1.5}),
+            "params.metadata.durationMs must be a whole number",
+        ),
+        (
+            json!({"delayMs": -1}),
+            "params.metadata.delayMs must be a whole number",
+        ),
+        (json!({"durationMs": 60_001}), "from 0 to 60000"),
+    ] {
+        let reply = post_activated(&server.url, send(metadata.clone()))
+            .await
+            .json();
+        assert_eq!(reply["error"]["code"], -32602, "{metadata}: {reply}");
+        assert!(
+            reply["error"].to_string().contains(about),
+            "{metadata}: {reply}"
+        );
+    }
+    let tasks = count(server.db(), "SELECT COUNT(*) FROM tasks", &[]);
+    assert_eq!(tasks, 1, "a refused send creates no task");
+}
+
 async fn until_completed(url: &str, id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
