@@ -88,9 +88,10 @@ SELECT method, request_hash, started_at FROM idempotency_open_streams WHERE mess
 const STREAM_EVENTS: &str =
     "SELECT event FROM idempotency_stream_events WHERE message_id = $1 ORDER BY seq";
 const PURGE: &str = "DELETE FROM idempotency_cache WHERE message_id = $1";
-/// `sql`, whose row is `WHERE message_id = $1`, as SQLite should run it: its table has no
-/// index of keys (`store/sqlite/key_index.rs` says why), so the key is looked for in the index
-/// on `(last_used_at, message_id)`, about 50 bytes a row, instead of in the table's rows.
+/// `sql`, whose row is `WHERE message_id = $1`, as SQLite should run it: a file's table has
+/// no index of keys since the key index keeps rowids (`store/sqlite/key_index.rs` says why), so
+/// the key is looked for in the index on `(last_used_at, message_id)`, about 50 bytes a row,
+/// instead of in the table's rows (a file of an earlier version uses its key index).
 fn sqlite_by_key(sql: &str) -> String {
     let subquery = "rowid IN (SELECT rowid FROM idempotency_cache WHERE message_id = $1)";
     sql.replace("message_id = $1", subquery)
@@ -99,6 +100,11 @@ fn sqlite_by_key(sql: &str) -> String {
 const PURGE_EXPIRED: &str = "
 DELETE FROM idempotency_cache WHERE message_id IN (
     SELECT message_id FROM idempotency_cache WHERE inserted_at + $2 < $1 LIMIT $3)";
+/// [`PURGE_EXPIRED`] for SQLite: rows by rowid (no index of keys there), found through the
+/// index on `inserted_at`.
+const SQLITE_PURGE_EXPIRED: &str = "
+DELETE FROM idempotency_cache WHERE rowid IN (
+    SELECT rowid FROM idempotency_cache WHERE inserted_at < $1 - $2 LIMIT $3)";
 
 impl Admin {
     /// Connects to `target`: a SQLite file that exists, or a `postgres://` URL. The TTL is
@@ -170,7 +176,7 @@ impl Admin {
                     let params = move |c: &Connection| {
                         let named =
                             rusqlite::named_params! {"$1": now, "$2": ttl, "$3": PURGE_CHUNK};
-                        Ok(c.execute(PURGE_EXPIRED, named)? as u64)
+                        Ok(c.execute(SQLITE_PURGE_EXPIRED, named)? as u64)
                     };
                     sqlite(conn, params).await?
                 }
@@ -348,26 +354,28 @@ async fn read_postgres(client: &tokio_postgres::Client, key: &str) -> Result<Sho
 mod tests {
     use super::*;
 
-    /// A purge holds the served file's write lock: it must not read every row to find one.
+    /// A purge holds the served file's write lock: it must not read every row to find some.
     #[test]
-    fn sqlite_finds_a_key_without_reading_the_table() {
+    fn sqlite_finds_rows_without_reading_the_table() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a2a.db");
         let _store = crate::store::SqliteStore::open(&path, &IdempotencyConfig::default()).unwrap();
         let conn = open_sqlite(&path).unwrap();
-        for sql in [ENTRY, PURGE] {
-            let plan: Vec<String> = conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {}", sqlite_by_key(sql)))
-                .unwrap()
-                .query_map(["k"], |row| row.get(3))
-                .unwrap()
-                .collect::<Result<_, _>>()
+        let plan = |sql: &str, params: &[&dyn rusqlite::ToSql]| {
+            let mut explain = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let rows = explain
+                .query_map(params, |row| row.get::<_, String>(3))
                 .unwrap();
-            let plan = plan.join("; ");
+            rows.collect::<Result<Vec<_>, _>>().unwrap().join("; ")
+        };
+        for sql in [ENTRY, PURGE] {
+            let plan = plan(&sqlite_by_key(sql), &[&"k"]);
             assert!(
                 plan.contains("COVERING INDEX idx_idempotency_last_used_at"),
                 "{plan}"
             );
         }
+        let plan = plan(SQLITE_PURGE_EXPIRED, &[&0, &0, &0]);
+        assert!(plan.contains("INDEX idx_idempotency_inserted_at"), "{plan}");
     }
 }

@@ -2,8 +2,9 @@
 //! which rowids may hold a key, and every statement here checks `message_id` as well, so a
 //! rowid that another row took since is never taken for the key's.
 //!
-//! The writer stores a new key with a plain `INSERT` (no row of it can exist: the key index
-//! and the batch say so) and a stored one by `UPDATE` of its row, in place. A file created by
+//! The writer stores a key with a plain `INSERT` when the key index and the batch know of no
+//! row of it (or only of rows an operator's purge deleted since), and a stored one by `UPDATE`
+//! of its row, in place. A file created by
 //! an earlier version still has the spec's `PRIMARY KEY` index on `message_id`; the same
 //! statements work on it, and its unique index turns a row the key index missed into an
 //! error instead of a second row.

@@ -44,9 +44,12 @@ use crate::store::{
 };
 use crate::unit_of_work::SqlWrite;
 
-/// The table and index of spec §4.4, plus two columns the design needs.
+/// The table and index of spec §4.4, plus the columns the design needs; `message_id` is
+/// unique without an index of its own.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idempotency_cache (
+    -- The rowid, named: VACUUM keeps it, so the rowids the key index holds stay true.
+    entry_id         INTEGER PRIMARY KEY,
     -- One row per key, as the spec's PRIMARY KEY makes it; the writer keeps it so, and the
     -- key index finds a key's row in memory (key_index.rs says why not through this column).
     message_id       TEXT NOT NULL,
@@ -292,6 +295,9 @@ impl Store for SqliteStore {
         }
         let deletions = self.tier.deletions(key);
         let (id, ttl, now) = (key.clone(), self.ttl_seconds, self.clock.now_seconds());
+        // Taken before the read: a stream closed in between (its entry stored, its row gone)
+        // looks like nothing at all here. The claim reads again in that case: the close
+        // releases the key after the key index learnt the entry (`claim.rs`, `releases`).
         let rowids = self.index.entry_rows(key.as_str());
         let (entry, open) = self
             .readers
@@ -396,7 +402,13 @@ impl Store for SqliteStore {
             let deleted = self
                 .write(true, move |conn, batch| {
                     let n = sweep_chunk(conn, ttl, batch.now_ms / 1000, &mut batch.changes)?;
-                    batch.rows = batch.rows.saturating_sub(n);
+                    batch.rows = match n < SWEEP_CHUNK {
+                        // The sweep's last step counts the rows again: an operator's purge
+                        // deletes rows the writer never counted out, and the LRU bound would
+                        // keep the table that much smaller until a restart.
+                        true => entries::count(conn)?,
+                        false => batch.rows.saturating_sub(n),
+                    };
                     Ok(n)
                 })
                 .await?;

@@ -32,6 +32,7 @@ async fn schema_is_the_spec_table_plus_documented_columns() {
         .collect::<Result<_, _>>()
         .unwrap();
     let expected = [
+        ("entry_id", "INTEGER", false, true),
         ("message_id", "TEXT", true, false),
         ("request_hash", "TEXT", true, false),
         ("response_status", "INTEGER", true, false),
@@ -373,8 +374,8 @@ async fn a_row_purged_behind_the_writer_is_a_miss_even_when_its_rowid_is_reused(
 }
 
 /// A file created before the key index kept rowids has the spec's `PRIMARY KEY` on
-/// `message_id` and the index on `inserted_at` alone: it is served as it is, and its unique
-/// index still holds one row per key.
+/// `message_id`, no named rowid, and its LRU index on `last_used_at` alone: it is served as
+/// it is, and its unique index still holds one row per key.
 #[tokio::test]
 async fn a_file_with_the_primary_key_of_an_earlier_version_is_served() {
     let fx = Fixture::sqlite();
@@ -386,7 +387,8 @@ async fn a_file_with_the_primary_key_of_an_earlier_version_is_served() {
                 response_status INTEGER NOT NULL, response_headers BLOB NOT NULL,
                 response_body BLOB NOT NULL, inserted_at INTEGER NOT NULL,
                 method TEXT NOT NULL DEFAULT '', last_used_at INTEGER NOT NULL DEFAULT 0);
-             CREATE INDEX idx_idempotency_inserted_at ON idempotency_cache(inserted_at);",
+             CREATE INDEX idx_idempotency_inserted_at ON idempotency_cache(inserted_at);
+             CREATE INDEX idx_idempotency_last_used_at ON idempotency_cache(last_used_at);",
         )
         .unwrap();
     }
@@ -402,4 +404,32 @@ async fn a_file_with_the_primary_key_of_an_earlier_version_is_served() {
     put(&store, 2, "two, replaced").await;
     assert_eq!(body_of(&store, 2).await.unwrap(), b"two, replaced");
     assert_eq!(store.row_count().await.unwrap(), 2);
+}
+
+/// Rows an operator's purge deleted were never counted out by the writer: the sweep counts
+/// them again, so the LRU bound does not evict live entries early.
+#[tokio::test]
+async fn the_sweep_recounts_rows_purged_behind_the_writer() {
+    let fx = Fixture::sqlite();
+    let bound = config(86_400, 3).with(|c| c.memory_tier_bytes = 0);
+    let store = SqliteStore::open(&fx.path, &bound).unwrap();
+    for n in 1..=3 {
+        put(&store, n, "kept").await;
+        fx.clock.advance(Duration::from_millis(10));
+    }
+    let purge = rusqlite::Connection::open(&fx.path).unwrap();
+    let purged = purge.execute(
+        "DELETE FROM idempotency_cache WHERE message_id IN (?1, ?2)",
+        [key(1).as_str(), key(2).as_str()],
+    );
+    assert_eq!(purged.unwrap(), 2);
+    assert_eq!(store.sweep().await.unwrap(), 0);
+    put(&store, 4, "new").await;
+    put(&store, 5, "new").await;
+    assert_eq!(
+        body_of(&store, 3).await.unwrap(),
+        b"kept",
+        "within the bound of 3"
+    );
+    assert_eq!(store.row_count().await.unwrap(), 3);
 }
