@@ -54,7 +54,14 @@ CREATE TABLE IF NOT EXISTS outbox (
     delivered_at BIGINT,
     next_attempt_at BIGINT
 );
-ALTER TABLE outbox ADD COLUMN IF NOT EXISTS next_attempt_at BIGINT;
+-- An outbox of an earlier version gains the column; looked for first, since an ALTER TABLE
+-- locks the table out for everyone even when it has nothing to do.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+                   AND table_name = 'outbox' AND column_name = 'next_attempt_at') THEN
+        ALTER TABLE outbox ADD COLUMN next_attempt_at BIGINT;
+    END IF;
+END $$;
 CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
 CREATE INDEX IF NOT EXISTS idx_outbox_undelivered ON outbox(id) WHERE delivered_at IS NULL;
 CREATE TABLE IF NOT EXISTS push_configs (
