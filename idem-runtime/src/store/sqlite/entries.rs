@@ -4,10 +4,9 @@
 //!
 //! The writer stores a key with a plain `INSERT` when the key index and the batch know of no
 //! row of it (or only of rows an operator's purge deleted since), and a stored one by `UPDATE`
-//! of its row, in place. A file created by
-//! an earlier version still has the spec's `PRIMARY KEY` index on `message_id`; the same
-//! statements work on it, and its unique index turns a row the key index missed into an
-//! error instead of a second row.
+//! of its row, in place. A file created by an earlier version still has the spec's `PRIMARY
+//! KEY` index on `message_id`; the same statements work on it, and its unique index turns a
+//! row the key index missed into an error instead of a second row.
 
 use std::sync::Arc;
 

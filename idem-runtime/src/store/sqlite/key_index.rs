@@ -81,7 +81,11 @@ impl KeyIndex {
 
     /// The rowids that may hold `key`'s entry (none when it has none).
     pub(crate) fn entry_rows(&self, key: &str) -> Vec<i64> {
-        let fingerprint = self.fingerprint(key);
+        self.rows_of(self.fingerprint(key))
+    }
+
+    /// The rowids under `fingerprint` (a key's, from [`fingerprint`](Self::fingerprint)).
+    pub(crate) fn rows_of(&self, fingerprint: u64) -> Vec<i64> {
         let keys = self.keys();
         keys.entries
             .get(&fingerprint)
@@ -97,14 +101,12 @@ impl KeyIndex {
     pub(crate) fn entry_added(&self, key: &str, rowid: i64) {
         let fingerprint = self.fingerprint(key);
         let mut keys = self.keys();
-        match keys.entries.remove(&fingerprint) {
-            None => keys.entries.insert(fingerprint, Rows::One(rowid)),
-            Some(rows) => {
-                let mut rowids = rows.as_slice().to_vec();
-                rowids.push(rowid);
-                keys.entries.insert(fingerprint, Rows::Many(rowids))
-            }
+        // The common case, a fingerprint's first row, allocates nothing.
+        let rows = match keys.entries.remove(&fingerprint) {
+            None => Rows::One(rowid),
+            Some(rows) => Rows::Many([rows.as_slice(), &[rowid]].concat()),
         };
+        keys.entries.insert(fingerprint, rows);
     }
 
     /// The entry of `key` at `rowid` was deleted (or was found not to be there).
@@ -120,11 +122,12 @@ impl KeyIndex {
             .copied()
             .filter(|r| *r != rowid)
             .collect();
-        match left.as_slice() {
-            [] => {}
-            [one] => drop(keys.entries.insert(fingerprint, Rows::One(*one))),
-            _ => drop(keys.entries.insert(fingerprint, Rows::Many(left))),
-        }
+        let rows = match left.as_slice() {
+            [] => return,
+            [one] => Rows::One(*one),
+            _ => Rows::Many(left),
+        };
+        keys.entries.insert(fingerprint, rows);
     }
 
     /// An open-stream row of `key` was committed.

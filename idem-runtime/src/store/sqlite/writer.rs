@@ -66,7 +66,7 @@ impl Batch {
     /// The rowids that may hold `key`'s entry: the key index's, then this batch's.
     pub(crate) fn entry_rows(&self, key: &MessageId) -> Vec<i64> {
         let fingerprint = self.index.fingerprint(key.as_str());
-        let mut rows = self.index.entry_rows(key.as_str());
+        let mut rows = self.index.rows_of(fingerprint);
         let written = self
             .entries_written
             .iter()
