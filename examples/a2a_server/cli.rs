@@ -15,7 +15,8 @@ usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|option
                          optional: calls that do not activate it run undeduplicated
                          off:      the agent without the extension
   --max-in-flight N      HTTP requests served at once (default 4096); one more is answered
-                         429 at once. A durable call is in flight until its group commit
+                         429 at once (a durable call is in flight until its group commit
+                         is done)
 
 environment: AIWG_IDEMPOTENCY_TTL, AIWG_IDEMPOTENCY_MAX_ENTRIES, AIWG_IDEMPOTENCY_CLAIM_LEASE_MS,
              RUST_LOG (logs go to stderr)
