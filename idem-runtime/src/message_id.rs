@@ -14,6 +14,7 @@ use crate::caller::KeyScope;
 use crate::hash::canonical_pass::FoundId;
 use serde_json::Value;
 use std::fmt;
+use std::sync::Arc;
 
 /// The `tracing` target of key anomalies (spec §7.2): a non-random UUID version, a messageId
 /// reused with a different payload. A filter such as `idem::key_anomaly=warn` keeps them.
@@ -29,7 +30,8 @@ pub enum MessageIdPolicy {
     StrictV4V7,
 }
 
-/// A validated message id, in its one normalized (lowercase) form: the cache key.
+/// A validated message id, in its one normalized (lowercase) form: the cache key. Shared, not
+/// copied: the claim, the writer's batch and the memory tier each hold the one key.
 ///
 /// ```
 /// use idem_runtime::message_id::MessageId;
@@ -38,7 +40,7 @@ pub enum MessageIdPolicy {
 /// assert!(MessageId::parse_str("not-a-uuid").is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MessageId(String);
+pub struct MessageId(Arc<str>);
 
 /// Why a message id was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -107,7 +109,7 @@ impl MessageId {
     /// Parses a string with the given policy.
     pub fn parse_with(s: &str, policy: MessageIdPolicy) -> Result<Self, MessageIdError> {
         check_shape(s)?;
-        let id = MessageId(s.to_ascii_lowercase());
+        let id = MessageId(s.to_ascii_lowercase().into());
         if id.0.bytes().all(|b| b == b'0' || b == b'-')
             || id.0.bytes().all(|b| b == b'f' || b == b'-')
         {
@@ -129,7 +131,7 @@ impl MessageId {
 
     /// A key read back from the store, which only ever holds keys parsed here.
     pub(crate) fn from_stored(key: String) -> Self {
-        MessageId(key)
+        MessageId(key.into())
     }
 
     /// Which of `slots` slots the key falls in, for counters kept per group of keys.
@@ -145,7 +147,7 @@ impl MessageId {
 
     /// The client's messageId, without the scope a scoped key carries.
     pub fn message_id(&self) -> &str {
-        self.0.split_once('~').map_or(&self.0, |(id, _scope)| id)
+        self.0.split_once('~').map_or(&*self.0, |(id, _scope)| id)
     }
 
     /// The key this messageId is stored under for `principal`, where keys are scoped by
@@ -163,7 +165,7 @@ impl MessageId {
     }
 
     pub(crate) fn scoped(&self, scope: &KeyScope) -> Self {
-        MessageId(format!("{}~{}", self.message_id(), scope.suffix()))
+        MessageId(format!("{}~{}", self.message_id(), scope.suffix()).into())
     }
 
     /// The RFC 9562 version digit (meaningful only with the RFC variant).

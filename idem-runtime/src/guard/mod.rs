@@ -228,9 +228,9 @@ pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
 /// spelling where the entry's very bytes answer that request.
 fn note_spellings(call: &GovernedCall, request: Option<Spelling>) {
     let store = call.cache.store();
-    store.note_spelling(&call.key, call.spelling);
-    if let Some(request) = request {
-        store.note_spelling(&call.key, request);
+    match request {
+        Some(request) => store.note_spellings(&call.key, &[call.spelling, request]),
+        None => store.note_spellings(&call.key, &[call.spelling]),
     }
 }
 

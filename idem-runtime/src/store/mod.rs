@@ -394,9 +394,9 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Remembers that the bytes spelled `spelling` ask for `key`'s entry (raw params whose
-    /// request hash is the entry's, or a whole request that the entry's bytes answer).
-    fn note_spelling(&self, _key: &MessageId, _spelling: Spelling) {}
+    /// Remembers that the bytes spelled so ask for `key`'s entry (raw params whose request
+    /// hash is the entry's, or a whole request that the entry's bytes answer).
+    fn note_spellings(&self, _key: &MessageId, _spellings: &[Spelling]) {}
 
     /// The PostgreSQL pool the store commits through, for the application's own work.
     #[cfg(feature = "postgres")]

@@ -80,20 +80,30 @@ impl MemoryTier {
         state.get(&key, live)
     }
 
-    /// Remembers that `spelling` asks for the resident `key` (whose request hash it has).
-    pub(crate) fn add_spelling(&self, key: &MessageId, spelling: Spelling) {
+    /// Remembers that these spellings ask for the resident `key` (whose request hash they
+    /// have); one lock for all of them.
+    pub(crate) fn add_spellings(&self, key: &MessageId, spellings: &[Spelling]) {
         let mut state = self.state();
-        let Some(resident) = state.residents.get_mut(key) else {
+        let State {
+            residents,
+            spellings: by_spelling,
+            bytes,
+            ..
+        } = &mut *state;
+        let Some(resident) = residents.get_mut(key) else {
             return;
         };
-        if resident.spellings.len() >= SPELLINGS_PER_ENTRY || resident.spellings.contains(&spelling)
-        {
-            return;
+        for &spelling in spellings {
+            if resident.spellings.len() >= SPELLINGS_PER_ENTRY
+                || resident.spellings.contains(&spelling)
+            {
+                continue;
+            }
+            resident.spellings.push(spelling);
+            resident.bytes += SPELLING_BYTES;
+            *bytes += SPELLING_BYTES;
+            by_spelling.insert(spelling, key.clone());
         }
-        resident.spellings.push(spelling);
-        resident.bytes += SPELLING_BYTES;
-        state.bytes += SPELLING_BYTES;
-        state.spellings.insert(spelling, key.clone());
         self.shrink(&mut state);
     }
 
@@ -294,7 +304,7 @@ mod tests {
         let tier = MemoryTier::new(1 << 20);
         let e = entry(1, 10);
         tier.insert(e.clone());
-        tier.add_spelling(&e.message_id, [7; 32]);
+        tier.add_spellings(&e.message_id, &[[7; 32]]);
         assert!(tier.get_spelled(&[7; 32], |_| true).is_some());
         assert!(
             tier.get_spelled(&[7; 32], |_| false).is_none(),
@@ -302,7 +312,7 @@ mod tests {
         );
         assert!(tier.get(&e.message_id, |_| true).is_none(), "and gone");
         tier.insert(e.clone());
-        tier.add_spelling(&e.message_id, [7; 32]);
+        tier.add_spellings(&e.message_id, &[[7; 32]]);
         tier.deleted([&e.message_id]);
         assert!(tier.get_spelled(&[7; 32], |_| true).is_none());
     }
