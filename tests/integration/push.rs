@@ -251,20 +251,26 @@ async fn events_waiting_for_a_failing_webhook_never_hold_back_another_tasks() {
 }
 
 /// An outbox made by an earlier version has no `next_attempt_at`: the server adds it at start,
-/// and a failed delivery's retry is held in it.
+/// and its index, and a failed delivery's retry is held in it.
 #[tokio::test]
 async fn an_outbox_of_an_earlier_version_gains_its_retry_column() {
     let receiver = Receiver::start(1).await;
     let mut server = ServerProcess::start(&[]);
     server.kill();
     let conn = rusqlite::Connection::open(server.db()).unwrap();
-    conn.execute_batch("ALTER TABLE outbox DROP COLUMN next_attempt_at")
-        .unwrap();
+    conn.execute_batch(
+        "DROP INDEX idx_outbox_held; ALTER TABLE outbox DROP COLUMN next_attempt_at",
+    )
+    .unwrap();
     drop(conn);
     server.restart();
     send_with_webhook(&server, json!({"url": receiver.url()}), 60_000).await;
     receiver.wait_for("mission.assigned").await;
     assert_eq!(receiver.taken()[0].status, 500, "delivered after a retry");
+    // The index of held events needs the column: it is made after it.
+    let conn = rusqlite::Connection::open(server.db()).unwrap();
+    let held = "SELECT COUNT(*) FROM sqlite_master WHERE name = 'idx_outbox_held'";
+    assert_eq!(conn.query_row(held, [], |r| r.get::<_, i64>(0)).unwrap(), 1);
 }
 
 /// Events of tasks without webhooks have nowhere to go: the relay marks all it reads in one

@@ -17,6 +17,7 @@ pub async fn create(db: &Database) -> Result<(), String> {
         if has == 0 {
             conn.execute_batch(sql::SQLITE_ADD_NEXT_ATTEMPT)?;
         }
+        conn.execute_batch(sql::HELD_INDEX)?;
         Ok::<_, rusqlite::Error>(())
     });
     created.await.map_err(|e| e.to_string())
