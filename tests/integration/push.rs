@@ -345,6 +345,30 @@ async fn push_configs_are_set_read_listed_and_deleted_in_both_versions() {
     push_configs_on(ServerProcess::start(&[])).await;
 }
 
+/// The same read on PostgreSQL: its planner must prove `next_attempt_at > $2` implies the held
+/// index's predicate. Sequential scans are turned off, since a table this small would
+/// otherwise be read whole whatever its indexes.
+#[tokio::test]
+async fn the_relays_read_uses_the_held_index_on_postgres() {
+    let what = "the relay's outbox read on PostgreSQL";
+    let Some(db) = crate::replicas::Database::shared("idem_relay_plan", what).await else {
+        return;
+    };
+    let server = ServerProcess::start_on(Some(db.url()), &[], &[]);
+    drop(server);
+    let client = idem_conformance::postgres::connect(db.url()).await;
+    client
+        .batch_execute("SET enable_seqscan = off")
+        .await
+        .unwrap();
+    let explain = format!("EXPLAIN {}", example_sql::UNDELIVERED);
+    let rows = client.query(&explain, &[&512i64, &0i64]).await.unwrap();
+    let plan: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("idx_outbox_held"), "{plan}");
+    assert!(!plan.contains("idx_outbox_task"), "{plan}");
+}
+
 #[tokio::test]
 async fn push_configs_and_their_delivery_on_postgres() {
     let what = "push notifications on PostgreSQL";

@@ -19,7 +19,7 @@ pub async fn create(pool: &Pool) -> Result<(), String> {
         tx.execute("SELECT pg_advisory_xact_lock(2002)", &[])
             .await?;
         tx.batch_execute(sql::POSTGRES_SCHEMA).await?;
-        tx.batch_execute(sql::HELD_INDEX).await?;
+        tx.batch_execute(&sql::postgres_held_index()).await?;
         tx.commit().await?;
         Ok::<_, Failure>(())
     };

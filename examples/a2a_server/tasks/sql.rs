@@ -44,7 +44,6 @@ CREATE TABLE IF NOT EXISTS tasks (
     updated_at  BIGINT NOT NULL,
     task_json   TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS idx_tasks_state ON tasks(state);
 CREATE TABLE IF NOT EXISTS outbox (
     id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     task_id      TEXT NOT NULL REFERENCES tasks(id),
@@ -62,8 +61,6 @@ DO $$ BEGIN
         ALTER TABLE outbox ADD COLUMN next_attempt_at BIGINT;
     END IF;
 END $$;
-CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
-CREATE INDEX IF NOT EXISTS idx_outbox_undelivered ON outbox(id) WHERE delivered_at IS NULL;
 CREATE TABLE IF NOT EXISTS push_configs (
     task_id     TEXT NOT NULL REFERENCES tasks(id),
     config_id   TEXT NOT NULL,
@@ -71,6 +68,19 @@ CREATE TABLE IF NOT EXISTS push_configs (
     created_at  BIGINT NOT NULL,
     PRIMARY KEY (task_id, config_id)
 );
+-- Indexes are made only where missing: CREATE INDEX IF NOT EXISTS takes its table's SHARE lock
+-- before it looks, which holds every replica's writes to the table back at each start.
+DO $$ BEGIN
+    IF to_regclass('idx_tasks_state') IS NULL THEN
+        CREATE INDEX IF NOT EXISTS idx_tasks_state ON tasks(state);
+    END IF;
+    IF to_regclass('idx_outbox_task') IS NULL THEN
+        CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
+    END IF;
+    IF to_regclass('idx_outbox_undelivered') IS NULL THEN
+        CREATE INDEX IF NOT EXISTS idx_outbox_undelivered ON outbox(id) WHERE delivered_at IS NULL;
+    END IF;
+END $$;
 ";
 
 /// The events held back for a retry, by task: few, and what every read of the outbox asks
@@ -78,6 +88,14 @@ CREATE TABLE IF NOT EXISTS push_configs (
 /// earlier version gains it first).
 pub const HELD_INDEX: &str = "CREATE INDEX IF NOT EXISTS idx_outbox_held ON outbox(task_id, id)
     WHERE delivered_at IS NULL AND next_attempt_at IS NOT NULL";
+
+/// [`HELD_INDEX`] on PostgreSQL, made only where it is missing (see [`POSTGRES_SCHEMA`]'s
+/// indexes).
+pub fn postgres_held_index() -> String {
+    format!(
+        "DO $$ BEGIN IF to_regclass('idx_outbox_held') IS NULL THEN {HELD_INDEX}; END IF; END $$"
+    )
+}
 
 /// `$1` id, `$2` context id, `$3` state, `$4` due at, `$5` now, `$6` task JSON.
 pub const INSERT_TASK: &str = "INSERT INTO tasks

@@ -394,8 +394,9 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Remembers that the bytes spelled so ask for `key`'s entry (raw params whose request
-    /// hash is the entry's, or a whole request that the entry's bytes answer).
+    /// Remembers that each of `spellings` (the SHA-256 of some bytes) asks for `key`'s entry:
+    /// raw params whose request hash is the entry's, or a whole request that the entry's bytes
+    /// answer.
     fn note_spellings(&self, _key: &MessageId, _spellings: &[Spelling]) {}
 
     /// The PostgreSQL pool the store commits through, for the application's own work.

@@ -229,9 +229,11 @@ fn entry_bytes(entry: &Entry) -> usize {
         .iter()
         .map(|(name, value)| name.len() + value.len() + 48)
         .sum();
-    let key = entry.message_id.as_str().len();
-    // Entry and Resident structs, the key in the map and in the hand, the map slot.
-    3 * key + entry.method.len() + 64 + entry.response.body.len() + headers + 256
+    // The key is one shared allocation (the entry, the map, the hand and the spellings each
+    // hold a pointer to it): its bytes and the Arc's counts once.
+    let key = entry.message_id.as_str().len() + 16;
+    // Entry and Resident structs, the key, the map slot and the hand's pointer.
+    key + entry.method.len() + 64 + entry.response.body.len() + headers + 256
 }
 
 fn slot(key: &MessageId) -> usize {
@@ -297,6 +299,32 @@ mod tests {
         assert!(tier.get(&e.message_id, |_| true).is_none());
         tier.fill(e.clone(), tier.deletions(&e.message_id));
         assert!(tier.get(&e.message_id, |_| true).is_some());
+    }
+
+    #[test]
+    fn spellings_are_charged_once_each_and_kept_up_to_the_bound() {
+        let tier = MemoryTier::new(1 << 20);
+        let e = entry(1, 10);
+        tier.insert(e.clone());
+        let alone = tier.bytes();
+        tier.add_spellings(&e.message_id, &[[1; 32], [1; 32]]);
+        assert_eq!(
+            tier.bytes(),
+            alone + SPELLING_BYTES,
+            "a repeated spelling once"
+        );
+        let more: Vec<Spelling> = (2..=6).map(|n| [n; 32]).collect();
+        tier.add_spellings(&e.message_id, &more);
+        let kept = SPELLINGS_PER_ENTRY;
+        assert_eq!(tier.bytes(), alone + kept * SPELLING_BYTES);
+        assert!(tier.get_spelled(&[4; 32], |_| true).is_some());
+        assert!(
+            tier.get_spelled(&[5; 32], |_| true).is_none(),
+            "past the bound"
+        );
+        tier.deleted([&e.message_id]);
+        assert_eq!(tier.bytes(), 0, "the entry and its spellings are gone");
+        assert!(tier.get_spelled(&[1; 32], |_| true).is_none());
     }
 
     #[test]
