@@ -9,12 +9,13 @@
 //! to the event's row (`next_attempt_at`, wall-clock ms): until then the outbox is read past
 //! it and the later events of its task, so events that wait for a failing webhook never hold
 //! back the others, however many (each read passes over them, so a backlog of thousands costs
-//! each read a scan of it). The events of one task are delivered in the order they happened. The body is the task as
-//! A2A 0.3 shapes it, as it is when delivered; the event's type is in `X-A2A-Event-Type`, a
-//! config's token in `X-A2A-Notification-Token`. An event of a task without webhooks has
-//! nowhere to go: the events of all such tasks that one read finds are marked delivered
-//! together, in one write, so that under load the relay keeps up with the calls (marked one
-//! by one, each waiting for its commit, it fell behind by thousands of events a second).
+//! each read a scan of it). The events of one task are delivered in the order they happened.
+//! The body is the task as A2A 0.3 shapes it, as it is when delivered; the event's type is
+//! in `X-A2A-Event-Type`, a config's token in `X-A2A-Notification-Token`. An event of a task
+//! without webhooks has nowhere to go: the events of all such tasks that one read finds are
+//! marked delivered together, in one write, so that under load the relay keeps up with the
+//! calls (marked one by one, each waiting for its commit, it fell behind by thousands of
+//! events a second).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

@@ -18,6 +18,7 @@
 //! entry with the table's overhead; 4.5 MB at the default bound of 100,000 entries. A rowid an
 //! operator's purge freed stays until its key is written again or the process restarts.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
@@ -74,7 +75,11 @@ impl KeyIndex {
 
     /// `false` only when no row holds `key`, neither an entry nor an open stream.
     pub(crate) fn may_hold(&self, key: &str) -> bool {
-        let fingerprint = self.fingerprint(key);
+        self.holds(self.fingerprint(key))
+    }
+
+    /// [`may_hold`](Self::may_hold), for a fingerprint already taken.
+    pub(crate) fn holds(&self, fingerprint: u64) -> bool {
         let keys = self.keys();
         keys.entries.contains_key(&fingerprint) || keys.streams.contains_key(&fingerprint)
     }
@@ -100,34 +105,43 @@ impl KeyIndex {
     /// An entry of `key` was committed at `rowid`.
     pub(crate) fn entry_added(&self, key: &str, rowid: i64) {
         let fingerprint = self.fingerprint(key);
-        let mut keys = self.keys();
-        // The common case, a fingerprint's first row, allocates nothing.
-        let rows = match keys.entries.remove(&fingerprint) {
-            None => Rows::One(rowid),
-            Some(rows) => Rows::Many([rows.as_slice(), &[rowid]].concat()),
-        };
-        keys.entries.insert(fingerprint, rows);
+        match self.keys().entries.entry(fingerprint) {
+            // The common case, a fingerprint's first row, allocates nothing.
+            Entry::Vacant(slot) => {
+                slot.insert(Rows::One(rowid));
+            }
+            Entry::Occupied(mut slot) => {
+                let rows = slot.get_mut();
+                *rows = Rows::Many([rows.as_slice(), &[rowid]].concat());
+            }
+        }
     }
 
     /// The entry of `key` at `rowid` was deleted (or was found not to be there).
     pub(crate) fn entry_removed(&self, key: &str, rowid: i64) {
         let fingerprint = self.fingerprint(key);
         let mut keys = self.keys();
-        let Some(rows) = keys.entries.remove(&fingerprint) else {
+        let Entry::Occupied(mut slot) = keys.entries.entry(fingerprint) else {
             return;
         };
-        let left: Vec<i64> = rows
-            .as_slice()
-            .iter()
-            .copied()
-            .filter(|r| *r != rowid)
-            .collect();
-        let rows = match left.as_slice() {
-            [] => return,
-            [one] => Rows::One(*one),
-            _ => Rows::Many(left),
+        let left = match slot.get_mut() {
+            Rows::One(one) if *one != rowid => return,
+            Rows::One(_) => None,
+            Rows::Many(rowids) => {
+                rowids.retain(|r| *r != rowid);
+                match rowids.as_slice() {
+                    [] => None,
+                    [one] => Some(Rows::One(*one)),
+                    _ => return,
+                }
+            }
         };
-        keys.entries.insert(fingerprint, rows);
+        match left {
+            Some(rows) => *slot.get_mut() = rows,
+            None => {
+                slot.remove();
+            }
+        }
     }
 
     /// An open-stream row of `key` was committed.
@@ -181,6 +195,12 @@ mod tests {
         index.entry_removed("a", 1);
         assert_eq!(index.entry_rows("a"), vec![7]);
         index.entry_removed("a", 7);
+        index.entry_removed("b", 99);
+        assert_eq!(
+            index.entry_rows("b"),
+            vec![2],
+            "another rowid's removal leaves it"
+        );
         index.stream_removed("c");
         assert!(!index.may_hold("a") && !index.may_hold("c"));
         assert_eq!(index.len(), 1, "b is left");

@@ -59,8 +59,8 @@ impl Batch {
     /// `false` only when no row of `key` exists, neither an entry nor an open stream: a fresh
     /// key's insert then needs no read first.
     pub(crate) fn may_hold(&self, key: &MessageId) -> bool {
-        self.index.may_hold(key.as_str())
-            || self.written.contains(&self.index.fingerprint(key.as_str()))
+        let fingerprint = self.index.fingerprint(key.as_str());
+        self.index.holds(fingerprint) || self.written.contains(&fingerprint)
     }
 
     /// The rowids that may hold `key`'s entry: the key index's, then this batch's.
