@@ -215,7 +215,11 @@ impl IdempotencyCache {
                 phase,
             },
         );
-        self.inner.running.send_modify(|n| *n += 1);
+        // Only reaching zero wakes `quiesce`: a start needs no notification.
+        self.inner.running.send_if_modified(|n| {
+            *n += 1;
+            false
+        });
         let ticket = Ticket {
             cache: Arc::downgrade(&self.inner),
             key: key.clone(),
@@ -412,7 +416,10 @@ impl Drop for Ticket {
             table.flights.remove(&self.key);
             table.releases[slot(&self.key)] += 1;
             drop(table);
-            cache.running.send_modify(|n| *n -= 1);
+            cache.running.send_if_modified(|n| {
+                *n -= 1;
+                *n == 0
+            });
         }
     }
 }
