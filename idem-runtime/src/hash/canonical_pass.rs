@@ -94,6 +94,7 @@ pub(crate) fn canonicalize(raw: &[u8]) -> Result<Canonical, HashError> {
         depth: 0,
         out: Vec::with_capacity(raw.len()),
         scratch: Vec::new(),
+        members: Vec::new(),
         message_id: FoundId::Missing,
     };
     scanner.ws();
@@ -123,6 +124,9 @@ struct Scanner<'a> {
     out: Vec<u8>,
     /// Where an object's members are put in order (reused: objects end innermost first).
     scratch: Vec<u8>,
+    /// The members of the objects being written, innermost last: one stack for all of them,
+    /// so an object costs no allocation of its own.
+    members: Vec<Member<'a>>,
     message_id: FoundId,
 }
 
@@ -220,7 +224,7 @@ impl<'a> Scanner<'a> {
             return Ok(());
         }
         let body = self.out.len();
-        let mut members: Vec<Member<'a>> = Vec::new();
+        let first = self.members.len();
         let mut removed: Option<Cow<'a, str>> = None;
         loop {
             self.ws();
@@ -238,7 +242,7 @@ impl<'a> Scanner<'a> {
                     (Place::Params, "message") => Place::Message,
                     _ => Place::Elsewhere,
                 };
-                if !members.is_empty() {
+                if self.members.len() > first {
                     self.out.push(b',');
                 }
                 let start = self.out.len();
@@ -246,7 +250,7 @@ impl<'a> Scanner<'a> {
                 self.out.push(b':');
                 self.value(inner)?;
                 let end = self.out.len();
-                members.push(Member { name, start, end });
+                self.members.push(Member { name, start, end });
             }
             self.ws();
             match self.peek() {
@@ -259,17 +263,20 @@ impl<'a> Scanner<'a> {
             }
         }
         if let Some(name) = removed {
-            if members.iter().any(|m| m.name == name) {
+            if self.members[first..].iter().any(|m| m.name == name) {
                 return Err(duplicate(&name));
             }
         }
-        self.sort_members(body, members)?;
+        self.sort_members(body, first)?;
+        self.members.truncate(first);
         self.out.push(b'}');
         Ok(())
     }
 
-    /// Puts the members written from `body` on in RFC 8785 order, refusing a repeated name.
-    fn sort_members(&mut self, body: usize, mut members: Vec<Member<'a>>) -> Result<(), HashError> {
+    /// Puts the members written from `body` on (those of `self.members` from `first` on) in
+    /// RFC 8785 order, refusing a repeated name.
+    fn sort_members(&mut self, body: usize, first: usize) -> Result<(), HashError> {
+        let members = &mut self.members[first..];
         if members
             .windows(2)
             .all(|m| utf16_cmp(&m[0].name, &m[1].name) == Ordering::Less)
@@ -514,11 +521,15 @@ fn duplicate(name: &str) -> HashError {
 
 /// RFC 8785 §3.2.3: names sort by UTF-16 code units. That is byte order for ASCII, and
 /// differs from it only for names mixing U+E000..U+FFFF with characters beyond U+FFFF.
+/// So the first byte that differs decides, where both are ASCII (the bytes before it are
+/// the same whole characters); a prefix sorts first in both orders.
 fn utf16_cmp(a: &str, b: &str) -> Ordering {
-    if a.is_ascii() && b.is_ascii() {
-        return a.as_bytes().cmp(b.as_bytes());
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    match x.iter().zip(y).position(|(p, q)| p != q) {
+        None => x.len().cmp(&y.len()),
+        Some(i) if x[i].is_ascii() && y[i].is_ascii() => x[i].cmp(&y[i]),
+        Some(_) => a.encode_utf16().cmp(b.encode_utf16()),
     }
-    a.encode_utf16().cmp(b.encode_utf16())
 }
 
 /// An exact number token as JCS prints its double: a plain integer of up to 15 digits is
@@ -651,6 +662,34 @@ mod tests {
                 })
                 .collect();
             assert_eq!(plain_run(&text), expected(&text), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn names_compare_as_utf16_code_units() {
+        // ASCII, a two-byte letter, the private-use area (U+E000..) and an astral character:
+        // the last two order one way by bytes and the other by UTF-16.
+        let alphabet = [
+            'a',
+            'b',
+            'z',
+            '\u{e9}',
+            '\u{e000}',
+            '\u{ffff}',
+            '\u{1f600}',
+            '\u{10000}',
+        ];
+        let mut gen = Gen(0x0bad_cafe_f00d_1234);
+        let mut name = || -> String {
+            let len = (gen.next() % 4) as usize;
+            (0..len)
+                .map(|_| alphabet[(gen.next() % alphabet.len() as u64) as usize])
+                .collect()
+        };
+        for _ in 0..50_000 {
+            let (a, b) = (name(), name());
+            let expected = a.encode_utf16().cmp(b.encode_utf16());
+            assert_eq!(utf16_cmp(&a, &b), expected, "{a:?} vs {b:?}");
         }
     }
 
