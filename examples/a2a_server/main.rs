@@ -152,8 +152,12 @@ async fn start(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let listener = listener.into_std().map_err(|e| e.to_string())?;
     let card = agent_card(addr, idem.agent_card_extension().into_iter().collect());
+    // jsonrpsee cuts at the sizes the extension does, so what it stores is what is sent.
+    let limits = idem.config();
     let config = ServerConfig::builder()
         .max_connections(cli.max_in_flight)
+        .max_request_body_size(u32::try_from(limits.max_request_body_bytes).unwrap_or(u32::MAX))
+        .max_response_body_size(limits.max_response_body_bytes)
         .build();
     let server = Server::builder()
         .set_config(config)

@@ -62,6 +62,13 @@ pub struct IdempotencyConfig {
     /// reset connection. Set jsonrpsee's `max_request_body_size` to the same value (both
     /// default to 10 MiB). Streams have their own bound, `MAX_RECORDED_STREAM_BYTES`.
     pub max_request_body_bytes: u64,
+    /// Largest JSON-RPC response a governed call stores and answers. A larger one would be
+    /// cut by jsonrpsee's own limit after it was stored, so the client's first answer and
+    /// the cached one would differ: instead the call's outcome becomes
+    /// `IDEMPOTENCY_RESPONSE_TOO_LARGE`, stored and replayed like any failure (its staged
+    /// writes are discarded). Set jsonrpsee's `max_response_body_size` to the same value
+    /// (both default to 10 MiB).
+    pub max_response_body_bytes: u32,
     /// Scope keys by the authenticated principal the application puts in each request's
     /// extensions ([`crate::Caller`]): the same messageId from two principals is then two
     /// keys, and neither can replay, collide with or learn of the other's entry. Off, the
@@ -86,6 +93,7 @@ impl Default for IdempotencyConfig {
             memory_tier_bytes: 64 << 20,
             claim_lease: Duration::from_secs(10),
             max_request_body_bytes: 10 * 1024 * 1024,
+            max_response_body_bytes: 10 * 1024 * 1024,
             scope_keys_by_principal: false,
             mark_replays_to_unauthenticated: true,
         }

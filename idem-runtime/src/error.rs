@@ -58,11 +58,15 @@ pub enum ErrorCode {
     /// The request body is larger than `IdempotencyConfig::max_request_body_bytes` (HTTP 413;
     /// `data.limit_bytes` names the limit).
     RequestTooLarge,
+    /// The method's answer is larger than `IdempotencyConfig::max_response_body_bytes`:
+    /// the call ran, and this error (`data.limit_bytes`, `data.response_bytes`) is its cached
+    /// outcome, answered and replayed in place of bytes jsonrpsee would not send.
+    ResponseTooLarge,
 }
 
 impl ErrorCode {
     /// Every code, in the order of `error-codes.json`.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::KeyReusedWithDifferentPayload,
         ErrorCode::KeyMalformed,
         ErrorCode::RequestInProgress,
@@ -80,6 +84,7 @@ impl ErrorCode {
         ErrorCode::ResultNotSerializable,
         ErrorCode::StreamUnavailable,
         ErrorCode::RequestTooLarge,
+        ErrorCode::ResponseTooLarge,
     ];
 
     /// The numeric JSON-RPC `error.code`.
@@ -102,6 +107,7 @@ impl ErrorCode {
             Self::ResultNotSerializable => -32603,
             Self::StreamUnavailable => -32603,
             Self::RequestTooLarge => -32600,
+            Self::ResponseTooLarge => -32603,
         }
     }
 
@@ -125,6 +131,7 @@ impl ErrorCode {
             Self::ResultNotSerializable => "IDEMPOTENCY_RESULT_NOT_SERIALIZABLE",
             Self::StreamUnavailable => "IDEMPOTENCY_STREAM_UNAVAILABLE",
             Self::RequestTooLarge => "IDEMPOTENCY_REQUEST_TOO_LARGE",
+            Self::ResponseTooLarge => "IDEMPOTENCY_RESPONSE_TOO_LARGE",
         }
     }
 
@@ -148,7 +155,8 @@ impl ErrorCode {
             | Self::ClaimLost
             | Self::StreamInBatch
             | Self::ResultNotSerializable
-            | Self::StreamUnavailable => 200,
+            | Self::StreamUnavailable
+            | Self::ResponseTooLarge => 200,
         }
     }
 
@@ -174,6 +182,7 @@ impl ErrorCode {
             Self::ResultNotSerializable => "The method's result does not serialize to JSON",
             Self::StreamUnavailable => "The event stream is not available",
             Self::RequestTooLarge => "Request body too large",
+            Self::ResponseTooLarge => "The method's response exceeds the server's size limit",
         }
     }
 

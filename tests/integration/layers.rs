@@ -734,3 +734,64 @@ async fn a_body_over_the_limit_is_413_naming_the_limit_and_never_runs() {
     assert_eq!(served.status, 200, "{}", served.json());
     assert_eq!(server.executions(), 1);
 }
+
+/// jsonrpsee cuts a response over its limit after the guard stored it: the extension answers,
+/// stores and replays the failure instead, so every answer is the one the client first got.
+#[tokio::test]
+async fn a_response_over_the_limit_is_cached_as_the_failure_the_client_got() {
+    let db = Db::new();
+    let server = db
+        .server(config().with(|c| c.max_response_body_bytes = 4096))
+        .await;
+    let mid = new_id();
+    let big = send_with(
+        1,
+        "message/send",
+        &mid,
+        &"x".repeat(5000),
+        json!({"effect": "big"}),
+    );
+    let first = post_activated(&server.url, big.clone()).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.error_code(), -32603);
+    assert_eq!(first.data_code(), "IDEMPOTENCY_RESPONSE_TOO_LARGE");
+    let data = &first.json()["error"]["data"];
+    assert_eq!(data["limit_bytes"], 4096);
+    assert!(data["response_bytes"].as_u64().unwrap() > 4096, "{data}");
+    assert!(!first.replayed());
+    assert!(
+        db.effects().is_empty(),
+        "a failed call's staged writes are discarded"
+    );
+
+    let resend = post_activated(&server.url, big.clone()).await;
+    assert!(resend.replayed());
+    assert_eq!(
+        resend.body, first.body,
+        "byte-for-byte, never the stored oversized result"
+    );
+    let other_id = send_with(
+        9,
+        "message/send",
+        &mid,
+        &"x".repeat(5000),
+        json!({"effect": "big"}),
+    );
+    let other_id = post_activated(&server.url, other_id).await;
+    assert!(other_id.replayed());
+    assert_eq!(other_id.json()["id"], 9);
+    assert_eq!(other_id.json()["error"], first.json()["error"]);
+    assert_eq!(server.executions(), 1);
+
+    // From the file, through the guard and jsonrpsee: the same bytes.
+    server.stop().await;
+    let server = db
+        .server(config().with(|c| c.max_response_body_bytes = 4096))
+        .await;
+    let after = post_activated(&server.url, big).await;
+    assert!(after.replayed());
+    assert_eq!(after.body, first.body);
+    assert_eq!(server.executions(), 0, "the replay did not execute");
+    let small = post_activated(&server.url, send(1, &new_id(), "small")).await;
+    assert_eq!(small.json()["result"]["echo"], "small");
+}

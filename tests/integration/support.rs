@@ -11,7 +11,7 @@ use idem::{idempotent, EventStream, Idempotency, IdempotencyConfig, Replayable, 
 use jsonrpsee::core::{async_trait, RpcResult};
 use jsonrpsee::proc_macros::rpc;
 use jsonrpsee::server::middleware::rpc::RpcServiceBuilder;
-use jsonrpsee::server::{Server, ServerHandle};
+use jsonrpsee::server::{Server, ServerConfig, ServerHandle};
 use jsonrpsee::types::ErrorObjectOwned;
 use jsonrpsee::Extensions;
 use serde_json::{json, Value};
@@ -209,7 +209,12 @@ impl TestServer {
             .transact(|db| db.execute_batch(EFFECTS))
             .await
             .expect("effects table");
+        // As the extension's docs ask: jsonrpsee cuts responses where the extension does.
+        let limits = ServerConfig::builder()
+            .max_response_body_size(idem.config().max_response_body_bytes)
+            .build();
         let server = Server::builder()
+            .set_config(limits)
             .set_http_middleware(
                 tower::ServiceBuilder::new()
                     .map_request(caller_from_header)

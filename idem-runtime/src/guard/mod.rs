@@ -182,10 +182,11 @@ pub(crate) async fn store_json(
     payload: Payload,
     unit: Option<&UnitOfWork>,
 ) -> Payload {
+    let (payload, body) = within_limit(call, payload);
     let response = StoredResponse {
         status: 200,
         headers: vec![("content-type".into(), JSON.into())],
-        body: response_bytes(&call.id, &payload),
+        body,
     };
     let mut sealed = unit.map(UnitOfWork::seal).filter(|_| payload.is_ok());
     let writes = sealed.as_mut().map(|s| s.take_writes()).unwrap_or_default();
@@ -205,6 +206,27 @@ pub(crate) async fn store_json(
         }
         Err(e) => Err(store_failure(call, e)),
     }
+}
+
+/// The payload and its response bytes; where those are more than jsonrpsee would send, the
+/// failure that says so instead: what is stored must be what the client gets.
+fn within_limit(call: &GovernedCall, payload: Payload) -> (Payload, Vec<u8>) {
+    let body = response_bytes(&call.id, &payload);
+    if body.len() <= call.max_response_bytes {
+        return (payload, body);
+    }
+    tracing::error!(
+        method = call.method,
+        response_bytes = body.len(),
+        limit_bytes = call.max_response_bytes,
+        "an #[idempotent] method's response is over max_response_body_bytes"
+    );
+    let too_large = IdempotencyError::new(ErrorCode::ResponseTooLarge)
+        .with_detail("limit_bytes", call.max_response_bytes)
+        .with_detail("response_bytes", body.len());
+    let payload = Err(too_large.into());
+    let body = response_bytes(&call.id, &payload);
+    (payload, body)
 }
 
 /// Replays a stored single JSON-RPC response.

@@ -235,6 +235,7 @@ impl<S> RpcService<S> {
         Ok(GovernedCall {
             cache: cache.clone(),
             in_flight_wait: self.state.config.in_flight_wait,
+            max_response_bytes: self.state.config.max_response_body_bytes as usize,
             scope: scope.clone(),
             id: request.id.clone().into_owned(),
             method: request.method_name().to_owned(),

@@ -130,6 +130,8 @@ impl HttpScope {
 pub(crate) struct GovernedCall {
     pub(crate) cache: IdempotencyCache,
     pub(crate) in_flight_wait: Duration,
+    /// `IdempotencyConfig::max_response_body_bytes`.
+    pub(crate) max_response_bytes: usize,
     pub(crate) scope: HttpScope,
     pub(crate) id: Id<'static>,
     pub(crate) method: String,
