@@ -318,22 +318,22 @@ impl Ticket {
     /// Stores the outcome durably, then releases the key and hands the entry to the waiters.
     /// Returns only after the entry is committed.
     #[cfg(test)]
-    pub async fn complete(self, response: StoredResponse) -> Result<(), StoreError> {
+    pub async fn complete(self, response: StoredResponse) -> Result<Arc<Entry>, StoreError> {
         self.complete_with(response, Vec::new()).await
     }
 
     /// Like [`complete`](Self::complete), committing the call's staged `writes` in the same
-    /// transaction: both are stored or neither is.
+    /// transaction: both are stored or neither is. Returns the entry as stored.
     pub async fn complete_with(
         mut self,
         response: StoredResponse,
         writes: Vec<SqlWrite>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Arc<Entry>, StoreError> {
         let (store, entry) = self.entry(response)?;
         store.put(entry.clone(), writes, self.lease()).await?;
         self.stored();
-        self.phase.send_replace(Phase::Done(entry));
-        Ok(())
+        self.phase.send_replace(Phase::Done(entry.clone()));
+        Ok(entry)
         // Drop removes the key from the in-flight table, after the commit.
     }
 

@@ -196,9 +196,9 @@ pub(crate) async fn store_json(
     match completed {
         // The stored bytes were serialized from this very payload: answering with it is
         // answering with what is stored.
-        Ok(()) => {
+        Ok(stored) => {
             call.record(Outcome::Executed);
-            note_spellings(call, call.scope.single_request_spelling());
+            note_spellings(call, &stored, call.scope.single_request_spelling());
             if let Some(sealed) = sealed {
                 sealed.committed();
             }
@@ -239,20 +239,20 @@ pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
             let request = call.scope.single_request_spelling();
             let verbatim =
                 request.filter(|_| response_bytes(&call.id, &payload) == entry.response.body);
-            note_spellings(call, verbatim);
+            note_spellings(call, entry, verbatim);
             payload
         }
         None => Err(corrupt(call)),
     }
 }
 
-/// Remembers the bytes that asked for the call's entry: its params, and the whole request's
-/// spelling where the entry's very bytes answer that request.
-fn note_spellings(call: &GovernedCall, request: Option<Spelling>) {
+/// Remembers the bytes that asked for `answered`, the call's entry: its params, and the whole
+/// request's spelling where the entry's very bytes answer that request.
+fn note_spellings(call: &GovernedCall, answered: &Entry, request: Option<Spelling>) {
     let store = call.cache.store();
     match request {
-        Some(request) => store.note_spellings(&call.key, &[call.spelling, request]),
-        None => store.note_spellings(&call.key, &[call.spelling]),
+        Some(request) => store.note_spellings(answered, &[call.spelling, request]),
+        None => store.note_spellings(answered, &[call.spelling]),
     }
 }
 

@@ -397,7 +397,7 @@ pub trait Store: Send + Sync + 'static {
     /// Remembers that each of `spellings` (the SHA-256 of some bytes) asks for `key`'s entry:
     /// raw params whose request hash is the entry's, or a whole request that the entry's bytes
     /// answer.
-    fn note_spellings(&self, _key: &MessageId, _spellings: &[Spelling]) {}
+    fn note_spellings(&self, _answered: &Entry, _spellings: &[Spelling]) {}
 
     /// The PostgreSQL pool the store commits through, for the application's own work.
     #[cfg(feature = "postgres")]

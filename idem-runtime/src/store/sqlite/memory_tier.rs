@@ -80,9 +80,10 @@ impl MemoryTier {
         state.get(&key, live)
     }
 
-    /// Remembers that these spellings ask for the resident `key` (whose request hash they
-    /// have); one lock for all of them.
-    pub(crate) fn add_spellings(&self, key: &MessageId, spellings: &[Spelling]) {
+    /// Remembers that these spellings ask for `answered` (whose request hash they have),
+    /// while it is the resident entry of its key; one lock for all of them.
+    pub(crate) fn add_spellings(&self, answered: &Entry, spellings: &[Spelling]) {
+        let key = &answered.message_id;
         let mut state = self.state();
         let State {
             residents,
@@ -93,6 +94,11 @@ impl MemoryTier {
         let Some(resident) = residents.get_mut(key) else {
             return;
         };
+        // An entry that replaced it since (the key swept or evicted, then stored again) may
+        // answer other bytes: the spellings are of the entry that answered them, or nothing.
+        if !std::ptr::eq(Arc::as_ptr(&resident.entry), answered) {
+            return;
+        }
         for &spelling in spellings {
             if resident.spellings.len() >= SPELLINGS_PER_ENTRY
                 || resident.spellings.contains(&spelling)
@@ -307,14 +313,14 @@ mod tests {
         let e = entry(1, 10);
         tier.insert(e.clone());
         let alone = tier.bytes();
-        tier.add_spellings(&e.message_id, &[[1; 32], [1; 32]]);
+        tier.add_spellings(&e, &[[1; 32], [1; 32]]);
         assert_eq!(
             tier.bytes(),
             alone + SPELLING_BYTES,
             "a repeated spelling once"
         );
         let more: Vec<Spelling> = (2..=6).map(|n| [n; 32]).collect();
-        tier.add_spellings(&e.message_id, &more);
+        tier.add_spellings(&e, &more);
         let kept = SPELLINGS_PER_ENTRY;
         assert_eq!(tier.bytes(), alone + kept * SPELLING_BYTES);
         assert!(tier.get_spelled(&[4; 32], |_| true).is_some());
@@ -327,12 +333,28 @@ mod tests {
         assert!(tier.get_spelled(&[1; 32], |_| true).is_none());
     }
 
+    /// Between an answer and the noting of its spellings the key may be swept and stored
+    /// again with other params: those spellings must not reach the new entry.
+    #[test]
+    fn spellings_attach_only_to_the_entry_that_answered_them() {
+        let tier = MemoryTier::new(1 << 20);
+        let answered = entry(1, 10);
+        tier.insert(answered.clone());
+        let replacement = entry(1, 20);
+        tier.insert(replacement.clone());
+        tier.add_spellings(&answered, &[[8; 32]]);
+        assert!(tier.get_spelled(&[8; 32], |_| true).is_none());
+        tier.add_spellings(&replacement, &[[8; 32]]);
+        let found = tier.get_spelled(&[8; 32], |_| true).unwrap();
+        assert!(Arc::ptr_eq(&found, &replacement));
+    }
+
     #[test]
     fn spellings_leave_with_their_entry() {
         let tier = MemoryTier::new(1 << 20);
         let e = entry(1, 10);
         tier.insert(e.clone());
-        tier.add_spellings(&e.message_id, &[[7; 32]]);
+        tier.add_spellings(&e, &[[7; 32]]);
         assert!(tier.get_spelled(&[7; 32], |_| true).is_some());
         assert!(
             tier.get_spelled(&[7; 32], |_| false).is_none(),
@@ -340,7 +362,7 @@ mod tests {
         );
         assert!(tier.get(&e.message_id, |_| true).is_none(), "and gone");
         tier.insert(e.clone());
-        tier.add_spellings(&e.message_id, &[[7; 32]]);
+        tier.add_spellings(&e, &[[7; 32]]);
         tier.deleted([&e.message_id]);
         assert!(tier.get_spelled(&[7; 32], |_| true).is_none());
     }

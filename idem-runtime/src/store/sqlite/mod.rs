@@ -437,8 +437,8 @@ impl Store for SqliteStore {
         self.used(self.tier.get_spelled(spelling, |e| self.is_live(e)))
     }
 
-    fn note_spellings(&self, key: &MessageId, spellings: &[Spelling]) {
-        self.tier.add_spellings(key, spellings);
+    fn note_spellings(&self, answered: &Entry, spellings: &[Spelling]) {
+        self.tier.add_spellings(answered, spellings);
     }
 }
 

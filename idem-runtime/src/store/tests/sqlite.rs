@@ -174,8 +174,8 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
     let store = cache.store().clone();
     let (a, b, c) = (key(1), key(2), key(3));
     let spelled_a = crate::hash::spelling(br#"{"v":"a"}"#);
-    execute(&cache, &a, r#"{"v":"a"}"#, "A").await;
-    store.note_spellings(&a, &[spelled_a]);
+    let entry_a = execute(&cache, &a, r#"{"v":"a"}"#, "A").await;
+    store.note_spellings(&entry_a, &[spelled_a]);
     let entry = store
         .spelled(&spelled_a)
         .expect("a resend of the same bytes");
@@ -186,7 +186,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
 
     // The LRU bound: a, then b and c; a is the least recently used and leaves everywhere.
     fx.clock.advance(Duration::from_millis(10));
-    execute(&cache, &b, "{}", "B").await;
+    let entry_b = execute(&cache, &b, "{}", "B").await;
     fx.clock.advance(Duration::from_millis(10));
     execute(&cache, &c, "{}", "C").await;
     assert!(store.spelled(&spelled_a).is_none(), "evicted from the file");
@@ -196,7 +196,7 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
 
     // The TTL, by the store's own rule (live at exactly ttl, gone one second later).
     let spelled_b = crate::hash::spelling(b"{}");
-    store.note_spellings(&b, &[spelled_b]);
+    store.note_spellings(&entry_b, &[spelled_b]);
     fx.clock.advance(Duration::from_secs(60));
     assert!(store.spelled(&spelled_b).is_some());
     fx.clock.advance(Duration::from_secs(1));
@@ -217,8 +217,8 @@ async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
     let spelled = crate::hash::spelling(br#"{"v":1}"#);
     {
         let cache = fx.cache(&config(86_400, 100)).await;
-        execute(&cache, &key(1), r#"{"v":1}"#, "one").await;
-        cache.store().note_spellings(&key(1), &[spelled]);
+        let one = execute(&cache, &key(1), r#"{"v":1}"#, "one").await;
+        cache.store().note_spellings(&one, &[spelled]);
         assert!(cache.store().spelled(&spelled).is_some());
     }
     let cache = fx.cache(&config(86_400, 100)).await;
@@ -233,7 +233,7 @@ async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
     };
     assert_eq!(entry.response.body, b"one");
     // Read once, it is in memory again; the bytes it was asked with are learnt anew.
-    cache.store().note_spellings(&key(1), &[spelled]);
+    cache.store().note_spellings(&entry, &[spelled]);
     let again = cache.store().spelled(&spelled).unwrap();
     assert_eq!(*again, *entry);
 }
@@ -243,9 +243,9 @@ async fn with_the_tier_off_every_answer_is_the_same() {
     let fx = Fixture::sqlite();
     let off = config(60, 2).with(|c| c.memory_tier_bytes = 0);
     let cache = fx.cache(&off).await;
-    execute(&cache, &key(1), "{}", "one").await;
+    let one = execute(&cache, &key(1), "{}", "one").await;
     let spelled = crate::hash::spelling(b"{}");
-    cache.store().note_spellings(&key(1), &[spelled]);
+    cache.store().note_spellings(&one, &[spelled]);
     assert!(cache.store().spelled(&spelled).is_none());
     assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"one");
     fx.clock.advance(Duration::from_secs(61));

@@ -1,9 +1,11 @@
 //! What the store tests share: keys, responses, configs, and a call claimed and completed.
 
+use std::sync::Arc;
+
 use crate::claim::{Claim, IdempotencyCache, Ticket};
 use crate::hash::{request_hash, RequestHash};
 use crate::message_id::MessageId;
-use crate::store::StoredResponse;
+use crate::store::{Entry, StoredResponse};
 use crate::IdempotencyConfig;
 
 pub fn key(n: u32) -> MessageId {
@@ -26,12 +28,15 @@ pub fn config(ttl_seconds: u64, max_cache_entries: u64) -> IdempotencyConfig {
 }
 
 /// Claims `key` and completes it with `body`; panics unless the claim wins.
-pub async fn execute(cache: &IdempotencyCache, key: &MessageId, params: &str, body: &str) {
+pub async fn execute(
+    cache: &IdempotencyCache,
+    key: &MessageId,
+    params: &str,
+    body: &str,
+) -> Arc<Entry> {
     let hash = request_hash(params.as_bytes()).unwrap();
     match cache.claim(key, "message/send", &hash).await.unwrap() {
-        Claim::Execute(ticket) => {
-            ticket.complete(response(body)).await.unwrap();
-        }
+        Claim::Execute(ticket) => ticket.complete(response(body)).await.unwrap(),
         _ => panic!("expected to win the claim for {key}"),
     }
 }
