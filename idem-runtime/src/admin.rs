@@ -30,6 +30,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::message_id::MessageId;
+use crate::store::sqlite::purge_watch;
 use crate::store::{is_expired, StoreError, StoreStats};
 
 /// One key as the database holds it.
@@ -152,13 +153,18 @@ impl Admin {
     }
 
     /// Deletes `key`'s entry, so that the key executes again; `false` if it had none. An open
-    /// stream is not touched (its server, or the next retry, closes it).
+    /// stream is not touched (its server, or the next retry, closes it). On SQLite it returns
+    /// once a process serving the file has had the time to see the purge and forget the
+    /// entries it holds in memory (`NOTICED_WITHIN`, half a second).
     pub async fn purge(&self, key: &MessageId) -> Result<bool, StoreError> {
         let key = key.as_str().to_owned();
         let deleted = match &self.db {
             Db::Sqlite(conn) => {
-                let purge = move |c: &Connection| Ok(c.execute(&sqlite_by_key(PURGE), [&key])?);
-                sqlite(conn, purge).await? as u64
+                let deleted = sqlite(conn, move |c| purge_sqlite(c, &key)).await?;
+                if deleted {
+                    tokio::time::sleep(purge_watch::NOTICED_WITHIN).await;
+                }
+                deleted as u64
             }
             #[cfg(feature = "postgres")]
             Db::Postgres(client) => client.execute(PURGE, &[&key]).await?,
@@ -269,6 +275,17 @@ async fn sqlite<T: Send + 'static>(
     tokio::task::spawn_blocking(move || job(&conn.lock().expect("admin connection lock")))
         .await
         .map_err(|e| StoreError::Commit(e.to_string()))?
+}
+
+/// The key's row deleted, and the purge recorded for the serving process, in one transaction.
+fn purge_sqlite(conn: &Connection, key: &str) -> Result<bool, StoreError> {
+    let tx = conn.unchecked_transaction()?;
+    let deleted = tx.execute(&sqlite_by_key(PURGE), [key])? > 0;
+    if deleted {
+        purge_watch::bump(&tx)?;
+    }
+    tx.commit()?;
+    Ok(deleted)
 }
 
 fn read_sqlite(conn: &Connection, key: &str) -> Result<Shown, StoreError> {

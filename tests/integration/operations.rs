@@ -285,6 +285,11 @@ async fn the_admin_tool_reads_and_purges_a_database_while_it_is_served() {
         "the stored body is what was answered:\n{text}"
     );
 
+    // In the server's memory: a resend is answered from there.
+    assert!(post_activated(&server.url, send_body(&purged, "purged"))
+        .await
+        .replayed());
+
     // Destructive commands need --yes where nobody can answer a prompt.
     let unconfirmed = admin(&["--db", &db, "purge", &purged], &[]);
     assert_eq!(unconfirmed.status.code(), Some(2));
@@ -303,13 +308,17 @@ async fn the_admin_tool_reads_and_purges_a_database_while_it_is_served() {
         Some(1)
     );
 
-    // After a restart the purged key executes again; the other still replays.
-    let url = server.restart();
-    let again = post_activated(&url, send_body(&purged, "purged")).await;
+    // The serving process forgot it: the purged key executes again, the other still replays.
+    let again = post_activated(&server.url, send_body(&purged, "purged")).await;
     assert!(!again.replayed(), "{}", again.describe());
-    assert!(post_activated(&url, send_body(&kept, "kept"))
+    assert!(post_activated(&server.url, send_body(&kept, "kept"))
         .await
         .replayed());
+    // And after a restart, from the file: both replay.
+    let url = server.restart();
+    let replayed = post_activated(&url, send_body(&purged, "purged")).await;
+    assert!(replayed.replayed());
+    assert_eq!(replayed.body, again.body);
 
     // With the TTL at 1 s, both are expired two seconds on.
     tokio::time::sleep(Duration::from_millis(2100)).await;

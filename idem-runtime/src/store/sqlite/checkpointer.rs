@@ -26,10 +26,11 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
+use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::StoreError;
 
-/// How often the log is copied back.
-const INTERVAL: Duration = Duration::from_millis(250);
+/// How often the log is copied back (and another process's purges looked for).
+pub(crate) const INTERVAL: Duration = Duration::from_millis(250);
 
 /// A log longer than this (in pages: 64 MiB of 4 KiB ones) is started over. Each start over
 /// holds the writer for a checkpoint (5 to 20 ms measured under load): the longer the log may
@@ -60,6 +61,7 @@ impl Checkpointer {
         path: &Path,
         connect: fn(&Path) -> Result<Connection, StoreError>,
         restart: Restart,
+        mut purges: PurgeWatch,
     ) -> Result<Self, StoreError> {
         let conn = connect(path)?;
         let (stop, stopped) = mpsc::channel::<()>();
@@ -68,6 +70,7 @@ impl Checkpointer {
             .spawn(move || loop {
                 match stopped.recv_timeout(INTERVAL) {
                     Err(RecvTimeoutError::Timeout) => {
+                        purges.look(&conn);
                         if checkpoint(&conn, "PASSIVE") > RESTART_FRAMES {
                             restart.0.store(true, Ordering::Relaxed);
                         }

@@ -4,8 +4,9 @@
 //! It never answers what the store would not. It is filled after a commit (by the writer) and
 //! after a read; what the store deletes (TTL sweep, the `max_cache_entries` bound) leaves it in
 //! the same step, right after the delete commits; an entry past its TTL is never answered from
-//! it (the store's own TTL rule is applied to it). A restart starts it empty and loses
-//! nothing: the store stays the source of truth.
+//! it (the store's own TTL rule is applied to it); an operator's purge, made by another
+//! process, empties it (`purge_watch.rs`). A restart starts it empty and loses nothing: the
+//! store stays the source of truth.
 //!
 //! Bounded by bytes ([`crate::IdempotencyConfig::memory_tier_bytes`]): when full, the entries
 //! not used since the clock hand last passed leave first (CLOCK, an LRU approximation that
@@ -153,6 +154,17 @@ impl MemoryTier {
             state.deletions[slot(key)] += 1;
             state.remove(key);
         }
+    }
+
+    /// Another process deleted rows (an operator's purge): forgets every entry, and refuses
+    /// the fills of reads that ran before (they may have seen a purged row).
+    pub(crate) fn forget_all(&self) {
+        let mut state = self.state();
+        state.deletions.iter_mut().for_each(|count| *count += 1);
+        state.residents.clear();
+        state.spellings.clear();
+        state.hand.clear();
+        state.bytes = 0;
     }
 
     /// Bytes held (for tests and the documentation of the bound).
@@ -347,6 +359,22 @@ mod tests {
         tier.add_spellings(&replacement, &[[8; 32]]);
         let found = tier.get_spelled(&[8; 32], |_| true).unwrap();
         assert!(Arc::ptr_eq(&found, &replacement));
+    }
+
+    #[test]
+    fn forgetting_all_empties_the_tier_and_refuses_fills_of_earlier_reads() {
+        let tier = MemoryTier::new(1 << 20);
+        let e = entry(1, 10);
+        tier.insert(e.clone());
+        tier.add_spellings(&e, &[[3; 32]]);
+        let read = entry(2, 10);
+        let before = tier.deletions(&read.message_id);
+        tier.forget_all();
+        assert!(tier.get(&e.message_id, |_| true).is_none());
+        assert!(tier.get_spelled(&[3; 32], |_| true).is_none());
+        assert_eq!(tier.bytes(), 0);
+        tier.fill(read.clone(), before); // read before the purge was seen
+        assert!(tier.get(&read.message_id, |_| true).is_none());
     }
 
     #[test]

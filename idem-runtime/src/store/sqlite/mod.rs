@@ -15,6 +15,7 @@ mod file_identity;
 mod file_lock;
 pub(crate) mod key_index;
 pub(crate) mod memory_tier;
+pub(crate) mod purge_watch;
 mod readers;
 pub(crate) mod writer;
 
@@ -36,6 +37,7 @@ use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::file_lock::ServingLock;
 use crate::store::sqlite::key_index::KeyIndex;
 use crate::store::sqlite::memory_tier::MemoryTier;
+use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::readers::Readers;
 use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{
@@ -135,13 +137,15 @@ impl SqliteStore {
         let lock = ServingLock::acquire(&path)?;
         let conn = connect(&path)?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(purge_watch::TABLE)?;
         // The checkpointer's thread copies the log back; the writer only when asked to start it
         // over (see there).
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         let restart = Restart::default();
-        let checkpointer = Checkpointer::start(&path, connect, restart.clone())?;
-        let touches = Arc::new(Mutex::new(HashMap::new()));
         let tier = Arc::new(MemoryTier::new(config.memory_tier_bytes));
+        let purges = PurgeWatch::new(&conn, tier.clone())?;
+        let checkpointer = Checkpointer::start(&path, connect, restart.clone(), purges)?;
+        let touches = Arc::new(Mutex::new(HashMap::new()));
         let index = Arc::new(stored_keys(&conn)?);
         let writer = Writer {
             restart,
