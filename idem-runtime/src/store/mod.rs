@@ -394,9 +394,10 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Remembers that each of `spellings` (the SHA-256 of some bytes) asks for `key`'s entry:
-    /// raw params whose request hash is the entry's, or a whole request that the entry's bytes
-    /// answer.
+    /// Remembers that each of `spellings` (the SHA-256 of some bytes) asks for `answered`, the
+    /// entry a lookup or a commit just gave: raw params whose request hash is the entry's, or
+    /// a whole request that the entry's bytes answer. Nothing is noted once another entry of
+    /// the key has replaced it.
     fn note_spellings(&self, _answered: &Entry, _spellings: &[Spelling]) {}
 
     /// The PostgreSQL pool the store commits through, for the application's own work.
