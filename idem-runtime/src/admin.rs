@@ -4,9 +4,9 @@
 //! It opens its own connection, beside the servers', and takes none of their locks: a read
 //! never blocks them, and a purge is one short transaction per key (or per chunk of expired
 //! rows), ordered by the database's own write lock. It never touches a claim or a stream
-//! being recorded. A SQLite server keeps replaying an entry it holds in memory until it
-//! restarts (its memory tier is its own); a PostgreSQL replica keeps none, so a purge there is
-//! seen by every replica at once.
+//! being recorded. A SQLite server keeps entries in memory, so a purge there returns once the
+//! serving process confirms it has forgotten them (`store/sqlite/purge_watch.rs`); a
+//! PostgreSQL replica keeps none, so a purge there is seen by every replica at once.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -22,15 +22,16 @@
 //! # }
 //! ```
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::message_id::MessageId;
-use crate::store::sqlite::purge_watch;
+use crate::store::sqlite::{file_lock, purge_watch};
 use crate::store::{is_expired, StoreError, StoreStats};
 
 /// One key as the database holds it.
@@ -68,10 +69,12 @@ pub struct Admin {
     db: Db,
     ttl_seconds: u64,
     clock: Arc<dyn Clock>,
+    /// How long a SQLite purge waits for the serving process to confirm it.
+    purge_wait: Duration,
 }
 
 enum Db {
-    Sqlite(Arc<Mutex<Connection>>),
+    Sqlite(Arc<Mutex<Connection>>, PathBuf),
     #[cfg(feature = "postgres")]
     Postgres(tokio_postgres::Client),
 }
@@ -79,6 +82,13 @@ enum Db {
 /// How many expired rows one purge transaction deletes: a served SQLite file's writer waits
 /// for at most one such chunk.
 const PURGE_CHUNK: i64 = 1000;
+
+/// How long a purge of a served SQLite file waits for its server's confirmation: the server
+/// looks every 250 ms, between checkpoints that may take seconds under load.
+const PURGE_CONFIRMED_WITHIN: Duration = Duration::from_secs(10);
+
+/// How often a purge asks whether the server has confirmed it.
+const CONFIRMATION_POLL: Duration = Duration::from_millis(10);
 
 const ENTRY: &str = "
 SELECT method, request_hash, response_status, inserted_at,
@@ -114,20 +124,28 @@ impl Admin {
         let db = if target.starts_with("postgres://") || target.starts_with("postgresql://") {
             connect_postgres(target).await?
         } else {
-            Db::Sqlite(Arc::new(Mutex::new(open_sqlite(Path::new(target))?)))
+            let conn = Arc::new(Mutex::new(open_sqlite(Path::new(target))?));
+            Db::Sqlite(conn, PathBuf::from(target))
         };
         Ok(Self {
             db,
             ttl_seconds: config.ttl_seconds,
             clock: Arc::new(SystemClock),
+            purge_wait: PURGE_CONFIRMED_WITHIN,
         })
+    }
+
+    /// A shorter wait for a purge's confirmation, for the tests of its refusal.
+    #[cfg(test)]
+    pub(crate) fn set_purge_wait(&mut self, wait: Duration) {
+        self.purge_wait = wait;
     }
 
     /// The database's figures.
     pub async fn stats(&self) -> Result<StoreStats, StoreError> {
         let (now, ttl) = (self.clock.now_seconds(), self.ttl_seconds);
         match &self.db {
-            Db::Sqlite(conn) => {
+            Db::Sqlite(conn, _) => {
                 sqlite(conn, move |c| Ok(StoreStats::read_sqlite(c, now, ttl)?)).await
             }
             #[cfg(feature = "postgres")]
@@ -141,7 +159,7 @@ impl Admin {
         let ttl = self.ttl_seconds;
         let key = key.as_str().to_owned();
         let (entry, stream) = match &self.db {
-            Db::Sqlite(conn) => sqlite(conn, move |c| read_sqlite(c, &key)).await?,
+            Db::Sqlite(conn, _) => sqlite(conn, move |c| read_sqlite(c, &key)).await?,
             #[cfg(feature = "postgres")]
             Db::Postgres(client) => read_postgres(client, &key).await?,
         };
@@ -154,17 +172,18 @@ impl Admin {
 
     /// Deletes `key`'s entry, so that the key executes again; `false` if it had none. An open
     /// stream is not touched (its server, or the next retry, closes it). On SQLite it returns
-    /// once a process serving the file has had the time to see the purge and forget the
-    /// entries it holds in memory (`NOTICED_WITHIN`, half a second).
+    /// once no process serves the file, or the one that does has confirmed that it forgot the
+    /// entries it holds in memory; [`StoreError::PurgeUnconfirmed`] if it did not within 10 s
+    /// (the row is deleted all the same).
     pub async fn purge(&self, key: &MessageId) -> Result<bool, StoreError> {
         let key = key.as_str().to_owned();
         let deleted = match &self.db {
-            Db::Sqlite(conn) => {
-                let deleted = sqlite(conn, move |c| purge_sqlite(c, &key)).await?;
-                if deleted {
-                    tokio::time::sleep(purge_watch::NOTICED_WITHIN).await;
+            Db::Sqlite(conn, path) => {
+                let purged = sqlite(conn, move |c| purge_sqlite(c, &key)).await?;
+                if let Some(generation) = purged {
+                    self.confirmed(conn, path, generation).await?;
                 }
-                deleted as u64
+                u64::from(purged.is_some())
             }
             #[cfg(feature = "postgres")]
             Db::Postgres(client) => client.execute(PURGE, &[&key]).await?,
@@ -178,7 +197,7 @@ impl Admin {
         let mut total = 0;
         loop {
             let deleted = match &self.db {
-                Db::Sqlite(conn) => {
+                Db::Sqlite(conn, _) => {
                     let params = move |c: &Connection| {
                         let named =
                             rusqlite::named_params! {"$1": now, "$2": ttl, "$3": PURGE_CHUNK};
@@ -197,6 +216,36 @@ impl Admin {
             if deleted < PURGE_CHUNK as u64 {
                 return Ok(total);
             }
+        }
+    }
+}
+
+impl Admin {
+    /// Waits until the process serving `path`, if any, has forgotten what it held in memory
+    /// when the purge of `generation` committed.
+    async fn confirmed(
+        &self,
+        conn: &Arc<Mutex<Connection>>,
+        path: &Path,
+        generation: i64,
+    ) -> Result<(), StoreError> {
+        let started = Instant::now();
+        loop {
+            if sqlite(conn, move |c| Ok(purge_watch::forgotten(c, generation)?)).await? {
+                return Ok(());
+            }
+            // A server that starts later holds nothing in memory yet.
+            let Some(pid) = file_lock::holder(path)? else {
+                return Ok(());
+            };
+            if started.elapsed() >= self.purge_wait {
+                return Err(StoreError::PurgeUnconfirmed {
+                    path: path.to_path_buf(),
+                    pid,
+                    waited: self.purge_wait,
+                });
+            }
+            tokio::time::sleep(CONFIRMATION_POLL).await;
         }
     }
 }
@@ -277,15 +326,18 @@ async fn sqlite<T: Send + 'static>(
         .map_err(|e| StoreError::Commit(e.to_string()))?
 }
 
-/// The key's row deleted, and the purge recorded for the serving process, in one transaction.
-fn purge_sqlite(conn: &Connection, key: &str) -> Result<bool, StoreError> {
+/// The key's row deleted, and the purge recorded for the serving process, in one
+/// transaction; the purge's generation, or `None` if the key had no row.
+fn purge_sqlite(conn: &Connection, key: &str) -> Result<Option<i64>, StoreError> {
     let tx = conn.unchecked_transaction()?;
     let deleted = tx.execute(&sqlite_by_key(PURGE), [key])? > 0;
-    if deleted {
-        purge_watch::bump(&tx)?;
-    }
+    let generation = if deleted {
+        Some(purge_watch::bump(&tx)?)
+    } else {
+        None
+    };
     tx.commit()?;
-    Ok(deleted)
+    Ok(generation)
 }
 
 fn read_sqlite(conn: &Connection, key: &str) -> Result<Shown, StoreError> {

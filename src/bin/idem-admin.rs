@@ -130,9 +130,6 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
                 return nothing_for(&key);
             }
             println!("purged {key}");
-            if !db.contains("://") {
-                println!("note: a server serving this file replays the entry from its memory until it restarts");
-            }
             Ok(ExitCode::SUCCESS)
         }
         Command::PurgeExpired { yes } => {

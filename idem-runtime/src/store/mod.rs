@@ -459,6 +459,23 @@ pub enum StoreError {
     /// The database file is no longer at its path: what would be committed to it is lost
     /// once the process ends, so nothing is.
     Vanished(PathBuf),
+    #[error(
+        "the key's entry was deleted from {}, but process {pid}, which serves it, did not \
+         confirm within {} s that it forgot the entries it holds in memory: until it does, it \
+         may still answer the key from memory (restart it to be sure)",
+        path.display(),
+        waited.as_secs()
+    )]
+    /// An operator's purge committed, but the process serving the SQLite file did not say in
+    /// time that it emptied its memory tier.
+    PurgeUnconfirmed {
+        /// The database file.
+        path: PathBuf,
+        /// The serving process, as it wrote itself in the lock file.
+        pid: String,
+        /// How long the purge waited.
+        waited: std::time::Duration,
+    },
     #[error("corrupt row for {message_id}: {detail}")]
     /// A row that cannot be read back as an entry.
     Corrupt {
@@ -481,6 +498,7 @@ impl StoreError {
             Self::Write(_) => "write",
             Self::InUse { .. } => "in_use",
             Self::Vanished(_) => "vanished",
+            Self::PurgeUnconfirmed { .. } => "purge_unconfirmed",
             Self::Corrupt { .. } => "corrupt",
         }
     }

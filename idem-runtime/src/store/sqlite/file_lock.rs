@@ -2,11 +2,13 @@
 //! second process on the same file would run concurrent duplicates twice. The store takes an
 //! OS lock on `<database>.lock` for as long as it is open; the kernel releases it when the
 //! process dies, however it dies, so a crash never leaves a stale lock behind. The file itself
-//! only names the holder, for the error a second process gets.
+//! only names the holder, for the error a second process gets. The admin tool asks the lock,
+//! not the file, whether a process serves the database ([`holder`]).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::store::StoreError;
 
@@ -24,25 +26,55 @@ impl ServingLock {
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         let mut file = options.open(&path)?;
-        match file.try_lock() {
-            Ok(()) => {
-                file.set_len(0)?;
-                file.rewind()?;
-                writeln!(file, "{}", std::process::id())?;
-                Ok(Self { _file: file })
+        // The admin's probe (`holder`) holds a shared lock for an instant: not a server.
+        let mut attempts = PROBE_RETRIES;
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) if attempts > 0 => {
+                    attempts -= 1;
+                    std::thread::sleep(PROBE_RETRY_AFTER);
+                }
+                Err(TryLockError::WouldBlock) => {
+                    return Err(StoreError::InUse {
+                        path: database.to_path_buf(),
+                        lock: path,
+                        pid: read_pid(&mut file)?,
+                    })
+                }
+                Err(TryLockError::Error(e)) => return Err(e.into()),
             }
-            Err(TryLockError::WouldBlock) => {
-                let mut pid = String::new();
-                file.read_to_string(&mut pid)?;
-                Err(StoreError::InUse {
-                    path: database.to_path_buf(),
-                    lock: path,
-                    pid: pid.trim().to_owned(),
-                })
-            }
-            Err(TryLockError::Error(e)) => Err(e.into()),
         }
+        file.set_len(0)?;
+        file.rewind()?;
+        writeln!(file, "{}", std::process::id())?;
+        Ok(Self { _file: file })
     }
+}
+
+/// How often, and how long apart, a server tries again a lock an admin's probe may hold.
+const PROBE_RETRIES: u32 = 3;
+const PROBE_RETRY_AFTER: Duration = Duration::from_millis(10);
+
+/// The process serving `database` right now, as it wrote itself in the lock file; `None`
+/// when none does. Takes, and drops at once, a shared lock that no server holds.
+pub(crate) fn holder(database: &Path) -> std::io::Result<Option<String>> {
+    let mut file = match File::open(lock_path(database)) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match file.try_lock_shared() {
+        Ok(()) => Ok(None),
+        Err(TryLockError::WouldBlock) => read_pid(&mut file).map(Some),
+        Err(TryLockError::Error(e)) => Err(e),
+    }
+}
+
+fn read_pid(file: &mut File) -> std::io::Result<String> {
+    let mut pid = String::new();
+    file.read_to_string(&mut pid)?;
+    Ok(pid.trim().to_owned())
 }
 
 /// The lock file beside the database (`a2a.db` → `a2a.db.lock`).

@@ -12,7 +12,7 @@
 mod checkpointer;
 mod entries;
 mod file_identity;
-mod file_lock;
+pub(crate) mod file_lock;
 pub(crate) mod key_index;
 pub(crate) mod memory_tier;
 pub(crate) mod purge_watch;
@@ -137,7 +137,7 @@ impl SqliteStore {
         let lock = ServingLock::acquire(&path)?;
         let conn = connect(&path)?;
         conn.execute_batch(SCHEMA)?;
-        conn.execute_batch(purge_watch::TABLE)?;
+        purge_watch::prepare(&conn)?;
         // The checkpointer's thread copies the log back; the writer only when asked to start it
         // over (see there).
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;

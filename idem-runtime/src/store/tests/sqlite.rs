@@ -433,3 +433,52 @@ async fn the_sweep_recounts_rows_purged_behind_the_writer() {
     );
     assert_eq!(store.row_count().await.unwrap(), 3);
 }
+
+/// `idem-admin purge` on a served file returns once the server has emptied its memory of
+/// the key, and the server then executes the key again.
+#[tokio::test]
+async fn a_purge_returns_once_the_serving_process_confirms_it() {
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let first = execute(&cache, &key(1), "{}", "first").await;
+    assert!(
+        matches!(cache.claim(&key(1), "message/send", &first.request_hash).await.unwrap(),
+            Claim::Cached(found) if Arc::ptr_eq(&found, &first)),
+        "answered from memory"
+    );
+    let admin = crate::admin::Admin::open(fx.path.to_str().unwrap(), &config(86_400, 100))
+        .await
+        .unwrap();
+    assert!(admin.purge(&key(1)).await.unwrap());
+    execute(&cache, &key(1), "{}", "again").await;
+    assert!(
+        !admin.purge(&key(2)).await.unwrap(),
+        "nothing stored for it"
+    );
+}
+
+/// A process that holds the file's lock and never confirms: the purge is done, and says
+/// that the server may still answer from memory.
+#[tokio::test]
+async fn a_purge_that_the_serving_process_does_not_confirm_says_so() {
+    let fx = Fixture::sqlite();
+    let store = SqliteStore::open(&fx.path, &config(86_400, 100)).unwrap();
+    put(&store, 1, "first").await;
+    store.close();
+    let _holder = crate::store::sqlite::file_lock::ServingLock::acquire(&fx.path).unwrap();
+    let mut admin = crate::admin::Admin::open(fx.path.to_str().unwrap(), &config(86_400, 100))
+        .await
+        .unwrap();
+    admin.set_purge_wait(Duration::from_millis(100));
+    let refused = admin.purge(&key(1)).await.unwrap_err();
+    let crate::store::StoreError::PurgeUnconfirmed { pid, .. } = &refused else {
+        panic!("{refused}");
+    };
+    assert_eq!(*pid, std::process::id().to_string());
+    assert!(refused.to_string().contains("restart it"), "{refused}");
+    assert_eq!(
+        admin.show(&key(1)).await.unwrap(),
+        None,
+        "deleted all the same"
+    );
+}
