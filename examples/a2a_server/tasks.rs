@@ -291,12 +291,24 @@ impl TaskStore {
 fn loaded(id: &str, row: Option<(String, i64)>) -> Result<Loaded, Failure> {
     match row {
         Some((seen, due_at)) => Ok(Loaded {
-            task: serde_json::from_str(&seen)?,
+            task: task_from_json(&seen)?,
             due_at_ms: due_at.max(0) as u64,
             seen,
         }),
         None => Err(errors::task_not_found(id).into()),
     }
+}
+
+/// A task as its row holds it. Its history nests each message one level deeper than the
+/// params that carried it, so a message the guard and jsonrpsee accepted (127 levels at most,
+/// `idem::hash::MAX_DEPTH`) can take the task one past serde_json's default limit: the row was
+/// written here, from such a message, so its depth is bounded all the same.
+fn task_from_json(json: &str) -> serde_json::Result<Task> {
+    let mut reader = serde_json::Deserializer::from_str(json);
+    reader.disable_recursion_limit();
+    let task = serde::Deserialize::deserialize(&mut reader)?;
+    reader.end()?;
+    Ok(task)
 }
 
 /// Applies `change` to a task read for update: the task, its row, and the event to record.

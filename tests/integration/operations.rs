@@ -217,28 +217,60 @@ async fn evictions_are_counted_by_reason() {
     assert_eq!(m.get("idempotency_entries", &[]), 0.0, "{}", m.0);
 }
 
+/// The deepest params the guard accepts (`MAX_DEPTH`: 127 levels, serde_json's own limit)
+/// run, and the task they leave, whose history nests the message one level deeper, is read
+/// and completes; one level more is the 400 that names the limit, not jsonrpsee's -32602.
 #[tokio::test]
-async fn params_nested_past_the_limit_get_an_error_naming_it() {
+async fn params_nested_to_the_limit_run_and_one_level_more_get_an_error_naming_it() {
     let server = ServerProcess::start(&[]);
-    let deep = format!("{}{}", "[".repeat(130), "]".repeat(130));
-    let metadata: Value = serde_json::from_str(&deep).unwrap_or(Value::Null);
-    let body = if metadata.is_null() {
-        // serde_json refuses to build it: splice the text in instead.
-        send_body(&new_id(), "x").replace(r#""metadata":{}"#, &format!(r#""metadata":{deep}"#))
-    } else {
-        send_with(1, "message/send", &new_id(), "x", metadata)
-    };
-    assert!(body.contains(&deep));
-    let reply = post_activated(&server.url, body).await;
+    let reply = post_activated(&server.url, nested_send(&new_id(), 127)).await;
+    assert_eq!(reply.status, 200, "{}", reply.describe());
+    let task_id = deep_json(&reply.body)["result"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let get =
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task_id}});
+        let task = deep_json(&post(&server.url, get.to_string(), &[]).await.body);
+        if task["result"]["status"]["state"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not completed: {task}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let reply = post_activated(&server.url, nested_send(&new_id(), 128)).await;
     assert_eq!(reply.status, 400, "{}", reply.describe());
     let error = &reply.json()["error"];
     assert_eq!(
         error["data"]["code"],
         "IDEMPOTENCY_PAYLOAD_NOT_CANONICALIZABLE"
     );
-    assert_eq!(error["data"]["max_depth"], 128);
+    assert_eq!(error["data"]["max_depth"], 127);
     let reason = error["data"]["reason"].as_str().unwrap();
-    assert!(reason.contains("128 levels"), "{reason}");
+    assert!(reason.contains("127 levels"), "{reason}");
+}
+
+/// A `message/send` whose params nest `depth` levels: `params{message{metadata{"n": [[…]]}}}`,
+/// the arrays from the fourth level on, and a mission of 50 ms.
+fn nested_send(key: &str, depth: usize) -> String {
+    let arrays = depth - 3;
+    let nest = format!("{}{}", "[".repeat(arrays), "]".repeat(arrays));
+    let message = format!(
+        r#"{{"kind":"message","messageId":"{key}","role":"user","parts":[{{"kind":"text","text":"deep"}}],"metadata":{{"n":{nest}}}}}"#
+    );
+    format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"message/send","params":{{"message":{message},"metadata":{{"durationMs":50}}}}}}"#
+    )
+}
+
+/// A response that nests deeper than serde_json's default limit (a task of such params).
+fn deep_json(body: &[u8]) -> Value {
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    reader.disable_recursion_limit();
+    serde::Deserialize::deserialize(&mut reader).expect("a JSON response")
 }
 
 fn send_body(key: &str, text: &str) -> String {

@@ -54,15 +54,16 @@ pub enum HashError {
         text: String,
     },
     #[error(
-        "params nest deeper than {MAX_DEPTH} levels, the most the canonical hash accepts; \
-         send flatter params"
+        "params nest deeper than {MAX_DEPTH} levels, the most the canonical hash (and \
+         serde_json, which reads the params after it) accepts; send flatter params"
     )]
     /// Nested deeper than [`MAX_DEPTH`].
     TooDeep,
 }
 
-/// Nesting bound; serde_json refuses deeper input too.
-pub const MAX_DEPTH: usize = 128;
+/// Nesting bound, the params object itself the first level: serde_json's (it refuses a 128th
+/// level), so that params the guard accepts never fail in the method's own parse.
+pub const MAX_DEPTH: usize = 127;
 
 /// Raw params in canonical form.
 pub(crate) struct Canonical {
