@@ -527,21 +527,61 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
     for body in [
         r#"{"jsonrpc":"1.0","method":"tasks/get","params":{"id":"x"}}"#,
         r#"{"jsonrpc":"2.0","params":{"id":"x"}}"#,
-        r#"{"jsonrpc":"2.0","id":{"a":1},"method":"tasks/get","params":{"id":"x"}}"#,
-        r#"{"jsonrpc":"2.0","id":[1],"method":"tasks/get","params":{"id":"x"}}"#,
         "42",
     ] {
         let reply = post(&server.url, body, &[]).await;
         assert_eq!(reply.json(), invalid, "{body}");
     }
+    // Ids jsonrpsee cannot read: it answered nothing, as to a notification, and ran nothing.
+    let reason = "the request's id must be a string, an integer from 0 to 18446744073709551615, or null; the call was not run";
+    let mut unreadable = invalid.clone();
+    unreadable["error"]["data"] = json!({ "reason": reason });
+    let ids = [
+        r#"{"a":1}"#,
+        "[1]",
+        "-1",
+        "1.5",
+        "1e2",
+        "-0",
+        "18446744073709551616",
+        "true",
+        r#""\ud800""#,
+    ];
+    for id in ids {
+        let body =
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tasks/get","params":{{"id":"x"}}}}"#);
+        let reply = post(&server.url, body, &[]).await;
+        assert_eq!(
+            (reply.status, reply.json()),
+            (200, unreadable.clone()),
+            "id {id}"
+        );
+    }
+    let key = new_id();
+    let send = send_with(1, "message/send", &key, "never run", json!({}));
+    let negative = send.replacen(r#""id":1"#, r#""id":-1"#, 1);
+    assert_eq!(
+        post_activated(&server.url, negative).await.json(),
+        unreadable
+    );
+    let pattern = format!("%{key}%");
+    let sql = "SELECT COUNT(*) FROM tasks WHERE task_json LIKE ?1";
+    assert_eq!(
+        count(server.db(), sql, &[&pattern]),
+        0,
+        "a call whose id jsonrpsee cannot read never runs"
+    );
     // Found by fuzz/rpc_admission: a governed call, activated, whose id is an object.
     let fuzzed = r#"{"jsonrpc":"2.0","id":{"a":1},"method":"message/send","params":{"message":{"messageId":"not-a-uuid"}}}"#;
-    assert_eq!(post_activated(&server.url, fuzzed).await.json(), invalid);
+    assert_eq!(post_activated(&server.url, fuzzed).await.json(), unreadable);
     // And one whose other members jsonrpsee skips unread, bytes that are not UTF-8 included.
     let mut skipped =
         br#"{"jsonrpc":"2.0","id":{"a":1},"method":"message/send","par#ms":{";"#.to_vec();
     skipped.extend_from_slice(b"\xff\xff\xff\xff\xffmessage\":{\"messageId\":\"not-a-uuid\"}}}");
-    assert_eq!(post_activated(&server.url, skipped).await.json(), invalid);
+    assert_eq!(
+        post_activated(&server.url, skipped).await.json(),
+        unreadable
+    );
     // Text that is not JSON is still a parse error.
     let truncated = post(&server.url, r#"{"jsonrpc":"2.0","id":1,"method":"#, &[]).await;
     assert_eq!(truncated.json()["error"]["code"], -32700);
@@ -554,7 +594,18 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
         assert_eq!((reply.status, reply.body.len()), (204, 0), "{body}");
     }
     let mixed = r#"[{"jsonrpc":"2.0","id":{},"method":"tasks/get","params":{"id":"x"}},{"jsonrpc":"2.0","method":"tasks/get","params":{"id":"x"}}]"#;
-    assert_eq!(post(&server.url, mixed, &[]).await.json(), json!([invalid]));
+    assert_eq!(
+        post(&server.url, mixed, &[]).await.json(),
+        json!([unreadable])
+    );
+    // Beside calls jsonrpsee answers, each call it could not read gets its error too.
+    let answered = r#"[{"jsonrpc":"2.0","id":-1,"method":"tasks/get","params":{"id":"x"}},{"jsonrpc":"2.0","id":7,"method":"tasks/get","params":{"id":"x"}},{"jsonrpc":"2.0","id":1.5,"method":"tasks/get","params":{"id":"x"}}]"#;
+    let answers = post(&server.url, answered, &[]).await.json();
+    let answers = answers.as_array().unwrap();
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    assert_eq!(answers[0]["id"], 7);
+    assert_eq!(answers[0]["error"]["code"], -32001);
+    assert_eq!(answers[1..], [unreadable.clone(), unreadable]);
     // An ordinary call is untouched.
     let call = r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"id":"x"}}"#;
     assert_eq!(

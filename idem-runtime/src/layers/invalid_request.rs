@@ -4,18 +4,22 @@
 //! - JSON that is not a valid Request object (no `method`, `jsonrpc` not `"2.0"`, a number)
 //!   is -32600 Invalid Request with `id: null`, where jsonrpsee says -32700 Parse error (which
 //!   is for text that is not JSON);
-//! - a request whose `id` is an object or an array is -32600 with `id: null`, where jsonrpsee
-//!   answers the body `null`;
+//! - a request whose `id` jsonrpsee cannot read is -32600 with `id: null` and a reason, where
+//!   jsonrpsee answers nothing for it, as if it were a notification: it reads an id only as
+//!   `null`, a string, or an integer from 0 to 2^64 - 1, so an object or an array (which
+//!   JSON-RPC forbids), but also `-1` or `1.5` (which it allows), and `"\ud800"`;
 //! - a notification (no `id`), or a batch of them, is not answered: an empty body (HTTP 204),
 //!   where jsonrpsee answers `null`.
 //!
-//! Only those two answers of jsonrpsee's are looked at (by their exact size, so an ordinary
-//! answer costs nothing here), and only then is the request parsed.
+//! Only those two answers of jsonrpsee's, and answers to batches, are looked at (by their
+//! exact size, so an ordinary answer costs nothing here), and only then is the request parsed.
+//! The call of an id jsonrpsee cannot read never ran: the error says so.
 
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use jsonrpsee::server::{HttpBody, HttpResponse};
+use jsonrpsee::types::Id;
 use serde_json::Value;
 
 /// jsonrpsee's answer to a notification and to a request with an object or array id.
@@ -25,11 +29,19 @@ const PARSE_ERROR: &[u8] =
     br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}"#;
 const INVALID_REQUEST: &str =
     r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request"}}"#;
+/// The answer to a request whose id jsonrpsee cannot read.
+const UNREADABLE_ID: &str = concat!(
+    r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request","#,
+    r#""data":{"reason":"the request's id must be a string, an integer from 0 to "#,
+    r#"18446744073709551615, or null; the call was not run"}}}"#
+);
 
 /// `response`, or the answer JSON-RPC 2.0 gives to `request` where jsonrpsee's differs.
 pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpResponse {
     let size = hyper::body::Body::size_hint(response.body()).exact();
-    if !matches!(size, Some(n) if n == NULL.len() as u64 || n == PARSE_ERROR.len() as u64) {
+    let batch = request_is_batch(request);
+    if !batch && !matches!(size, Some(n) if n == NULL.len() as u64 || n == PARSE_ERROR.len() as u64)
+    {
         return response;
     }
     let (mut parts, body) = response.into_parts();
@@ -41,10 +53,15 @@ pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpRes
         PARSE_ERROR => serde_json::from_slice::<Value>(request)
             .ok()
             .map(|_json| Answer::Invalid(vec![INVALID_REQUEST.to_owned()])),
+        answers if batch => with_unread_ids(request, answers).map(Answer::Batch),
         _ => None,
     };
     match answer {
         None => HttpResponse::from_parts(parts, HttpBody::new(http_body_util::Full::new(body))),
+        Some(Answer::Batch(text)) => {
+            let body = HttpBody::new(http_body_util::Full::new(Bytes::from(text)));
+            HttpResponse::from_parts(parts, body)
+        }
         Some(Answer::Nothing) => {
             parts.status = StatusCode::NO_CONTENT;
             parts.headers.remove(http::header::CONTENT_TYPE);
@@ -64,32 +81,59 @@ pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpRes
 enum Answer {
     /// Notifications only: no answer at all.
     Nothing,
-    /// One Invalid Request error per request whose id is not a JSON-RPC id.
+    /// One Invalid Request error per request whose id jsonrpsee cannot read.
     Invalid(Vec<String>),
+    /// jsonrpsee's answers to a batch, and an error for each call it left unanswered.
+    Batch(String),
 }
 
 /// Why jsonrpsee answered `null`: requests whose ids it could not read, or notifications.
 /// Read as leniently as jsonrpsee reads (members other than `id` are skipped unchecked); a
 /// body that cannot be read even so is an Invalid Request, never `null`.
 fn answer_to_null(request: &[u8]) -> Answer {
-    let ids: Vec<Probe<'_>> = match request_is_batch(request) {
+    let probes = probes(request);
+    if probes.is_empty() {
+        return Answer::Invalid(vec![INVALID_REQUEST.to_owned()]);
+    }
+    match unread_ids(&probes) {
+        0 => Answer::Nothing,
+        n => Answer::Invalid(vec![UNREADABLE_ID.to_owned(); n]),
+    }
+}
+
+/// jsonrpsee's `answers` to a batch, with an error for each call whose id it could not read
+/// (it answers the others); `None` when it read them all.
+fn with_unread_ids(request: &[u8], answers: &[u8]) -> Option<String> {
+    let unread = unread_ids(&probes(request));
+    let answers = std::str::from_utf8(answers).ok()?.trim_end();
+    let listed = answers.strip_suffix(']').filter(|_| unread > 0)?;
+    let errors = vec![UNREADABLE_ID; unread].join(",");
+    let separator = if listed.trim_end().ends_with('[') {
+        ""
+    } else {
+        ","
+    };
+    Some(format!("{listed}{separator}{errors}]"))
+}
+
+/// The requests of a body, one or a batch; none when it cannot be read even so.
+fn probes(request: &[u8]) -> Vec<Probe<'_>> {
+    match request_is_batch(request) {
         true => serde_json::from_slice(request).unwrap_or_default(),
         false => serde_json::from_slice(request)
             .map(|one| vec![one])
             .unwrap_or_default(),
-    };
-    if ids.is_empty() {
-        return Answer::Invalid(vec![INVALID_REQUEST.to_owned()]);
     }
-    let invalid = ids
+}
+
+/// How many of the requests have an id that jsonrpsee's [`Id`] does not read.
+fn unread_ids(probes: &[Probe<'_>]) -> usize {
+    let unread =
+        |id: &serde_json::value::RawValue| serde_json::from_str::<Id<'_>>(id.get()).is_err();
+    probes
         .iter()
-        .filter(|probe| probe.id.is_some_and(|id| id.get().starts_with(['{', '['])))
-        .map(|_| INVALID_REQUEST.to_owned())
-        .collect::<Vec<_>>();
-    match invalid.is_empty() {
-        true => Answer::Nothing,
-        false => Answer::Invalid(invalid),
-    }
+        .filter(|probe| probe.id.is_some_and(unread))
+        .count()
 }
 
 /// A request's `id`, the one member the answer depends on.
