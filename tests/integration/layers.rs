@@ -711,7 +711,8 @@ async fn in_a_batch_an_undecodable_entry_under_a_held_key_is_422_too() {
 }
 
 /// A body over the limit is read, dropped and answered 413 with the error that names the
-/// limit, never a reset connection; a body at the limit is served as usual.
+/// limit, never a reset connection, whether its length was announced or it came chunked
+/// (jsonrpsee alone answers a chunked one 500); a body at the limit is served as usual.
 #[tokio::test]
 async fn a_body_over_the_limit_is_413_naming_the_limit_and_never_runs() {
     let db = Db::new();
@@ -719,20 +720,31 @@ async fn a_body_over_the_limit_is_413_naming_the_limit_and_never_runs() {
         .server(config().with(|c| c.max_request_body_bytes = 4096))
         .await;
     let big = send(1, &new_id(), &"x".repeat(5000));
-    let refused = post_activated(&server.url, big).await;
-    assert_eq!(refused.status, 413);
-    assert_eq!(refused.error_code(), -32600);
-    assert_eq!(refused.data_code(), "IDEMPOTENCY_REQUEST_TOO_LARGE");
-    assert_eq!(refused.json()["error"]["data"]["limit_bytes"], 4096);
-    assert_eq!(refused.json()["id"], serde_json::Value::Null);
+    for body in [big.clone().into(), chunked(big)] {
+        let refused = post_activated(&server.url, body).await;
+        assert_eq!(refused.status, 413);
+        assert_eq!(refused.error_code(), -32600);
+        assert_eq!(refused.data_code(), "IDEMPOTENCY_REQUEST_TOO_LARGE");
+        assert_eq!(refused.json()["error"]["data"]["limit_bytes"], 4096);
+        assert_eq!(refused.json()["id"], serde_json::Value::Null);
+        assert!(refused.echoes_extension(), "spec §3.2: it activated it");
+    }
     assert_eq!(server.executions(), 0);
 
     let small = send(2, &new_id(), "x");
     let padded = format!("{small:<4096}");
     assert_eq!(padded.len(), 4096);
-    let served = post_activated(&server.url, padded).await;
+    let served = post_activated(&server.url, padded.clone()).await;
     assert_eq!(served.status, 200, "{}", served.json());
     assert_eq!(server.executions(), 1);
+    // Chunked at the limit: served, and a resend of its bytes is the replay.
+    let resent = post_activated(&server.url, chunked(padded)).await;
+    assert!(resent.replayed(), "{}", resent.describe());
+    assert_eq!(resent.body, served.body);
+    let fresh = format!("{:<4096}", send(3, &new_id(), "x"));
+    let chunked_fresh = post_activated(&server.url, chunked(fresh)).await;
+    assert_eq!(chunked_fresh.status, 200, "{}", chunked_fresh.describe());
+    assert_eq!(server.executions(), 2);
 }
 
 /// jsonrpsee cuts a response over its limit after the guard stored it: the extension answers,

@@ -348,6 +348,16 @@ pub async fn post_activated(url: &str, body: impl Into<reqwest::Body>) -> Reply 
     post(url, body, ACTIVATED).await
 }
 
+/// `body` sent chunked (no `Content-Length`), in pieces of 1 KiB.
+pub fn chunked(body: String) -> reqwest::Body {
+    let pieces: Vec<Result<Vec<u8>, std::io::Error>> = body
+        .into_bytes()
+        .chunks(1024)
+        .map(|piece| Ok(piece.to_vec()))
+        .collect();
+    reqwest::Body::wrap_stream(futures::stream::iter(pieces))
+}
+
 /// A fresh random message id.
 pub fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()

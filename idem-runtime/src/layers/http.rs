@@ -30,7 +30,9 @@ use crate::state::State;
 use crate::store::Entry;
 
 /// Bodies up to this size (by their `Content-Length`) are read here to be recognised as
-/// resends; larger or chunked ones go to jsonrpsee unread, which enforces its own limit.
+/// resends; larger ones go to jsonrpsee unread, which enforces the same limit. Chunked ones
+/// (no `Content-Length`) are read here too, so that one over the limit gets the 413 that
+/// names it, where jsonrpsee answers 500.
 const RECOGNISED_BODY_BYTES: u64 = 64 * 1024;
 
 /// How many bytes of a too large body are read (and dropped) so that the client, still
@@ -94,19 +96,20 @@ where
             request.extensions_mut().insert(WebSocket);
             return Box::pin(self.inner.call(request));
         }
-        let limit = self.state.config.max_request_body_bytes;
-        if content_length(&request).is_some_and(|n| n > limit) {
-            return Box::pin(async move { Ok(too_large(request, limit).await) });
-        }
         // A server with the extension off neither reads nor echoes the activation header.
         let cache = self.state.deduplicating().cloned();
         let activated = cache.is_some() && is_activated(request.headers(), EXTENSION_URI);
+        let limit = self.state.config.max_request_body_bytes;
+        if content_length(&request).is_some_and(|n| n > limit) {
+            let body = request.into_body();
+            return Box::pin(async move { Ok(too_large(body, 0, limit, activated).await) });
+        }
         let caller = CallerPolicy::of(request.extensions(), &self.state.config);
         let mut inner = self.inner.clone();
         Box::pin(async move {
             let (mut request, mut body, mut spelling) = (request, None, None);
             if recognisable(&request) {
-                let (parts, bytes) = match read_body(request).await {
+                let (parts, bytes) = match read_body(request, limit, activated).await {
                     Ok(read) => read,
                     Err(response) => return Ok(response),
                 };
@@ -137,11 +140,11 @@ where
     }
 }
 
-/// A JSON POST whose body is small enough to read here.
+/// A JSON POST whose body is small enough to read here, or chunked.
 fn recognisable(request: &HttpRequest<HttpBody>) -> bool {
     request.method() == http::Method::POST
         && content_type_is_json(request)
-        && content_length(request).is_some_and(|n| n <= RECOGNISED_BODY_BYTES)
+        && content_length(request).is_none_or(|n| n <= RECOGNISED_BODY_BYTES)
 }
 
 fn content_length(request: &HttpRequest<HttpBody>) -> Option<u64> {
@@ -149,34 +152,51 @@ fn content_length(request: &HttpRequest<HttpBody>) -> Option<u64> {
     length.to_str().ok()?.parse().ok()
 }
 
-/// Reads and drops the body (up to `DRAINED_BODY_BYTES`), then answers 413 with the error
-/// that names the limit.
-async fn too_large(request: HttpRequest<HttpBody>, limit: u64) -> HttpResponse<HttpBody> {
-    let mut body = request.into_body();
-    let mut read = 0u64;
-    while let Some(Ok(frame)) = body.frame().await {
-        read += frame.data_ref().map_or(0, |data| data.len() as u64);
-        if read > DRAINED_BODY_BYTES {
+/// Reads and drops the rest of the body (up to `DRAINED_BODY_BYTES` in all, `read` of them
+/// read already), then answers 413 with the error that names the limit.
+async fn too_large(
+    mut body: HttpBody,
+    mut read: u64,
+    limit: u64,
+    activated: bool,
+) -> HttpResponse<HttpBody> {
+    while read <= DRAINED_BODY_BYTES {
+        let Some(Ok(frame)) = body.frame().await else {
             break;
-        }
+        };
+        read += frame.data_ref().map_or(0, |data| data.len() as u64);
     }
     tracing::warn!(limit, "request body over the limit: 413");
     let error = IdempotencyError::new(ErrorCode::RequestTooLarge).with_detail("limit_bytes", limit);
     let bytes = crate::wire::response_bytes(&jsonrpsee::types::Id::Null, &Err(error.into()));
     let mut response = response::ok_response(bytes);
     *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    if activated {
+        echo_activation(&mut response);
+    }
     response
 }
 
-/// Reads the whole body (a small one: see [`recognisable`]).
+/// Reads the whole body: a small one (see [`recognisable`]), or a chunked one up to `limit`.
 async fn read_body(
     request: HttpRequest<HttpBody>,
+    limit: u64,
+    activated: bool,
 ) -> Result<(http::request::Parts, Bytes), HttpResponse<HttpBody>> {
-    let (parts, body) = request.into_parts();
-    match body.collect().await {
-        Ok(collected) => Ok((parts, collected.to_bytes())),
-        Err(_) => Err(response::internal_error()),
+    let (parts, mut body) = request.into_parts();
+    let mut bytes = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Err(response::internal_error());
+        };
+        if let Some(data) = frame.data_ref() {
+            bytes.extend_from_slice(data);
+        }
+        if bytes.len() as u64 > limit {
+            return Err(too_large(body, bytes.len() as u64, limit, activated).await);
+        }
     }
+    Ok((parts, bytes.freeze()))
 }
 
 /// The entry whose stored bytes answer a resend spelled `spelling`, if the store's memory
@@ -211,10 +231,7 @@ fn sse_response(source: StreamSource) -> HttpResponse<HttpBody> {
 /// Sets status and headers from what happened to the request's governed calls.
 fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
     if scope.activated() {
-        // Appended: other extensions the request activated may be listed already.
-        response
-            .headers_mut()
-            .append("a2a-extensions", HeaderValue::from_static(EXTENSION_URI));
+        echo_activation(response);
     }
     match scope.single_outcome() {
         Some(Outcome::Replayed | Outcome::Attached) if scope.caller().mark_replays => {
@@ -228,4 +245,12 @@ fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
         }
         Some(Outcome::Executed | Outcome::Replayed | Outcome::Attached) | None => {}
     }
+}
+
+/// Spec §3.2: a response to a request that activated the extension names it.
+fn echo_activation<B>(response: &mut http::Response<B>) {
+    // Appended: other extensions the request activated may be listed already.
+    response
+        .headers_mut()
+        .append("a2a-extensions", HeaderValue::from_static(EXTENSION_URI));
 }
