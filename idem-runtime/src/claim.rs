@@ -378,6 +378,16 @@ impl Ticket {
         Ok(())
     }
 
+    /// The key it holds.
+    pub(crate) fn key(&self) -> &MessageId {
+        &self.key
+    }
+
+    /// The method it runs.
+    pub(crate) fn method(&self) -> &str {
+        &self.method
+    }
+
     /// The store's claim: a ticket is handed out only once it is won.
     fn lease(&self) -> &Lease {
         self.lease.as_ref().expect("a ticket holds its lease")

@@ -301,10 +301,20 @@ fn reject(call: &GovernedCall, error: IdempotencyError) -> ErrorObjectOwned {
 
 /// The store failed a governed call: nothing of it is cached, and the key is released.
 pub(crate) fn store_failure(call: &GovernedCall, error: StoreError) -> ErrorObjectOwned {
-    tracing::error!(message_id = %call.key, error = %error, "idempotency cache failed");
-    telemetry::store_error(Some(&call.method), &error);
-    failure(&error)
-        .with_detail("message_id", call.key.message_id())
+    key_failure(&call.key, &call.method, &error)
+}
+
+/// The store failed the call of `key` (a stream's included, mid-way): its error, which names
+/// the key, `IDEMPOTENCY_CLAIM_LOST` when another process took the claim over.
+pub(crate) fn key_failure(
+    key: &crate::message_id::MessageId,
+    method: &str,
+    error: &StoreError,
+) -> ErrorObjectOwned {
+    tracing::error!(message_id = %key, error = %error, "idempotency cache failed");
+    telemetry::store_error(Some(method), error);
+    failure(error)
+        .with_detail("message_id", key.message_id())
         .into()
 }
 
@@ -321,5 +331,30 @@ fn failure(error: &StoreError) -> IdempotencyError {
         StoreError::Write(_) => IdempotencyError::new(ErrorCode::WriteFailed),
         StoreError::ClaimLost(_) => IdempotencyError::new(ErrorCode::ClaimLost),
         _ => IdempotencyError::new(ErrorCode::StoreUnavailable),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message_id::MessageId;
+
+    /// A stream whose event or close another replica fenced out ends with the claim-lost
+    /// error the README documents, naming the key, and not with the store's outage.
+    #[test]
+    fn a_store_failure_of_a_key_names_a_lost_claim_as_such() {
+        let key = MessageId::parse_str("0b5f3c8e-8f0e-4d47-9a43-6c2f1f3a7b10").unwrap();
+        let data = |error: StoreError| {
+            let failure = key_failure(&key, "message/stream", &error);
+            let data: serde_json::Value =
+                serde_json::from_str(failure.data().expect("data").get()).unwrap();
+            (data["code"].clone(), data["message_id"].clone())
+        };
+        let lost = data(StoreError::ClaimLost(key.to_string()));
+        assert_eq!(lost.0, "IDEMPOTENCY_CLAIM_LOST");
+        assert_eq!(lost.1, key.message_id());
+        let closed = data(StoreError::Closed);
+        assert_eq!(closed.0, "IDEMPOTENCY_STORE_UNAVAILABLE");
+        assert_eq!(closed.1, key.message_id());
     }
 }

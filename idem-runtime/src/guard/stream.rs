@@ -26,8 +26,8 @@ use crate::error::{ErrorCode, IdempotencyError};
 use crate::guard::recording::Recording;
 use crate::guard::sse;
 use crate::guard::{
-    decide, layer_missing, not_serializable, replay_json, run_catching, store_failure, store_json,
-    undeduplicated_failure, CallContext, Decision, Guarded,
+    decide, key_failure, layer_missing, not_serializable, replay_json, run_catching, store_failure,
+    store_json, undeduplicated_failure, CallContext, Decision, Guarded,
 };
 use crate::layers::scope::{CallId, GovernedCall, HttpScope, Outcome};
 use crate::store::{Entry, OpenStream, StoreError, StoredResponse};
@@ -310,8 +310,9 @@ async fn record<T: Serialize>(
                     if let Err(e) = ticket.append_event(seq, frame.clone()).await {
                         // The key is released with what was recorded: the next claim closes it
                         // as interrupted, and nothing executes again.
-                        tracing::error!(error = %e, "a stream's event could not be recorded; the stream ends");
-                        recording.push(error_frame(&id, unavailable()));
+                        tracing::error!("a stream's event could not be recorded; the stream ends");
+                        let failure = key_failure(ticket.key(), ticket.method(), &e);
+                        recording.push(error_frame(&id, failure));
                         recording.finish();
                         return;
                     }
@@ -327,10 +328,13 @@ async fn record<T: Serialize>(
     if let Some(ticket) = ticket {
         let mut body = recording.concat();
         body.extend_from_slice(last.as_deref().unwrap_or_default());
+        let (key, method) = (ticket.key().clone(), ticket.method().to_owned());
         if let Err(e) = ticket.close_stream(event_stream(body)).await {
-            tracing::error!(error = %e, "a finished stream could not be stored; a retry gets it as interrupted");
+            tracing::error!(
+                "a finished stream could not be stored; a retry gets it as interrupted"
+            );
             // Tell the client, which would otherwise take the stream for stored.
-            recording.push(error_frame(&id, unavailable()));
+            recording.push(error_frame(&id, key_failure(&key, &method, &e)));
             recording.finish();
             return;
         }
@@ -366,10 +370,6 @@ fn event_stream(body: Vec<u8>) -> StoredResponse {
 
 fn error_frame(id: &Id<'_>, error: ErrorObjectOwned) -> Bytes {
     sse::frame(&response_bytes(id, &Err(error)))
-}
-
-fn unavailable() -> ErrorObjectOwned {
-    IdempotencyError::new(ErrorCode::StoreUnavailable).into()
 }
 
 /// Whether `entry` is a recorded event stream (not a stored JSON-RPC response).
