@@ -226,6 +226,9 @@ pub enum Acquired {
 pub struct Lease {
     fence: i64,
     renewal: Option<tokio::task::JoinHandle<()>>,
+    /// Set once the call ends its own claim: a renewal that then finds the claim gone is not
+    /// told of a takeover.
+    ending: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Lease {
@@ -234,20 +237,34 @@ impl Lease {
         Self {
             fence: 0,
             renewal: None,
+            ending: Arc::default(),
         }
     }
 
-    /// A lease with `fence`, renewed by `renewal` until the lease is dropped.
-    pub fn renewed(fence: i64, renewal: tokio::task::JoinHandle<()>) -> Self {
+    /// A lease with `fence`, renewed by `renewal` until the lease is dropped; `ending`, shared
+    /// with the renewal, is set by [`end`](Self::end).
+    pub fn renewed(
+        fence: i64,
+        renewal: tokio::task::JoinHandle<()>,
+        ending: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Self {
         Self {
             fence,
             renewal: Some(renewal),
+            ending,
         }
     }
 
     /// The fencing number: larger for every later claim of any key.
     pub fn fence(&self) -> i64 {
         self.fence
+    }
+
+    /// The call is about to end its claim by storing its outcome: a renewal that finds the
+    /// claim gone from then on is not told of a takeover.
+    pub fn end(&self) {
+        self.ending
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

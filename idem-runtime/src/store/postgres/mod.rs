@@ -237,6 +237,8 @@ impl PostgresStore {
         let (pool, key, lease) = (self.pool.clone(), key.to_string(), self.lease);
         let owner = self.owner.clone();
         let alive = Arc::downgrade(&self.alive);
+        let ending = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ended = ending.clone();
         let renewal = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(lease / 3);
             ticks.tick().await;
@@ -247,6 +249,8 @@ impl PostgresStore {
                 }
                 match renew_once(&pool, &key, fence, &owner, lease).await {
                     Ok(true) => {}
+                    // The call's own commit ended the claim while this renewal ran.
+                    Ok(false) if ended.load(std::sync::atomic::Ordering::Relaxed) => return,
                     Ok(false) => {
                         tracing::warn!(message_id = %key, fence, "claim lost: another process took it over");
                         return;
@@ -255,7 +259,7 @@ impl PostgresStore {
                 }
             }
         });
-        Lease::renewed(fence, renewal)
+        Lease::renewed(fence, renewal, ending)
     }
 
     /// Writes the uses noted since the last flush, in `tx`.
@@ -506,6 +510,7 @@ impl Store for PostgresStore {
         writes: Vec<SqlWrite>,
         lease: &Lease,
     ) -> Result<(), StoreError> {
+        lease.end();
         let mut client = self.client().await?;
         if writes.is_empty() {
             // One statement, its own transaction; the bound, if due, in another.
@@ -597,6 +602,7 @@ impl Store for PostgresStore {
     }
 
     async fn close_stream(&self, entry: Arc<Entry>, lease: &Lease) -> Result<(), StoreError> {
+        lease.end();
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         if self.store_entry(&tx, &entry, lease.fence()).await? {
