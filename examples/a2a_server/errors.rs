@@ -12,9 +12,16 @@ pub fn invalid_params(reason: impl Into<String>) -> ErrorObjectOwned {
     )
 }
 
+/// The code of [`task_not_found`].
+pub const TASK_NOT_FOUND: i32 = -32001;
+
 /// -32001 TaskNotFoundError.
 pub fn task_not_found(task_id: &str) -> ErrorObjectOwned {
-    ErrorObjectOwned::owned(-32001, "Task not found", Some(json!({ "taskId": task_id })))
+    ErrorObjectOwned::owned(
+        TASK_NOT_FOUND,
+        "Task not found",
+        Some(json!({ "taskId": task_id })),
+    )
 }
 
 /// -32002 TaskNotCancelableError: the task already reached a terminal state.

@@ -103,6 +103,9 @@ async fn serve(cli: Cli) -> Result<(), String> {
         .resume()
         .await
         .map_err(|e| format!("cannot read the tasks in {}: {e:?}", cli.db))?;
+    if store.shared() {
+        missions.sweep_overdue();
+    }
     let mut signals = Signals::new()?;
     let metrics = metrics::install()?;
     relay::spawn(store, push.clone());

@@ -21,6 +21,10 @@ use crate::tasks::{Event, TaskStore};
 
 const DEFAULT_DURATION_MS: u64 = 2_000;
 const MAX_DURATION_MS: u64 = 60_000;
+/// The longest pause between two attempts to complete a mission.
+const MAX_COMPLETION_PAUSE: Duration = Duration::from_secs(5);
+/// How often a replica on a shared database looks for missions left overdue.
+const OVERDUE_SWEEP: Duration = Duration::from_secs(5);
 const MAX_DELAY_MS: u64 = 10_000;
 
 /// `params.metadata` as a send reads it: the two members the missions obey. The others, a
@@ -339,9 +343,51 @@ impl Missions {
         tokio::spawn(async move {
             let wait = due_at_ms.saturating_sub(clock::now_ms());
             tokio::time::sleep(Duration::from_millis(wait)).await;
-            match missions.complete(task_id.clone()).await {
-                Ok(task) => tracing::info!(%task_id, state = task.state.name(), "mission ended"),
-                Err(error) => tracing::warn!(%task_id, ?error, "mission could not complete"),
+            missions.complete_until_done(task_id).await;
+        });
+    }
+
+    /// Completes a mission, trying again while the store fails (a database outage, say):
+    /// a mission is never left working past its time by one failed write.
+    async fn complete_until_done(&self, task_id: String) {
+        let mut pause = Duration::from_millis(250);
+        loop {
+            match self.complete(task_id.clone()).await {
+                Ok(task) => {
+                    tracing::info!(%task_id, state = task.state.name(), "mission ended");
+                    return;
+                }
+                Err(error) if error.code() == errors::TASK_NOT_FOUND => {
+                    tracing::warn!(%task_id, "a mission's task is gone");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%task_id, ?error, ?pause, "mission could not complete; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_COMPLETION_PAUSE);
+                }
+            }
+        }
+    }
+
+    /// On a database that several replicas share: completes, every [`OVERDUE_SWEEP`], the
+    /// missions overdue by more than that, whichever replica assigned them (one that was
+    /// killed no longer will). Completing is conditional on the row, so two replicas never
+    /// complete a task twice.
+    pub fn sweep_overdue(&self) {
+        let missions = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(OVERDUE_SWEEP).await;
+                let Ok(working) = missions.store.working().await else {
+                    continue;
+                };
+                let late = clock::now_ms().saturating_sub(OVERDUE_SWEEP.as_millis() as u64);
+                for (task_id, due_at_ms) in working {
+                    if due_at_ms < late {
+                        missions.complete_until_done(task_id).await;
+                    }
+                }
             }
         });
     }

@@ -276,6 +276,11 @@ impl TaskStore {
         Ok(updated?)
     }
 
+    /// Whether several replicas may share its database (PostgreSQL).
+    pub fn shared(&self) -> bool {
+        matches!(self.db, Backend::Postgres(_))
+    }
+
     /// Ids and deadlines of the missions still running: after a restart they are resumed.
     pub async fn working(&self) -> RpcResult<Vec<(String, u64)>> {
         let rows = match &self.db {

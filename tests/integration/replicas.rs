@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::support::{
-    new_id, post_activated, send_with, stream_request, try_post, Reply, SseReply, ACTIVATED,
+    new_id, post, post_activated, send_with, stream_request, try_post, Reply, SseReply, ACTIVATED,
 };
 use futures::FutureExt;
 use idem_conformance::postgres::{self, TestDatabase};
@@ -197,9 +197,18 @@ async fn a_postgres_restart_fails_calls_clearly_and_the_servers_recover_without_
         return;
     };
     let server = replica(&db, &[]);
-    let acknowledged = send_with(1, "message/send", &new_id(), "before", json!({}));
+    // Its mission ends while the database is down: it completes once the database is back.
+    let acknowledged = send_with(
+        1,
+        "message/send",
+        &new_id(),
+        "before",
+        json!({"durationMs": 1000}),
+    );
+    let sent = Instant::now();
     let first = post_activated(&server.url, acknowledged.clone()).await;
     assert_eq!(first.status, 200);
+    let task_id = first.json()["result"]["id"].as_str().unwrap().to_owned();
 
     run(&stop);
     let during = send_with(2, "message/send", &new_id(), "during", json!({}));
@@ -212,6 +221,10 @@ async fn a_postgres_restart_fails_calls_clearly_and_the_servers_recover_without_
     let refused_json = refused.json();
     assert_eq!(refused.error_code(), -32603, "{refused_json}");
     assert_eq!(refused.data_code(), "IDEMPOTENCY_STORE_UNAVAILABLE");
+    tokio::time::sleep(
+        (sent + Duration::from_millis(1500)).saturating_duration_since(Instant::now()),
+    )
+    .await;
     run(&start);
 
     let recovered = retry_until_answered(&server.url, &during).await;
@@ -220,6 +233,20 @@ async fn a_postgres_restart_fails_calls_clearly_and_the_servers_recover_without_
     assert!(replay.replayed(), "nothing acknowledged was lost");
     assert_eq!(replay.body, first.body);
     assert_eq!(db.counts(), (2, 2));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let get =
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"id": task_id}});
+        let task = post(&server.url, get.to_string(), &[]).await.json();
+        if task["result"]["status"]["state"] == "completed" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the mission never completed: {task}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Sends `body` until it gets a result (the pool reconnects on its own), at most 30 s.
