@@ -225,9 +225,14 @@ pub enum Acquired {
 #[derive(Debug)]
 pub struct Lease {
     fence: i64,
-    renewal: Option<tokio::task::JoinHandle<()>>,
-    /// Set once the call ends its own claim: a renewal that then finds the claim gone is not
-    /// told of a takeover.
+    renewal: Option<Renewal>,
+}
+
+/// What keeps a shared store's lease alive: the task that renews it, and the flag that tells
+/// it the call is ending its own claim (a claim it then finds gone is not a takeover).
+#[derive(Debug)]
+struct Renewal {
+    task: tokio::task::JoinHandle<()>,
     ending: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -237,7 +242,6 @@ impl Lease {
         Self {
             fence: 0,
             renewal: None,
-            ending: Arc::default(),
         }
     }
 
@@ -250,8 +254,10 @@ impl Lease {
     ) -> Self {
         Self {
             fence,
-            renewal: Some(renewal),
-            ending,
+            renewal: Some(Renewal {
+                task: renewal,
+                ending,
+            }),
         }
     }
 
@@ -263,15 +269,18 @@ impl Lease {
     /// The call is about to end its claim by storing its outcome: a renewal that finds the
     /// claim gone from then on is not told of a takeover.
     pub fn end(&self) {
-        self.ending
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(renewal) = &self.renewal {
+            renewal
+                .ending
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(renewal) = self.renewal.take() {
-            renewal.abort();
+            renewal.task.abort();
         }
     }
 }
