@@ -177,13 +177,32 @@ async fn too_large(
     response
 }
 
-/// Reads the whole body: a small one (see [`recognisable`]), or a chunked one up to `limit`.
+/// Reads the whole body: a small one (see [`recognisable`]) at once, a chunked one up to
+/// `limit`.
 async fn read_body(
     request: HttpRequest<HttpBody>,
     limit: u64,
     activated: bool,
 ) -> Result<(http::request::Parts, Bytes), HttpResponse<HttpBody>> {
-    let (parts, mut body) = request.into_parts();
+    let chunked = content_length(&request).is_none();
+    let (parts, body) = request.into_parts();
+    let read = match chunked {
+        true => read_chunked(body, limit, activated).await,
+        false => body
+            .collect()
+            .await
+            .map(|collected| collected.to_bytes())
+            .map_err(|_| response::internal_error()),
+    };
+    read.map(|bytes| (parts, bytes))
+}
+
+/// A body of no announced length, counted as it comes: one past `limit` is the 413.
+async fn read_chunked(
+    mut body: HttpBody,
+    limit: u64,
+    activated: bool,
+) -> Result<Bytes, HttpResponse<HttpBody>> {
     let mut bytes = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
@@ -196,7 +215,7 @@ async fn read_body(
             return Err(too_large(body, bytes.len() as u64, limit, activated).await);
         }
     }
-    Ok((parts, bytes.freeze()))
+    Ok(bytes.freeze())
 }
 
 /// The entry whose stored bytes answer a resend spelled `spelling`, if the store's memory
