@@ -218,9 +218,7 @@ impl Admin {
             }
         }
     }
-}
 
-impl Admin {
     /// Waits until the process serving `path`, if any, has forgotten what it held in memory
     /// when the purge of `generation` committed.
     async fn confirmed(
