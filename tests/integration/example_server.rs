@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::{new_id, post, post_activated, send_with, Reply, SseReply, URI};
+use crate::support::{
+    new_id, post, post_activated, send_with, until_completed, Reply, SseReply, URI,
+};
 use idem_conformance::server_process::{example_binary, ServerProcess};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -186,7 +188,7 @@ async fn a_send_assigns_a_working_task_that_completes_with_an_echo() {
     assert_eq!(count(server.db(), outbox, &[id, "mission.assigned"]), 1);
 
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let task = until_completed(&server.url, id).await;
+    let task = until_completed(&server.url, id, Duration::from_secs(10)).await;
     let texts: Vec<_> = task["artifacts"][0]["parts"]
         .as_array()
         .unwrap()
@@ -214,7 +216,7 @@ async fn send_metadata_is_read_for_its_orders_and_checked() {
         "tenant": "acme", "durationMs": 200.0});
     let task = post_activated(&server.url, send(client)).await.json();
     let id = task["result"]["id"].as_str().unwrap().to_owned();
-    until_completed(&server.url, &id).await;
+    until_completed(&server.url, &id, Duration::from_secs(10)).await;
     for (metadata, about) in [
         (json!("fast"), "params.metadata to be an object"),
         (json!([200, 0]), "params.metadata to be an object"),
@@ -239,18 +241,6 @@ async fn send_metadata_is_read_for_its_orders_and_checked() {
     }
     let tasks = count(server.db(), "SELECT COUNT(*) FROM tasks", &[]);
     assert_eq!(tasks, 1, "a refused send creates no task");
-}
-
-async fn until_completed(url: &str, id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let task = call(url, "tasks/get", json!({"id": id})).await.json()["result"].clone();
-        if task["status"]["state"] == "completed" {
-            return task;
-        }
-        assert!(Instant::now() < deadline, "not completed: {task}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]

@@ -5,9 +5,12 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::support::{new_id, post, post_activated, send_with, stream_request, SseReply, URI};
+use crate::support::{
+    deep_json, new_id, post, post_activated, send_with, stream_request, until_completed, SseReply,
+    URI,
+};
 use idem_conformance::server_process::ServerProcess;
 
 /// The Prometheus text of `GET /metrics`, for lookups by name and labels.
@@ -229,17 +232,7 @@ async fn params_nested_to_the_limit_run_and_one_level_more_get_an_error_naming_i
         .as_str()
         .unwrap()
         .to_owned();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let get =
-            json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task_id}});
-        let task = deep_json(&post(&server.url, get.to_string(), &[]).await.body);
-        if task["result"]["status"]["state"] == "completed" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not completed: {task}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_completed(&server.url, &task_id, Duration::from_secs(10)).await;
 
     let reply = post_activated(&server.url, nested_send(&new_id(), 128)).await;
     assert_eq!(reply.status, 400, "{}", reply.describe());
@@ -264,13 +257,6 @@ fn nested_send(key: &str, depth: usize) -> String {
     format!(
         r#"{{"jsonrpc":"2.0","id":1,"method":"message/send","params":{{"message":{message},"metadata":{{"durationMs":50}}}}}}"#
     )
-}
-
-/// A response that nests deeper than serde_json's default limit (a task of such params).
-fn deep_json(body: &[u8]) -> Value {
-    let mut reader = serde_json::Deserializer::from_slice(body);
-    reader.disable_recursion_limit();
-    serde::Deserialize::deserialize(&mut reader).expect("a JSON response")
 }
 
 fn send_body(key: &str, text: &str) -> String {

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::support::{
-    new_id, post, post_activated, send_with, stream_request, try_post, Reply, SseReply, ACTIVATED,
+    new_id, post_activated, send_with, stream_request, try_post, until_completed, Reply, SseReply,
+    ACTIVATED,
 };
 use futures::FutureExt;
 use idem_conformance::postgres::{self, TestDatabase};
@@ -233,20 +234,7 @@ async fn a_postgres_restart_fails_calls_clearly_and_the_servers_recover_without_
     assert!(replay.replayed(), "nothing acknowledged was lost");
     assert_eq!(replay.body, first.body);
     assert_eq!(db.counts(), (2, 2));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let get =
-            json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"id": task_id}});
-        let task = post(&server.url, get.to_string(), &[]).await.json();
-        if task["result"]["status"]["state"] == "completed" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the mission never completed: {task}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_completed(&server.url, &task_id, Duration::from_secs(20)).await;
 }
 
 /// Sends `body` until it gets a result (the pool reconnects on its own), at most 30 s.

@@ -348,6 +348,31 @@ pub async fn post_activated(url: &str, body: impl Into<reqwest::Body>) -> Reply 
     post(url, body, ACTIVATED).await
 }
 
+/// The task `id` once it is completed (`tasks/get` every 50 ms); panics after `within`.
+pub async fn until_completed(url: &str, id: &str, within: std::time::Duration) -> Value {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let get = json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/get", "params": {"id": id}});
+        let task = deep_json(&post(url, get.to_string(), &[]).await.body)["result"].clone();
+        if task["status"]["state"] == "completed" {
+            return task;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not completed: {task}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A JSON response, also one that nests deeper than serde_json's default limit (a task of
+/// params at the extension's limit).
+pub fn deep_json(body: &[u8]) -> Value {
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    reader.disable_recursion_limit();
+    serde::Deserialize::deserialize(&mut reader).expect("a JSON response")
+}
+
 /// `body` sent chunked (no `Content-Length`), in pieces of 1 KiB.
 pub fn chunked(body: String) -> reqwest::Body {
     let pieces: Vec<Result<Vec<u8>, std::io::Error>> = body
