@@ -16,6 +16,13 @@
 //! marked delivered together, in one write, so that under load the relay keeps up with the
 //! calls (marked one by one, each waiting for its commit, it fell behind by thousands of
 //! events a second).
+//!
+//! Replicas on one PostgreSQL database share one outbox, and one relay delivers it at a time:
+//! the one whose session holds the relay's lock ([`RelayLock`]). The others try to take it
+//! every [`FOLLOW`]; a replica that dies takes its session with it, so another delivers within
+//! that. Before each delivery the leader checks that it still holds the lock, so two relays
+//! overlap at most for the one event a leader was delivering when its session ended: that event
+//! may arrive twice (with one id), and after a later one of its task.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -23,10 +30,12 @@ use std::time::Duration;
 use crate::clock;
 use crate::push::{PushConfig, PushConfigs};
 use crate::shapes::Shape;
-use crate::tasks::{Pending, TaskStore};
+use crate::tasks::{Pending, RelayLock, TaskStore};
 
 /// How often the outbox is read, unless the last read found a full batch.
 const POLL: Duration = Duration::from_millis(100);
+/// How often a relay without the lock tries to take it.
+const FOLLOW: Duration = Duration::from_secs(1);
 /// Events read at once.
 const BATCH: i64 = 512;
 /// The first retry's wait; each failure doubles it, up to [`MAX_BACKOFF`].
@@ -45,6 +54,7 @@ pub fn spawn(store: TaskStore, push: PushConfigs) {
         store,
         push,
         client,
+        lock: None,
         retries: HashMap::new(),
     };
     tokio::spawn(relay.run());
@@ -54,6 +64,8 @@ struct Relay {
     store: TaskStore,
     push: PushConfigs,
     client: reqwest::Client,
+    /// Held while this relay is the one that delivers.
+    lock: Option<RelayLock>,
     /// Events that failed: how many times (their next attempt is in their row).
     retries: HashMap<i64, u32>,
 }
@@ -61,6 +73,10 @@ struct Relay {
 impl Relay {
     async fn run(mut self) {
         loop {
+            if !self.leads().await {
+                tokio::time::sleep(FOLLOW).await;
+                continue;
+            }
             // More are waiting behind a full batch: an event read and marked delivered, or
             // held back for a retry, is not read again, so the next read finds others.
             let more = match self.store.undelivered(BATCH).await {
@@ -76,6 +92,31 @@ impl Relay {
             };
             if !more {
                 tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+
+    /// Whether this relay delivers now: it keeps the lock it holds, or takes it if it is free.
+    async fn leads(&mut self) -> bool {
+        if let Some(lock) = &self.lock {
+            if lock.held().await {
+                return true;
+            }
+            tracing::warn!("relay: lost the outbox's lock; another replica may deliver it now");
+            self.lock = None;
+        }
+        match self.store.take_relay_lock().await {
+            Ok(Some(lock)) => {
+                if matches!(lock, RelayLock::Session(_)) {
+                    tracing::info!("relay: this replica delivers the outbox");
+                }
+                self.lock = Some(lock);
+                true
+            }
+            Ok(None) => false,
+            Err(error) => {
+                tracing::warn!(?error, "relay: the outbox's lock could not be taken");
+                false
             }
         }
     }
@@ -98,6 +139,9 @@ impl Relay {
         for event in pending {
             if waiting.contains(&event.task_id) {
                 continue;
+            }
+            if !self.leads().await {
+                break;
             }
             match self.deliver(&event).await {
                 Ok(()) => {

@@ -55,6 +55,26 @@ pub struct Loaded {
 /// A change of a task, and the event it causes, if any; an error leaves the task untouched.
 type Change = Box<dyn FnOnce(&mut Task) -> Result<Option<Event>, ErrorObjectOwned> + Send>;
 
+/// What makes this process's relay the one that delivers the outbox (`relay.rs`), so that each
+/// event goes out once, in its task's order: on SQLite, being the one process that serves the
+/// file (the store's file lock); on PostgreSQL, where replicas share the outbox, a session that
+/// holds the relay's advisory lock.
+pub enum RelayLock {
+    Process,
+    Session(postgres::RelaySession),
+}
+
+impl RelayLock {
+    /// Whether it is still held: a replica's session can end under it (a restart of
+    /// PostgreSQL, a dropped connection), and another replica's relay may then take over.
+    pub async fn held(&self) -> bool {
+        match self {
+            RelayLock::Process => true,
+            RelayLock::Session(session) => session.alive().await,
+        }
+    }
+}
+
 /// A `tasks` row to write, its columns as both databases take them.
 struct TaskRow {
     id: String,
@@ -215,6 +235,17 @@ impl TaskStore {
             Backend::Postgres(pool) => postgres::delete_push_config(pool, task_id, config_id).await,
         };
         Ok(deleted?)
+    }
+
+    /// The relay's lock, if this process can take it now (see [`RelayLock`]).
+    pub async fn take_relay_lock(&self) -> RpcResult<Option<RelayLock>> {
+        match &self.db {
+            Backend::Sqlite(_) => Ok(Some(RelayLock::Process)),
+            Backend::Postgres(pool) => {
+                let session = postgres::take_relay_lock(pool).await?;
+                Ok(session.map(RelayLock::Session))
+            }
+        }
     }
 
     /// The oldest `limit` outbox events to deliver now, in the order they happened: none that

@@ -482,3 +482,65 @@ async fn push_configs_on(server: ServerProcess) {
     let bad = call(url, "tasks/pushNotificationConfig/set", bad).await;
     assert_eq!(bad["error"]["code"], -32602);
 }
+
+/// Two replicas on one PostgreSQL database share its outbox, and only one relay delivers it:
+/// every event arrives once, a task's events in order. When that replica dies (SIGKILL), the
+/// other takes over, and the events of tasks it runs arrive too. Before, each replica's relay
+/// delivered every event it read, so events arrived twice and out of order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_deliver_each_event_once_and_a_survivor_takes_over_the_relay() {
+    let what = "the relay's leadership across PostgreSQL replicas";
+    let Some(db) = crate::replicas::Database::shared("idem_relay_leader", what).await else {
+        return;
+    };
+    let receiver = Receiver::start(0).await;
+    let mut replicas = [
+        ServerProcess::start_on(Some(db.url()), &[], &[]),
+        ServerProcess::start_on(Some(db.url()), &[], &[]),
+    ];
+    let hook = json!({"url": receiver.url()});
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        tasks.push(send_with_webhook(&replicas[i % 2], hook.clone(), 50).await);
+    }
+    delivered_once_in_order(&receiver, &tasks).await;
+
+    let leads = |server: &ServerProcess| server.stderr().contains("this replica delivers");
+    let leaders: Vec<usize> = (0..2).filter(|&i| leads(&replicas[i])).collect();
+    assert_eq!(leaders.len(), 1, "{leaders:?}");
+    let survivor = 1 - leaders[0];
+    replicas[leaders[0]].kill();
+    for _ in 0..5 {
+        tasks.push(send_with_webhook(&replicas[survivor], hook.clone(), 50).await);
+    }
+    delivered_once_in_order(&receiver, &tasks).await;
+    assert!(
+        leads(&replicas[survivor]),
+        "{}",
+        replicas[survivor].stderr()
+    );
+}
+
+/// Waits until each of `tasks` had its two events delivered, then a little longer for any
+/// second delivery: none may come, and each task's `mission.assigned` came first.
+async fn delivered_once_in_order(receiver: &Receiver, tasks: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while receiver.taken().len() < 2 * tasks.len() {
+        assert!(Instant::now() < deadline, "{:?}", receiver.taken());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let taken = receiver.taken();
+    let mut ids: Vec<i64> = taken.iter().map(|d| d.event_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), taken.len(), "an event arrived twice: {taken:?}");
+    for task in tasks {
+        let types: Vec<&str> = taken
+            .iter()
+            .filter(|d| d.body["id"] == task.as_str())
+            .map(|d| d.event_type.as_str())
+            .collect();
+        assert_eq!(types, ["mission.assigned", "mission.completed"], "{task}");
+    }
+}

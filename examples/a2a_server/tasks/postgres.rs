@@ -1,7 +1,7 @@
 //! The task store's statements on PostgreSQL: staged writes run in the transaction that
 //! stores the call's cache entry, everything else on the idempotency store's pool.
 
-use idem::store::deadpool_postgres::{GenericClient, Pool};
+use idem::store::deadpool_postgres::{ClientWrapper, GenericClient, Object, Pool};
 use idem::store::tokio_postgres::{self, Transaction};
 use idem::store::WriteError;
 use idem::UnitOfWork;
@@ -11,12 +11,22 @@ use super::sql;
 use super::{Change, EventRow, Failure, Loaded, Pending, PushRow, TaskRow};
 use crate::model::Task;
 
+/// The advisory lock keys: creating the tables, and delivering the outbox.
+const SCHEMA_LOCK: i64 = 2002;
+const RELAY_LOCK: i64 = 2003;
+
+/// How long the relay's session may stay idle before PostgreSQL ends it, and with it the lock:
+/// a replica cut off without its connection closing (a partition, a frozen host) hands the
+/// outbox over after this, not after TCP's keepalive of hours. The relay uses its session far
+/// more often (each read, each delivery).
+const RELAY_IDLE_TIMEOUT: &str = "30s";
+
 /// Under an advisory lock: replicas that start together do not race on `CREATE`.
 pub async fn create(pool: &Pool) -> Result<(), String> {
     let create = async {
         let mut client = pool.get().await.map_err(Failure::from)?;
         let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock(2002)", &[])
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
             .await?;
         tx.batch_execute(sql::POSTGRES_SCHEMA).await?;
         tx.batch_execute(&sql::postgres_held_index()).await?;
@@ -104,6 +114,37 @@ pub async fn delete_push_config(
         .execute(sql::DELETE_PUSH_CONFIG, &[&task_id, &config_id])
         .await?;
     Ok(deleted > 0)
+}
+
+/// A session that holds the relay's advisory lock: while it lives, this replica's relay is
+/// the one that delivers. It is taken out of the pool, so no other work ever runs on it and
+/// the pool keeps its size; the lock ends with the session, when the process dies.
+pub struct RelaySession(ClientWrapper);
+
+/// The relay's lock, if no other session holds it.
+pub async fn take_relay_lock(pool: &Pool) -> Result<Option<RelaySession>, Failure> {
+    let client = pool.get().await?;
+    let row = client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&RELAY_LOCK])
+        .await?;
+    if !row.get::<_, bool>(0) {
+        return Ok(None);
+    }
+    let session = Object::take(client);
+    let timeout = format!("SET idle_session_timeout = '{RELAY_IDLE_TIMEOUT}'");
+    if let Err(error) = session.batch_execute(&timeout).await {
+        // Before PostgreSQL 14: a vanished replica's lock lasts until TCP gives up on it.
+        tracing::warn!(%error, "relay: its session has no idle timeout");
+    }
+    Ok(Some(RelaySession(session)))
+}
+
+impl RelaySession {
+    /// Whether the session, and so the lock, is still there (a round trip, which also keeps it
+    /// from idling out).
+    pub async fn alive(&self) -> bool {
+        self.0.batch_execute("SELECT 1").await.is_ok()
+    }
 }
 
 pub async fn undelivered(pool: &Pool, limit: i64, now: i64) -> Result<Vec<Pending>, Failure> {
