@@ -228,12 +228,19 @@ pub struct Lease {
     renewal: Option<Renewal>,
 }
 
-/// What keeps a shared store's lease alive: the task that renews it, and the flag that tells
-/// it the call is ending its own claim (a claim it then finds gone is not a takeover).
-#[derive(Debug)]
+/// What keeps a shared store's lease alive: the flag that tells its renewal the call is ending
+/// its own claim (a claim it then finds gone is not a takeover), and what stops the renewal.
 struct Renewal {
-    task: tokio::task::JoinHandle<()>,
     ending: Arc<std::sync::atomic::AtomicBool>,
+    stop: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Renewal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Renewal")
+            .field("ending", &self.ending)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Lease {
@@ -245,18 +252,18 @@ impl Lease {
         }
     }
 
-    /// A lease with `fence`, renewed by `renewal` until the lease is dropped; `ending`, shared
-    /// with the renewal, is set by [`end`](Self::end).
+    /// A lease with `fence`, renewed until the lease is dropped, which runs `stop`; `ending`,
+    /// shared with the renewal, is set by [`end`](Self::end).
     pub fn renewed(
         fence: i64,
-        renewal: tokio::task::JoinHandle<()>,
         ending: Arc<std::sync::atomic::AtomicBool>,
+        stop: impl FnOnce() + Send + Sync + 'static,
     ) -> Self {
         Self {
             fence,
             renewal: Some(Renewal {
-                task: renewal,
                 ending,
+                stop: Some(Box::new(stop)),
             }),
         }
     }
@@ -279,8 +286,8 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(renewal) = self.renewal.take() {
-            renewal.task.abort();
+        if let Some(stop) = self.renewal.as_mut().and_then(|r| r.stop.take()) {
+            stop();
         }
     }
 }

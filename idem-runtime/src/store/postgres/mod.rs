@@ -33,6 +33,7 @@ use crate::config::IdempotencyConfig;
 use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::postgres::listener::{Listener, CHANNEL};
+use crate::store::postgres::renewer::Renewer;
 use crate::store::{
     is_expired, stored_hash, Acquired, Elsewhere, Entry, EntryRow, Found, Lease, OpenStream,
     OpenStreamRow, ReadJob, Store, StoreError, StoreStats,
@@ -130,6 +131,9 @@ impl PostgresOptions {
     }
 }
 
+// After `now_ms!`, which it uses.
+mod renewer;
+
 /// The PostgreSQL store: several processes may serve one database.
 ///
 /// ```no_run
@@ -157,9 +161,8 @@ pub struct PostgresStore {
     /// Rows as this process last counted them, plus its own inserts since: the LRU bound is
     /// checked against the database only once this nears it.
     rows: AtomicU64,
-    /// Renewals stop once the store is dropped: a closed store, like a dead process, keeps
-    /// no claim alive.
-    alive: Arc<()>,
+    /// Renews the leases of the claims this process holds.
+    renewer: Renewer,
 }
 
 impl PostgresStore {
@@ -180,16 +183,17 @@ impl PostgresStore {
             Some(url) => url.parse()?,
             None => options.url.parse()?,
         };
+        let owner = owner();
         let store = Self {
             listener: Listener::start(listen),
-            owner: owner(),
+            renewer: Renewer::start(pool.clone(), owner.clone(), config.claim_lease),
+            owner,
             ttl_seconds: config.ttl_seconds,
             max_entries: config.max_cache_entries,
             lease: config.claim_lease,
             clock,
             touches: Mutex::default(),
             rows: AtomicU64::new(0),
-            alive: Arc::new(()),
             pool,
         };
         store.count().await?;
@@ -230,36 +234,6 @@ impl PostgresStore {
         key: &MessageId,
     ) -> Result<Option<Entry>, StoreError> {
         Ok(self.used(select_entry(client, key).await?))
-    }
-
-    /// Keeps the lease of `fence` on `key` alive until it is dropped.
-    fn renew(&self, key: &MessageId, fence: i64) -> Lease {
-        let (pool, key, lease) = (self.pool.clone(), key.to_string(), self.lease);
-        let owner = self.owner.clone();
-        let alive = Arc::downgrade(&self.alive);
-        let ending = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let ended = ending.clone();
-        let renewal = tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(lease / 3);
-            ticks.tick().await;
-            loop {
-                ticks.tick().await;
-                if alive.strong_count() == 0 {
-                    return;
-                }
-                match renew_once(&pool, &key, fence, &owner, lease).await {
-                    Ok(true) => {}
-                    // The call's own commit ended the claim while this renewal ran.
-                    Ok(false) if ended.load(std::sync::atomic::Ordering::Relaxed) => return,
-                    Ok(false) => {
-                        tracing::warn!(message_id = %key, fence, "claim lost: another process took it over");
-                        return;
-                    }
-                    Err(error) => tracing::warn!(message_id = %key, %error, "claim renewal failed"),
-                }
-            }
-        });
-        Lease::renewed(fence, renewal, ending)
     }
 
     /// Writes the uses noted since the last flush, in `tx`.
@@ -417,7 +391,7 @@ impl Store for PostgresStore {
             )
             .await?;
             if let Some(row) = won {
-                let lease = self.renew(key, row.get(0));
+                let lease = self.renewer.lease(key, row.get(0));
                 // The entry may have been committed before the claim was won.
                 let (entry, open) = select_after_claim(&client, key).await?;
                 if let Some(entry) = self.used(entry) {
@@ -804,29 +778,6 @@ async fn fenced(
     .await?;
     row.map(|_| ())
         .ok_or_else(|| StoreError::ClaimLost(key.to_string()))
-}
-
-/// Extends the lease; `false` when the claim is no longer this fence's.
-async fn renew_once(
-    pool: &Pool,
-    key: &str,
-    fence: i64,
-    owner: &str,
-    lease: Duration,
-) -> Result<bool, StoreError> {
-    let client = pool.get().await?;
-    let lease_ms = lease.as_millis().min(i64::MAX as u128) as i64;
-    let renewed = execute(
-        &client,
-        concat!(
-            "UPDATE idempotency_claims SET lease_until = ",
-            now_ms!(),
-            " + $3 WHERE message_id = $1 AND fence = $2 AND owner = $4"
-        ),
-        &[&key, &fence, &lease_ms, &owner],
-    )
-    .await?;
-    Ok(renewed == 1)
 }
 
 /// Deletes the claim of `fence`, if it is still there, and announces its end.
