@@ -146,6 +146,50 @@ async fn a_stream_retried_on_another_replica_while_it_runs_replays_its_whole_rec
     assert_eq!(db.counts(), (1, 1), "executed once");
 }
 
+/// A replica paused past its lease while it streams (a long pause, a partition) loses the
+/// call to its retry on another replica, which closes the recording as interrupted. When the
+/// paused replica carries on, its next event is fenced out: its stream ends with
+/// `IDEMPOTENCY_CLAIM_LOST` naming the key, and the interrupted outcome stays the one cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_taken_over_elsewhere_ends_with_claim_lost_where_it_ran() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    // Two minutes: no renewal runs while the test expires the lease by hand.
+    let lease = [("AIWG_IDEMPOTENCY_CLAIM_LEASE_MS", "120000")];
+    let (a, b) = (replica(&db, &lease), replica(&db, &lease));
+    let key = new_id();
+    let body = stream_request(1, &key, "go", json!({"durationMs": 1500}));
+    let mut paused = SseReply::open(&a.url, body.clone(), ACTIVATED).await;
+    let first = paused.next_event().await.expect("the first event");
+    let client = postgres::connect(db.url()).await;
+    let expired = "UPDATE idempotency_claims SET lease_until = 0";
+    assert_eq!(client.execute(expired, &[]).await.unwrap(), 1);
+
+    let mut retry = SseReply::open(&b.url, body.clone(), ACTIVATED).await;
+    let events = retry.rest().await;
+    assert!(retry.replayed());
+    assert_eq!(events[0], first, "the recorded event");
+    let code = &events.last().unwrap()["error"]["data"]["code"];
+    assert_eq!(code, "IDEMPOTENCY_STREAM_INTERRUPTED", "{events:?}");
+
+    let rest = paused.rest().await;
+    let last = rest.last().unwrap_or_else(|| panic!("an end: {rest:?}"));
+    assert_eq!(
+        last["error"]["data"]["code"], "IDEMPOTENCY_CLAIM_LOST",
+        "{rest:?}"
+    );
+    assert_eq!(last["error"]["data"]["message_id"], key.as_str(), "{last}");
+    let mut again = SseReply::open(&a.url, body, ACTIVATED).await;
+    again.rest().await;
+    assert_eq!(
+        again.raw(),
+        retry.raw(),
+        "the interrupted outcome is cached"
+    );
+    assert_eq!(db.counts(), (1, 1), "executed once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_execution_leaves_nothing_and_the_retry_elsewhere_executes_once() {
     let Some(db) = Database::create().await else {
