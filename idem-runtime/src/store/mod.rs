@@ -485,6 +485,19 @@ pub enum StoreError {
         pid: String,
     },
     #[error(
+        "database file {} has {links} names (hard links): SQLite names the file's log after \
+         the name it is opened by, so each name would get a log of its own over one file, and \
+         a process of its own; give the database one name",
+        path.display()
+    )]
+    /// The database file has more than one name; one process per file cannot be enforced.
+    HardLinked {
+        /// The database file.
+        path: PathBuf,
+        /// How many names it has.
+        links: u64,
+    },
+    #[error(
         "database file {} was deleted or replaced while this process served it; nothing more \
          is stored until the server restarts",
         .0.display()
@@ -530,6 +543,7 @@ impl StoreError {
             Self::Commit(_) => "commit",
             Self::Write(_) => "write",
             Self::InUse { .. } => "in_use",
+            Self::HardLinked { .. } => "hard_linked",
             Self::Vanished(_) => "vanished",
             Self::PurgeUnconfirmed { .. } => "purge_unconfirmed",
             Self::Corrupt { .. } => "corrupt",

@@ -4,6 +4,11 @@
 //! process dies, however it dies, so a crash never leaves a stale lock behind. The file itself
 //! only names the holder, for the error a second process gets. The admin tool asks the lock,
 //! not the file, whether a process serves the database ([`holder`]).
+//!
+//! The lock is the file's, not the name's: it sits beside the file that the name resolves to,
+//! symlinks and `..` followed (as SQLite follows them to name the log), so a second process
+//! that names the file another way is refused too. A file with two names (a hard link) is
+//! refused outright: SQLite would keep a log per name over one file.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
@@ -20,6 +25,7 @@ pub(crate) struct ServingLock {
 impl ServingLock {
     /// Takes the lock of `database`, or fails naming the process that holds it.
     pub(crate) fn acquire(database: &Path) -> Result<Self, StoreError> {
+        refuse_hard_links(database)?;
         let path = lock_path(database);
         let mut options = OpenOptions::new();
         options.read(true).write(true).create(true).truncate(false);
@@ -77,9 +83,28 @@ fn read_pid(file: &mut File) -> std::io::Result<String> {
     Ok(pid.trim().to_owned())
 }
 
-/// The lock file beside the database (`a2a.db` → `a2a.db.lock`).
+/// The lock file beside the file that `database` names (`a2a.db` → `a2a.db.lock`), symlinks
+/// resolved; beside the name itself while no such file exists.
 fn lock_path(database: &Path) -> PathBuf {
-    let mut name = database.as_os_str().to_owned();
+    let file = std::fs::canonicalize(database).unwrap_or_else(|_| database.to_path_buf());
+    let mut name = file.into_os_string();
     name.push(".lock");
     PathBuf::from(name)
+}
+
+#[cfg(unix)]
+fn refuse_hard_links(database: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(database)?.nlink() {
+        0 | 1 => Ok(()),
+        links => Err(StoreError::HardLinked {
+            path: database.to_path_buf(),
+            links,
+        }),
+    }
+}
+
+#[cfg(not(unix))]
+fn refuse_hard_links(_database: &Path) -> Result<(), StoreError> {
+    Ok(())
 }

@@ -165,6 +165,44 @@ async fn a_second_store_on_the_same_file_is_refused_until_the_first_closes() {
     SqliteStore::open(&fx.path, &config(60, 10)).expect("free once the first closed");
 }
 
+/// The lock is the file's, not the name's: a symlink to a served file, or a path through
+/// `..`, is refused like its own name; a file with a second name (a hard link) is refused even
+/// alone, since SQLite would keep one log per name over it. Before, a second server on a
+/// symlink started, and each messageId then executed once per server.
+#[cfg(unix)]
+#[tokio::test]
+async fn other_names_of_a_served_file_are_refused_and_hard_links_always() {
+    let fx = Fixture::sqlite();
+    let first = SqliteStore::open(&fx.path, &config(60, 10)).unwrap();
+    let dir = fx.path.parent().unwrap();
+    let alias = dir.join("alias.db");
+    std::os::unix::fs::symlink(&fx.path, &alias).unwrap();
+    let detour = dir.join("sub");
+    std::fs::create_dir(&detour).unwrap();
+    let detour = detour.join("..").join(fx.path.file_name().unwrap());
+    for other in [&alias, &detour] {
+        let refused = SqliteStore::open(other, &config(60, 10)).err();
+        assert!(
+            matches!(refused, Some(crate::store::StoreError::InUse { .. })),
+            "{}: {refused:?}",
+            other.display()
+        );
+    }
+    first.close();
+
+    let linked = dir.join("linked.db");
+    std::fs::hard_link(&fx.path, &linked).unwrap();
+    for name in [&fx.path, &linked] {
+        let refused = SqliteStore::open(name, &config(60, 10)).err();
+        let Some(crate::store::StoreError::HardLinked { links, .. }) = refused else {
+            panic!("{}: {refused:?}", name.display());
+        };
+        assert_eq!(links, 2);
+    }
+    std::fs::remove_file(&linked).unwrap();
+    SqliteStore::open(&alias, &config(60, 10)).expect("one name again, through a symlink");
+}
+
 /// The memory tier holds entries, never answers: whatever it holds, the answers are the file's.
 /// `spelled` is the one answer only the tier gives (a resend of the very same bytes).
 #[tokio::test]
