@@ -2,10 +2,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub const USAGE: &str = "\
 usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|optional|off]
-                  [--max-in-flight N]
+                  [--max-in-flight N] [--shutdown-grace SECONDS]
 
   --listen ADDR          address to serve on (default 127.0.0.1:8080; port 0 picks a free one)
   --db PATH|URL          where tasks, outbox and idempotency cache live: a SQLite file
@@ -17,6 +18,10 @@ usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|option
   --max-in-flight N      HTTP requests served at once (default 4096); one more is answered
                          429 at once (a durable call is in flight until its group commit
                          is done)
+  --shutdown-grace S     how long SIGTERM waits for calls in flight (default 65; a stream's
+                         mission runs 60 s at most): then the connections still open (a
+                         client that never finished its request) are closed and the
+                         process exits
 
 environment: AIWG_IDEMPOTENCY_TTL, AIWG_IDEMPOTENCY_MAX_ENTRIES, AIWG_IDEMPOTENCY_CLAIM_LEASE_MS,
              RUST_LOG (logs go to stderr)
@@ -37,6 +42,8 @@ pub struct Cli {
     pub mode: Mode,
     /// jsonrpsee's `max_connections`, which counts HTTP requests in flight, not connections.
     pub max_in_flight: u32,
+    /// How long a stop waits for calls in flight and executions still running.
+    pub shutdown_grace: Duration,
 }
 
 /// Where the server keeps its state.
@@ -77,6 +84,9 @@ pub enum Command {
 /// that had left were still in flight, waiting for their commit, while new ones arrived.
 const DEFAULT_MAX_IN_FLIGHT: u32 = 4096;
 
+/// A stream's mission is at most 60 s.
+const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(65);
+
 /// Reads the flags (`--flag value` or `--flag=value`); the error says what is wrong.
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     let mut cli = Cli {
@@ -84,6 +94,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
         db: Db::File(PathBuf::from("a2a-example.db")),
         mode: Mode::Required,
         max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -104,6 +115,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             Flag::Db => cli.db = Db::parse(&value),
             Flag::Idempotency => cli.mode = mode(&value)?,
             Flag::MaxInFlight => cli.max_in_flight = max_in_flight(&value)?,
+            Flag::ShutdownGrace => cli.shutdown_grace = shutdown_grace(&value)?,
         }
     }
     Ok(Command::Serve(cli))
@@ -116,10 +128,17 @@ enum Flag {
     Db,
     Idempotency,
     MaxInFlight,
+    ShutdownGrace,
 }
 
 impl Flag {
-    const ALL: [Flag; 4] = [Flag::Listen, Flag::Db, Flag::Idempotency, Flag::MaxInFlight];
+    const ALL: [Flag; 5] = [
+        Flag::Listen,
+        Flag::Db,
+        Flag::Idempotency,
+        Flag::MaxInFlight,
+        Flag::ShutdownGrace,
+    ];
 
     fn parse(arg: &str) -> Result<Self, String> {
         Self::ALL
@@ -134,6 +153,7 @@ impl Flag {
             Flag::Db => "--db",
             Flag::Idempotency => "--idempotency",
             Flag::MaxInFlight => "--max-in-flight",
+            Flag::ShutdownGrace => "--shutdown-grace",
         }
     }
 }
@@ -160,6 +180,15 @@ fn max_in_flight(value: &str) -> Result<u32, String> {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(format!(
             "--max-in-flight {value:?} is not a positive number"
+        )),
+    }
+}
+
+fn shutdown_grace(value: &str) -> Result<Duration, String> {
+    match value.parse() {
+        Ok(seconds) => Ok(Duration::from_secs(seconds)),
+        _ => Err(format!(
+            "--shutdown-grace {value:?} is not a whole number of seconds"
         )),
     }
 }

@@ -86,9 +86,6 @@ fn init_logging() {
         .init();
 }
 
-/// How long a stop waits for executions still running (a stream's mission is at most 60 s).
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(65);
-
 /// Starts the server, runs it until a signal, and stops it. Errors are startup errors.
 async fn serve(cli: Cli) -> Result<(), String> {
     // First: the idempotency store creates the database file, with mode 0600, and locks it.
@@ -114,9 +111,11 @@ async fn serve(cli: Cli) -> Result<(), String> {
     announce(addr)?;
     signals.recv().await;
     tracing::info!("shutting down");
-    stop(handle).await;
+    let deadline = tokio::time::Instant::now() + cli.shutdown_grace;
+    stop(handle, deadline).await;
     // Streams whose clients left run on after the server stopped: let them finish and store.
-    if !idem.quiesce(SHUTDOWN_GRACE).await {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if !idem.quiesce(left).await {
         tracing::warn!("executions still running at shutdown were not stored");
     }
     // The last handle on the cache: dropping it commits what is queued and joins the writer.
@@ -183,10 +182,18 @@ fn announce(addr: SocketAddr) -> Result<(), String> {
         .map_err(|e| format!("cannot write to stdout: {e}"))
 }
 
-/// Stops accepting, then waits until every in-flight call has answered (and so was stored).
-async fn stop(handle: ServerHandle) {
-    if handle.stop().is_ok() {
-        handle.stopped().await;
+/// Stops accepting, then waits until every in-flight call has answered (and so was stored),
+/// until `deadline`: a client that never finishes its request (a body that never comes) would
+/// hold its connection, and the stop, open for ever.
+async fn stop(handle: ServerHandle, deadline: tokio::time::Instant) {
+    if handle.stop().is_err() {
+        return;
+    }
+    if tokio::time::timeout_at(deadline, handle.stopped())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open at the end of the shutdown grace are closed");
     }
 }
 

@@ -153,6 +153,42 @@ async fn sigterm_lets_the_call_in_flight_finish_and_be_stored() {
     assert_eq!(replay.body, first.body);
 }
 
+/// A client that never finishes its request (headers of a body that never comes, or half of
+/// its headers) holds its connection open; SIGTERM waits for it no longer than the shutdown
+/// grace, then exits, and what was stored before is still answered. Before, the stop waited
+/// for such a connection for ever.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_does_not_wait_past_its_grace_for_a_client_that_never_finishes() {
+    use tokio::io::AsyncWriteExt;
+    let mut server = ServerProcess::start_with(&["--shutdown-grace", "1"], &[]);
+    let body = send_with(1, "message/send", &new_id(), "before", json!({}));
+    let first = post_activated(&server.url, body.clone()).await;
+    assert_eq!(first.status, 200);
+    let address = server.url.trim_start_matches("http://").to_owned();
+    let mut stalled = Vec::new();
+    for request in [
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Ty",
+    ] {
+        let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+        socket.write_all(request.as_bytes()).await.unwrap();
+        stalled.push(socket);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stopped = tokio::task::block_in_place(|| server.terminate());
+    assert_eq!(stopped.code(), Some(0), "{}", server.stderr());
+    assert!(
+        server.stderr().contains("shutdown grace"),
+        "{}",
+        server.stderr()
+    );
+
+    let url = server.restart();
+    let replay = post_activated(&url, body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+}
+
 /// `SELECT COUNT(*) …` on the server's database; 0 while the table does not exist yet.
 fn count(db: &Path, sql: &str, params: &[&str]) -> i64 {
     let conn = rusqlite::Connection::open(db).expect("open the database");
