@@ -8,7 +8,8 @@ pub const A2A_EXTENSIONS: &str = "a2a-extensions";
 pub const X_A2A_EXTENSIONS: &str = "x-a2a-extensions";
 
 /// Whether `uri` is among the extensions the request activated: every line of either header,
-/// comma-separated, surrounding whitespace ignored.
+/// comma-separated, surrounding whitespace ignored. Read as bytes: another extension's URI
+/// that is not ASCII (`urn:café`) does not hide this one on its line.
 ///
 /// ```
 /// use http::{HeaderMap, HeaderValue};
@@ -21,9 +22,8 @@ pub fn is_activated(headers: &HeaderMap, uri: &str) -> bool {
     [A2A_EXTENSIONS, X_A2A_EXTENSIONS]
         .iter()
         .flat_map(|name| headers.get_all(*name))
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|list| list.split(','))
-        .any(|item| item.trim() == uri)
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .any(|item| item.trim_ascii() == uri.as_bytes())
 }
 
 #[cfg(test)]
@@ -51,6 +51,21 @@ mod tests {
         assert!(is_activated(&headers(&[("A2A-Extensions", several)]), URI));
         let lines = [("A2A-Extensions", "urn:other"), ("A2A-Extensions", uri)];
         assert!(is_activated(&headers(&lines), URI));
+    }
+
+    #[test]
+    fn a_line_with_bytes_beyond_ascii_still_activates_its_other_items() {
+        let mut map = HeaderMap::new();
+        let line = format!("urn:caf\u{e9}:v1, {URI}");
+        map.append(
+            "A2A-Extensions",
+            HeaderValue::from_bytes(line.as_bytes()).unwrap(),
+        );
+        assert!(is_activated(&map, URI));
+        let alone = HeaderValue::from_bytes("urn:caf\u{e9}:v1".as_bytes()).unwrap();
+        let mut map = HeaderMap::new();
+        map.append("A2A-Extensions", alone);
+        assert!(!is_activated(&map, URI));
     }
 
     #[test]
