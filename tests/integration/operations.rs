@@ -101,6 +101,13 @@ async fn each_outcome_moves_its_own_counter_and_no_label_names_a_key() {
     assert_eq!(m.get("idempotency_claim_seconds_count", send), 1.0);
     assert_eq!(m.get("idempotency_commit_seconds_count", send), 1.0);
     assert_eq!(m.calls("replayed"), 0.0);
+    // Histograms, as the README lists them: buckets that add up across replicas.
+    for timing in ["idempotency_claim_seconds", "idempotency_commit_seconds"] {
+        let declared = format!("# TYPE {timing} histogram");
+        assert!(m.0.lines().any(|l| l == declared), "{}", m.0);
+        let all = [send[0], ("le", "+Inf")];
+        assert_eq!(m.get(&format!("{timing}_bucket"), &all), 1.0);
+    }
 
     // The same bytes (answered by the HTTP layer), then the same params under another id.
     let replay = post_activated(url, send_body(&key, "survey")).await;
