@@ -6,7 +6,7 @@ use std::time::Duration;
 
 pub const USAGE: &str = "\
 usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|optional|off]
-                  [--max-in-flight N] [--shutdown-grace SECONDS]
+                  [--max-in-flight N] [--body-timeout SECONDS] [--shutdown-grace SECONDS]
 
   --listen ADDR          address to serve on (default 127.0.0.1:8080; port 0 picks a free one)
   --db PATH|URL          where tasks, outbox and idempotency cache live: a SQLite file
@@ -18,6 +18,8 @@ usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|option
   --max-in-flight N      HTTP requests served at once (default 4096); one more is answered
                          429 at once (a durable call is in flight until its group commit
                          is done)
+  --body-timeout S       how long a request's body may send nothing (default 30, as
+                         for its headers): then the request fails and its connection closes
   --shutdown-grace S     how long SIGTERM waits for calls in flight (default 65; a stream's
                          mission runs 60 s at most): then the connections still open (a
                          client that never finished its request) are closed and the
@@ -42,6 +44,8 @@ pub struct Cli {
     pub mode: Mode,
     /// jsonrpsee's `max_connections`, which counts HTTP requests in flight, not connections.
     pub max_in_flight: u32,
+    /// How long a request's body may send nothing before it fails.
+    pub body_timeout: Duration,
     /// How long a stop waits for calls in flight and executions still running.
     pub shutdown_grace: Duration,
 }
@@ -84,6 +88,9 @@ pub enum Command {
 /// that had left were still in flight, waiting for their commit, while new ones arrived.
 const DEFAULT_MAX_IN_FLIGHT: u32 = 4096;
 
+/// As long as hyper gives a request's headers.
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A stream's mission is at most 60 s.
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(65);
 
@@ -94,6 +101,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
         db: Db::File(PathBuf::from("a2a-example.db")),
         mode: Mode::Required,
         max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        body_timeout: DEFAULT_BODY_TIMEOUT,
         shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
     };
     let mut args = args.into_iter();
@@ -115,7 +123,8 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             Flag::Db => cli.db = Db::parse(&value),
             Flag::Idempotency => cli.mode = mode(&value)?,
             Flag::MaxInFlight => cli.max_in_flight = max_in_flight(&value)?,
-            Flag::ShutdownGrace => cli.shutdown_grace = shutdown_grace(&value)?,
+            Flag::BodyTimeout => cli.body_timeout = seconds(flag, &value)?,
+            Flag::ShutdownGrace => cli.shutdown_grace = seconds(flag, &value)?,
         }
     }
     Ok(Command::Serve(cli))
@@ -128,15 +137,17 @@ enum Flag {
     Db,
     Idempotency,
     MaxInFlight,
+    BodyTimeout,
     ShutdownGrace,
 }
 
 impl Flag {
-    const ALL: [Flag; 5] = [
+    const ALL: [Flag; 6] = [
         Flag::Listen,
         Flag::Db,
         Flag::Idempotency,
         Flag::MaxInFlight,
+        Flag::BodyTimeout,
         Flag::ShutdownGrace,
     ];
 
@@ -153,6 +164,7 @@ impl Flag {
             Flag::Db => "--db",
             Flag::Idempotency => "--idempotency",
             Flag::MaxInFlight => "--max-in-flight",
+            Flag::BodyTimeout => "--body-timeout",
             Flag::ShutdownGrace => "--shutdown-grace",
         }
     }
@@ -184,11 +196,12 @@ fn max_in_flight(value: &str) -> Result<u32, String> {
     }
 }
 
-fn shutdown_grace(value: &str) -> Result<Duration, String> {
+fn seconds(flag: Flag, value: &str) -> Result<Duration, String> {
     match value.parse() {
         Ok(seconds) => Ok(Duration::from_secs(seconds)),
         _ => Err(format!(
-            "--shutdown-grace {value:?} is not a whole number of seconds"
+            "{} {value:?} is not a whole number of seconds",
+            flag.name()
         )),
     }
 }

@@ -10,6 +10,7 @@
 //! bad environment or unusable database or address exits with status 2.
 
 mod agent;
+mod body_timeout;
 mod card;
 mod cli;
 mod clock;
@@ -37,6 +38,7 @@ use tower::ServiceBuilder;
 use tracing_subscriber::EnvFilter;
 
 use crate::agent::{A2aServer, Agent};
+use crate::body_timeout::BodyTimeoutLayer;
 use crate::card::agent_card;
 use crate::cli::{Cli, Command, Db, Mode};
 use crate::front::FrontLayer;
@@ -165,6 +167,9 @@ async fn start(
         .set_config(config)
         .set_http_middleware(
             ServiceBuilder::new()
+                .layer(BodyTimeoutLayer {
+                    idle: cli.body_timeout,
+                })
                 .layer(FrontLayer::new(&card, metrics))
                 .layer(idem.http_layer()),
         )

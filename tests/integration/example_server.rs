@@ -189,6 +189,52 @@ async fn sigterm_does_not_wait_past_its_grace_for_a_client_that_never_finishes()
     assert_eq!(replay.body, first.body);
 }
 
+/// A body that stops coming fails after `--body-timeout` with a 408 that says so, and its
+/// connection closes; one
+/// that comes slowly, but within it at every step, is served. Before, a client that announced
+/// a body and sent none held its connection (and a place among `--max-in-flight`) for ever.
+#[tokio::test]
+async fn a_body_that_stops_coming_fails_and_a_slow_one_is_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = ServerProcess::start_with(&["--body-timeout", "1"], &[]);
+    let address = server.url.trim_start_matches("http://").to_owned();
+    let body = send_with(1, "message/send", &new_id(), "slow", json!({}));
+    let head = format!(
+        "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nA2A-Extensions: {}\r\nContent-Length: {}\r\n\r\n",
+        URI,
+        body.len()
+    );
+    // Sends the head and half the body, then the rest after `pause` (never, if `None`).
+    let exchange = |pause: Option<Duration>| {
+        let (address, head, body) = (address.clone(), head.clone(), body.clone());
+        async move {
+            let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+            socket.write_all(head.as_bytes()).await.unwrap();
+            let (first, rest) = body.as_bytes().split_at(body.len() / 2);
+            socket.write_all(first).await.unwrap();
+            if let Some(pause) = pause {
+                tokio::time::sleep(pause).await;
+                socket.write_all(rest).await.unwrap();
+            }
+            let mut answer = Vec::new();
+            let read = socket.read_to_end(&mut answer);
+            tokio::time::timeout(Duration::from_secs(20), read)
+                .await
+                .expect("an answer or a close, not a hang")
+                .ok();
+            String::from_utf8_lossy(&answer).into_owned()
+        }
+    };
+    // The second half 0.4 s after the first: within the timeout.
+    let served = exchange(Some(Duration::from_millis(400))).await;
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    // The second half never: the request fails and the connection closes.
+    let stalled = exchange(None).await;
+    assert!(stalled.starts_with("HTTP/1.1 408"), "{stalled}");
+    assert!(stalled.contains("sent nothing for 1 s"), "{stalled}");
+}
+
 /// `SELECT COUNT(*) …` on the server's database; 0 while the table does not exist yet.
 fn count(db: &Path, sql: &str, params: &[&str]) -> i64 {
     let conn = rusqlite::Connection::open(db).expect("open the database");
