@@ -186,7 +186,8 @@ impl PostgresStore {
         let owner = owner();
         let store = Self {
             listener: Listener::start(listen),
-            renewer: Renewer::start(pool.clone(), owner.clone(), config.claim_lease),
+            // A connection of its own: renewals never queue behind the calls' commits.
+            renewer: Renewer::start(pool_of(&options, 1)?, owner.clone(), config.claim_lease),
             owner,
             ttl_seconds: config.ttl_seconds,
             max_entries: config.max_cache_entries,
@@ -692,6 +693,11 @@ impl Store for PostgresStore {
 }
 
 fn pool(options: &PostgresOptions) -> Result<Pool, StoreError> {
+    pool_of(options, options.pool_size)
+}
+
+/// A pool of `size` connections to the database `options` names.
+fn pool_of(options: &PostgresOptions, size: usize) -> Result<Pool, StoreError> {
     let config: tokio_postgres::Config = options.url.parse()?;
     let manager = Manager::from_config(
         config,
@@ -703,7 +709,7 @@ fn pool(options: &PostgresOptions) -> Result<Pool, StoreError> {
     // Bounded waits: with the database down, a call fails in seconds instead of hanging.
     let bound = Some(Duration::from_secs(5));
     Pool::builder(manager)
-        .max_size(options.pool_size)
+        .max_size(size)
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .wait_timeout(bound)
         .create_timeout(bound)

@@ -275,6 +275,46 @@ async fn many_executions_in_flight_keep_their_claims_in_one_renewal_per_tick() {
     assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_claims").await, 0);
 }
 
+/// A replica whose pool is busy (a burst of commits holds every connection) still renews its
+/// leases: another replica that claims the keys again and again meanwhile never wins one.
+/// When renewals queued on the calls' pool, a review saw a fifth of 1,000 calls under a 300 ms
+/// lease lost to the other replica, which ran them a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pool_does_not_hold_the_renewals_back() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_millis(300)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let mut tickets = Vec::new();
+    for n in 0..200 {
+        tickets.push(won(&a, &key(n), "message/send", &hash).await);
+    }
+    let pool = a.store().postgres_pool().expect("a PostgreSQL store");
+    let mut busy = Vec::new();
+    for _ in 0..pool.status().max_size {
+        busy.push(pool.get().await.unwrap());
+    }
+    // Four leases long, every connection of a's pool taken.
+    let until = std::time::Instant::now() + Duration::from_millis(1200);
+    let mut taken = Vec::new();
+    while std::time::Instant::now() < until {
+        for n in 0..200 {
+            if let Claim::Execute(ticket) = b.claim(&key(n), "message/send", &hash).await.unwrap() {
+                taken.push(n);
+                drop(ticket);
+            }
+        }
+    }
+    drop(busy);
+    assert!(
+        taken.is_empty(),
+        "the other replica took {} claims over",
+        taken.len()
+    );
+    for ticket in tickets {
+        ticket.complete(response("a")).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_sweeping_at_once_delete_each_expired_row_once() {
     let Some(fx) = fixture().await else { return };
