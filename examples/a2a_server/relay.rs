@@ -17,6 +17,13 @@
 //! calls (marked one by one, each waiting for its commit, it fell behind by thousands of
 //! events a second).
 //!
+//! Each task's events go out through a worker of their own, up to [`TASKS_AT_ONCE`] tasks at
+//! once, while the relay goes on reading: a webhook that takes its 5 s to fail holds back its
+//! own task only (delivered one by one, one dead webhook held every task's events back, by
+//! 40 s with five of them). A task a worker has is passed over by the reads until the worker
+//! is done, and so is an event a worker settled after a read began, so no event is ever
+//! handed out twice.
+//!
 //! Replicas on one PostgreSQL database share one outbox, and one relay delivers it at a time:
 //! the one whose session holds the relay's lock ([`RelayLock`]). The others try to take it
 //! every [`FOLLOW`]; a replica that dies takes its session with it, so another delivers within
@@ -25,7 +32,10 @@
 //! may arrive twice (with one id), and after a later one of its task.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::clock;
 use crate::push::{PushConfig, PushConfigs};
@@ -38,6 +48,8 @@ const POLL: Duration = Duration::from_millis(100);
 const FOLLOW: Duration = Duration::from_secs(1);
 /// Events read at once.
 const BATCH: i64 = 512;
+/// Tasks whose events are being delivered at once, each by a worker of its own.
+const TASKS_AT_ONCE: usize = 64;
 /// The first retry's wait; each failure doubles it, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -51,23 +63,44 @@ pub fn spawn(store: TaskStore, push: PushConfigs) {
         .build()
         .expect("an HTTP client");
     let relay = Relay {
-        store,
-        push,
-        client,
+        delivery: Arc::new(Delivery {
+            store,
+            push,
+            client,
+            retries: Mutex::default(),
+            handed_out: Mutex::default(),
+        }),
         lock: None,
-        retries: HashMap::new(),
+        workers: Arc::new(Semaphore::new(TASKS_AT_ONCE)),
     };
     tokio::spawn(relay.run());
 }
 
 struct Relay {
+    delivery: Arc<Delivery>,
+    /// Held while this relay is the one that delivers; its workers check it before each event.
+    lock: Option<Arc<RelayLock>>,
+    workers: Arc<Semaphore>,
+}
+
+/// What the relay's workers share.
+struct Delivery {
     store: TaskStore,
     push: PushConfigs,
     client: reqwest::Client,
-    /// Held while this relay is the one that delivers.
-    lock: Option<RelayLock>,
     /// Events that failed: how many times (their next attempt is in their row).
-    retries: HashMap<i64, u32>,
+    retries: Mutex<HashMap<i64, u32>>,
+    handed_out: Mutex<HandedOut>,
+}
+
+/// What a read of the outbox must not hand out again.
+#[derive(Default)]
+struct HandedOut {
+    /// Tasks a worker is delivering.
+    tasks: HashSet<String>,
+    /// Events settled (marked delivered or held back) since the last read began: that read
+    /// may still have found them undelivered.
+    settled: HashSet<i64>,
 }
 
 impl Relay {
@@ -77,12 +110,14 @@ impl Relay {
                 tokio::time::sleep(FOLLOW).await;
                 continue;
             }
+            // Settled before this read began: the read sees it.
+            self.delivery.handed_out().settled.clear();
             // More are waiting behind a full batch: an event read and marked delivered, or
-            // held back for a retry, is not read again, so the next read finds others.
-            let more = match self.store.undelivered(BATCH).await {
+            // handed to a worker, is not handed out again, so the next read finds others.
+            let more = match self.delivery.store.undelivered(BATCH).await {
                 Ok(pending) => {
                     let full = pending.len() as i64 == BATCH;
-                    let settled = self.deliver_all(pending).await;
+                    let settled = self.hand_out(pending).await;
                     full && settled > 0
                 }
                 Err(error) => {
@@ -105,12 +140,12 @@ impl Relay {
             tracing::warn!("relay: lost the outbox's lock; another replica may deliver it now");
             self.lock = None;
         }
-        match self.store.take_relay_lock().await {
+        match self.delivery.store.take_relay_lock().await {
             Ok(Some(lock)) => {
                 if matches!(lock, RelayLock::Session(_)) {
                     tracing::info!("relay: this replica delivers the outbox");
                 }
-                self.lock = Some(lock);
+                self.lock = Some(Arc::new(lock));
                 true
             }
             Ok(None) => false,
@@ -121,57 +156,114 @@ impl Relay {
         }
     }
 
-    /// Delivers what was read; returns how many events it marked delivered or held back.
-    async fn deliver_all(&mut self, pending: Vec<Pending>) -> usize {
+    /// Marks what was read for tasks without webhooks, and hands each other task's events to
+    /// a worker; returns how many events it marked or handed out.
+    async fn hand_out(&mut self, pending: Vec<Pending>) -> usize {
         let (pending, nowhere): (Vec<_>, Vec<_>) =
             pending.into_iter().partition(|event| event.has_webhooks);
         let nowhere: Vec<i64> = nowhere.into_iter().map(|event| event.id).collect();
-        let mut marked = 0;
+        let mut handed = 0;
         if !nowhere.is_empty() {
             let count = nowhere.len();
-            match self.store.mark_delivered(nowhere).await {
-                Ok(()) => marked += count,
+            match self.delivery.store.mark_delivered(nowhere).await {
+                Ok(()) => handed += count,
                 Err(error) => tracing::warn!(?error, "relay: events without webhooks not marked"),
             }
         }
-        // A task whose earlier event failed just now gets none of its later ones first.
-        let mut waiting: HashSet<String> = HashSet::new();
+        let Some(lock) = self.lock.clone() else {
+            return handed;
+        };
+        for events in self.delivery.new_work(pending) {
+            let Ok(permit) = self.workers.clone().try_acquire_owned() else {
+                self.delivery.give_back(&events[0].task_id);
+                continue; // every worker is busy: a later read hands it out
+            };
+            handed += events.len();
+            let delivery = self.delivery.clone();
+            tokio::spawn(delivery.deliver_task(lock.clone(), events, permit));
+        }
+        handed
+    }
+}
+
+impl Delivery {
+    fn handed_out(&self) -> std::sync::MutexGuard<'_, HandedOut> {
+        self.handed_out.lock().expect("relay lock")
+    }
+
+    /// The events of each task no worker has, in order, grouped by task (in the order of each
+    /// task's first event); those tasks are now handed out.
+    fn new_work(&self, pending: Vec<Pending>) -> Vec<Vec<Pending>> {
+        let mut handed_out = self.handed_out();
+        let mut groups: Vec<Vec<Pending>> = Vec::new();
+        let mut group_of: HashMap<String, usize> = HashMap::new();
         for event in pending {
-            if waiting.contains(&event.task_id) {
+            if handed_out.settled.contains(&event.id) {
                 continue;
             }
-            if !self.leads().await {
-                break;
-            }
-            match self.deliver(&event).await {
-                Ok(()) => {
-                    self.retries.remove(&event.id);
-                    match self.store.mark_delivered(vec![event.id]).await {
-                        Ok(()) => marked += 1,
-                        Err(error) => {
-                            tracing::warn!(id = event.id, ?error, "relay: delivered, not marked")
-                        }
-                    }
-                }
-                Err(why) => {
-                    let failures = self.retries.get(&event.id).copied().unwrap_or(0);
-                    let wait = FIRST_BACKOFF
-                        .saturating_mul(1 << failures.min(16))
-                        .min(MAX_BACKOFF);
-                    tracing::warn!(id = event.id, failures = failures + 1, ?wait, %why, "relay: delivery failed");
-                    self.retries.insert(event.id, failures + 1);
-                    let at = clock::now_ms() + wait.as_millis() as u64;
-                    match self.store.retry_at(event.id, at).await {
-                        Ok(()) => marked += 1,
-                        Err(error) => {
-                            tracing::warn!(id = event.id, ?error, "relay: retry not scheduled")
-                        }
-                    }
-                    waiting.insert(event.task_id);
-                }
+            if let Some(&group) = group_of.get(&event.task_id) {
+                groups[group].push(event);
+            } else if handed_out.tasks.insert(event.task_id.clone()) {
+                group_of.insert(event.task_id.clone(), groups.len());
+                groups.push(vec![event]);
             }
         }
-        marked
+        groups
+    }
+
+    /// `task_id` was not handed to a worker after all.
+    fn give_back(&self, task_id: &str) {
+        self.handed_out().tasks.remove(task_id);
+    }
+
+    /// Delivers a task's events in order, while this relay holds the lock; the first that
+    /// fails holds the rest back (its backoff holds them in the outbox too).
+    async fn deliver_task(
+        self: Arc<Self>,
+        lock: Arc<RelayLock>,
+        events: Vec<Pending>,
+        _permit: OwnedSemaphorePermit,
+    ) {
+        let task_id = events[0].task_id.clone();
+        for event in events {
+            if !lock.held().await || !self.settle(&event).await {
+                break;
+            }
+        }
+        self.give_back(&task_id);
+    }
+
+    /// Delivers `event` and marks it delivered, or holds it back for a retry; `true` if it
+    /// was delivered.
+    async fn settle(&self, event: &Pending) -> bool {
+        let delivered = match self.deliver(event).await {
+            Ok(()) => {
+                self.retries.lock().expect("relay lock").remove(&event.id);
+                if let Err(error) = self.store.mark_delivered(vec![event.id]).await {
+                    tracing::warn!(id = event.id, ?error, "relay: delivered, not marked");
+                }
+                true
+            }
+            Err(why) => {
+                let failures = {
+                    let mut retries = self.retries.lock().expect("relay lock");
+                    let failures = retries.entry(event.id).or_insert(0);
+                    *failures += 1;
+                    *failures
+                };
+                let wait = FIRST_BACKOFF
+                    .saturating_mul(1 << (failures - 1).min(16))
+                    .min(MAX_BACKOFF);
+                tracing::warn!(id = event.id, failures, ?wait, %why, "relay: delivery failed");
+                let at = clock::now_ms() + wait.as_millis() as u64;
+                if let Err(error) = self.store.retry_at(event.id, at).await {
+                    tracing::warn!(id = event.id, ?error, "relay: retry not scheduled");
+                }
+                false
+            }
+        };
+        self.handed_out().settled.insert(event.id);
+        delivered
     }
 
     /// Posts the event to every webhook of its task; `Err` unless each answered 2xx.

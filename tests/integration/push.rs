@@ -255,6 +255,52 @@ async fn events_waiting_for_a_failing_webhook_never_hold_back_another_tasks() {
     assert!(failing.taken().iter().all(|d| d.status == 500));
 }
 
+/// A webhook that takes its time to fail holds back its own task only: while the relay waits
+/// on one that accepted the event and never answers (it gives up after 5 s), another task's
+/// event reaches its webhook. Before, events went out one at a time, and one dead webhook held
+/// every task's events back.
+#[tokio::test]
+async fn a_webhook_that_never_answers_holds_back_no_other_task() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}/hook", silent.local_addr().unwrap());
+    let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let listening = tokio::spawn({
+        let (accepted, closed) = (accepted.clone(), closed.clone());
+        async move {
+            while let Ok((mut socket, _)) = silent.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let closed = closed.clone();
+                tokio::spawn(async move {
+                    // Reads until the relay gives up and closes; never answers.
+                    let mut sink = vec![0; 4096];
+                    while matches!(socket.read(&mut sink).await, Ok(n) if n > 0) {}
+                    closed.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        }
+    });
+    let working = Receiver::start(0).await;
+    let server = ServerProcess::start(&[]);
+    send_with_webhook(&server, json!({"url": silent_url}), 60_000).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while accepted.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the relay never tried the silent webhook"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let task_id = send_with_webhook(&server, json!({"url": working.url()}), 60_000).await;
+    working.wait_for("mission.assigned").await;
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        0,
+        "the other task's event waited for the silent webhook's timeout"
+    );
+    assert_eq!(working.taken()[0].body["id"], task_id.as_str());
+    listening.abort();
+}
+
 /// An outbox made by an earlier version has no `next_attempt_at`: the server adds it at start,
 /// and its index, and a failed delivery's retry is held in it.
 #[tokio::test]
