@@ -183,7 +183,7 @@ fn positive_integer(variable: &'static str, value: &str) -> Result<u64, ConfigEr
         _ => Err(ConfigError {
             variable,
             value: value.to_owned(),
-            reason: "expected a positive whole number",
+            reason: "expected a whole number from 1 to 9223372036854775807 (2^63 - 1)",
         }),
     }
 }
@@ -227,6 +227,9 @@ mod tests {
                 "{err}"
             );
         }
+        // One past the largest the stores keep (a signed 64-bit integer): the reason says so.
+        let err = from(&[(TTL_ENV, "9223372036854775808")]).unwrap_err();
+        assert!(err.to_string().contains("to 9223372036854775807"), "{err}");
         let err = from(&[(MAX_ENTRIES_ENV, "lots")]).unwrap_err();
         assert_eq!(err.variable, MAX_ENTRIES_ENV);
         let err = from(&[(SWEEP_INTERVAL_ENV, "0")]).unwrap_err();
