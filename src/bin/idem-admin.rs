@@ -127,7 +127,13 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
                 return Err("not confirmed; nothing deleted".into());
             }
             if !admin.purge(&key).await.map_err(error)? {
-                return nothing_for(&key);
+                return match admin.show(&key).await.map_err(error)? {
+                    Some(EntryInfo {
+                        state: EntryState::OpenStream(events),
+                        ..
+                    }) => still_streaming(&key, events),
+                    _ => nothing_for(&key),
+                };
             }
             println!("purged {key}");
             Ok(ExitCode::SUCCESS)
@@ -145,6 +151,17 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
 
 fn nothing_for(key: &MessageId) -> Result<ExitCode, String> {
     eprintln!("idem-admin: nothing is stored for {key}");
+    Ok(ExitCode::from(1))
+}
+
+/// A stream's recording is not an entry: what it ends with is stored, or, if its process
+/// died, the next claim of the key closes it as interrupted.
+fn still_streaming(key: &MessageId, events: u64) -> Result<ExitCode, String> {
+    eprintln!(
+        "idem-admin: {key} has no entry to purge: a stream is being recorded under it \
+         ({events} events so far); its outcome is stored when it ends, or, if the process \
+         recording it died, the next call of the key closes it as interrupted"
+    );
     Ok(ExitCode::from(1))
 }
 

@@ -357,6 +357,25 @@ async fn the_admin_tool_reads_and_purges_a_database_while_it_is_served() {
     assert!(stdout(&admin(&["--db", &db, "stats"], &[])).contains("entries              0"));
 }
 
+/// A stream being recorded has no entry yet: a purge of its key says so, and what the stream
+/// holds so far, instead of "nothing is stored" beside a `show` that lists it.
+#[tokio::test]
+async fn a_purge_of_a_key_whose_stream_is_being_recorded_says_so() {
+    let server = ServerProcess::start(&[]);
+    let db = server.db().display().to_string();
+    let key = new_id();
+    let body = stream_request(1, &key, "go", json!({"durationMs": 3000}));
+    let mut stream = SseReply::open(&server.url, body, crate::support::ACTIVATED).await;
+    assert!(stream.next_event().await.is_some());
+    let purge = admin(&["--db", &db, "purge", &key, "--yes"], &[]);
+    assert_eq!(purge.status.code(), Some(1), "{purge:?}");
+    let said = String::from_utf8_lossy(&purge.stderr);
+    assert!(
+        said.contains("a stream is being recorded under it (1 events so far)"),
+        "{said}"
+    );
+}
+
 #[test]
 fn the_admin_tool_refuses_a_missing_file_and_a_bad_command() {
     let dir = tempfile::tempdir().unwrap();
