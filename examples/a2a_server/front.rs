@@ -1,17 +1,18 @@
 //! What is answered in front of jsonrpsee, which answers POST only: `GET` of the AgentCard
-//! and of `/metrics`, and a request for an A2A version the agent does not speak
-//! (`version.rs`). Everything else passes through.
+//! and of `/metrics`, a request for an A2A version the agent does not speak (`version.rs`),
+//! and a body in a content coding (jsonrpsee reads bodies as sent, so a gzip body was a -32700
+//! Parse error; RFC 9110 §15.5.16 makes it a 415). Everything else passes through.
 
 use std::future::{ready, Ready};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::Either;
-use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Method};
+use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use jsonrpsee::server::{HttpBody, HttpResponse};
 use metrics_exporter_prometheus::PrometheusHandle;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::card::CARD_PATH;
 use crate::version;
@@ -75,6 +76,8 @@ where
             answer(self.front.metrics.render(), PROMETHEUS_TEXT)
         } else if let Some(requested) = version::unsupported(request.headers()) {
             answer(version::not_supported_body(&requested), JSON)
+        } else if let Some(coding) = content_coding(request.headers()) {
+            Either::Left(ready(Ok(unsupported_coding(&coding))))
         } else {
             Either::Right(self.inner.call(request))
         }
@@ -90,5 +93,31 @@ fn response(body: String, content_type: &'static str) -> HttpResponse {
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// The body's content coding, unless it is none (`identity`).
+fn content_coding(headers: &HeaderMap) -> Option<String> {
+    let codings = headers.get_all(CONTENT_ENCODING).iter();
+    let named = codings.flat_map(|value| value.as_bytes().split(|&b| b == b','));
+    named
+        .map(|coding| String::from_utf8_lossy(coding.trim_ascii()).to_ascii_lowercase())
+        .find(|coding| !coding.is_empty() && coding != "identity")
+}
+
+/// 415, with the codings the server reads (RFC 9110 §12.5.3: none but `identity`).
+fn unsupported_coding(coding: &str) -> HttpResponse {
+    let error = json!({"jsonrpc": "2.0", "id": null, "error": {
+        "code": -32600,
+        "message": "Invalid Request",
+        "data": {
+            "reason": "request bodies are read as sent: send this one without a content coding",
+            "content_encoding": coding,
+        },
+    }});
+    let mut response = response(error.to_string(), JSON);
+    *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+    let identity = HeaderValue::from_static("identity");
+    response.headers_mut().insert(ACCEPT_ENCODING, identity);
     response
 }

@@ -235,6 +235,24 @@ async fn a_body_that_stops_coming_fails_and_a_slow_one_is_served() {
     assert!(stalled.contains("sent nothing for 1 s"), "{stalled}");
 }
 
+/// A body in a content coding is refused with 415 and the one coding read (`identity`),
+/// before anything runs; `identity` itself is no coding. Before, a gzip body was parsed as
+/// sent, and answered -32700 Parse error.
+#[tokio::test]
+async fn a_body_in_a_content_coding_gets_415_and_identity_is_read() {
+    let server = ServerProcess::start(&[]);
+    let body = send_with(1, "message/send", &new_id(), "coded", json!({}));
+    let coded = [("A2A-Extensions", URI), ("Content-Encoding", "gzip")];
+    let refused = post(&server.url, body.clone(), &coded).await;
+    assert_eq!(refused.status, 415, "{}", refused.describe());
+    assert_eq!(refused.headers["accept-encoding"], "identity");
+    assert_eq!(refused.json()["error"]["data"]["content_encoding"], "gzip");
+    assert_eq!(count(server.db(), "SELECT COUNT(*) FROM tasks", &[]), 0);
+    let identity = [("A2A-Extensions", URI), ("Content-Encoding", "identity")];
+    let served = post(&server.url, body, &identity).await;
+    assert_eq!(served.status, 200, "{}", served.describe());
+}
+
 /// `SELECT COUNT(*) …` on the server's database; 0 while the table does not exist yet.
 fn count(db: &Path, sql: &str, params: &[&str]) -> i64 {
     let conn = rusqlite::Connection::open(db).expect("open the database");
