@@ -123,8 +123,8 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             Flag::Db => cli.db = Db::parse(&value),
             Flag::Idempotency => cli.mode = mode(&value)?,
             Flag::MaxInFlight => cli.max_in_flight = max_in_flight(&value)?,
-            Flag::BodyTimeout => cli.body_timeout = seconds(flag, &value)?,
-            Flag::ShutdownGrace => cli.shutdown_grace = seconds(flag, &value)?,
+            Flag::BodyTimeout => cli.body_timeout = seconds(flag, &value, 1)?,
+            Flag::ShutdownGrace => cli.shutdown_grace = seconds(flag, &value, 0)?,
         }
     }
     Ok(Command::Serve(cli))
@@ -196,11 +196,15 @@ fn max_in_flight(value: &str) -> Result<u32, String> {
     }
 }
 
-fn seconds(flag: Flag, value: &str) -> Result<Duration, String> {
+/// The longest wait a flag takes: a day. Far longer is a typo, and at `u64::MAX` the deadline
+/// it sets would overflow the clock.
+const MAX_SECONDS: u64 = 86_400;
+
+fn seconds(flag: Flag, value: &str, least: u64) -> Result<Duration, String> {
     match value.parse() {
-        Ok(seconds) => Ok(Duration::from_secs(seconds)),
+        Ok(seconds) if (least..=MAX_SECONDS).contains(&seconds) => Ok(Duration::from_secs(seconds)),
         _ => Err(format!(
-            "{} {value:?} is not a whole number of seconds",
+            "{} {value:?} is not a whole number of seconds from {least} to {MAX_SECONDS}",
             flag.name()
         )),
     }

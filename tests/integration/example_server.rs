@@ -58,6 +58,23 @@ fn a_max_in_flight_of_zero_exits_2_naming_it() {
     );
 }
 
+/// Waits past a day, or none at all for a body, are refused at start with the range: at
+/// `u64::MAX` the deadline they set overflowed the clock, panicking the connection (or, for the
+/// grace, the stop) instead.
+#[test]
+fn waits_out_of_range_exit_2_naming_the_range() {
+    for (flag, value, least) in [
+        ("--body-timeout", "18446744073709551615", 1),
+        ("--body-timeout", "0", 1),
+        ("--shutdown-grace", "86401", 0),
+    ] {
+        let stderr = refused(&[flag, value], &[]);
+        let said =
+            format!("{flag} \"{value}\" is not a whole number of seconds from {least} to 86400");
+        assert!(stderr.contains(&said), "{stderr}");
+    }
+}
+
 #[test]
 fn a_malformed_ttl_exits_2_naming_the_variable() {
     let stderr = refused(&[], &[("AIWG_IDEMPOTENCY_TTL", "abc")]);
@@ -233,6 +250,8 @@ async fn a_body_that_stops_coming_fails_and_a_slow_one_is_served() {
     let stalled = exchange(None).await;
     assert!(stalled.starts_with("HTTP/1.1 408"), "{stalled}");
     assert!(stalled.contains("sent nothing for 1 s"), "{stalled}");
+    let echo = format!("a2a-extensions: {URI}");
+    assert!(stalled.to_ascii_lowercase().contains(&echo), "{stalled}");
 }
 
 /// A body in a content coding is refused with 415 and the one coding read (`identity`),
@@ -246,6 +265,10 @@ async fn a_body_in_a_content_coding_gets_415_and_identity_is_read() {
     let refused = post(&server.url, body.clone(), &coded).await;
     assert_eq!(refused.status, 415, "{}", refused.describe());
     assert_eq!(refused.headers["accept-encoding"], "identity");
+    assert_eq!(
+        refused.headers["a2a-extensions"], URI,
+        "the activation is echoed"
+    );
     assert_eq!(refused.json()["error"]["data"]["content_encoding"], "gzip");
     assert_eq!(count(server.db(), "SELECT COUNT(*) FROM tasks", &[]), 0);
     let identity = [("A2A-Extensions", URI), ("Content-Encoding", "identity")];
