@@ -15,6 +15,7 @@ use std::time::Duration;
 use http::header::{CONNECTION, CONTENT_TYPE};
 use http::{HeaderValue, StatusCode};
 use http_body::{Body, Frame, SizeHint};
+use idem::layers::A2A_EXTENSIONS;
 use jsonrpsee::server::{HttpBody, HttpResponse};
 use serde_json::json;
 use tokio::time::{Instant, Sleep};
@@ -87,14 +88,16 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let answer = std::task::ready!(Pin::new(&mut self.inner).poll(cx));
-        match self.timed_out.load(Ordering::Relaxed) {
-            true => Poll::Ready(Ok(timed_out(self.idle))),
-            false => Poll::Ready(answer),
+        match (answer, self.timed_out.load(Ordering::Relaxed)) {
+            (Ok(inner), true) => Poll::Ready(Ok(timed_out(self.idle, &inner))),
+            (answer, _) => Poll::Ready(answer),
         }
     }
 }
 
-fn timed_out(idle: Duration) -> HttpResponse {
+/// The 408, with the extensions the inner answer echoed (the idempotency layer echoes its
+/// activation on every answer, this one included).
+fn timed_out(idle: Duration, inner: &HttpResponse) -> HttpResponse {
     let error = json!({"jsonrpc": "2.0", "id": null, "error": {
         "code": -32600,
         "message": "Invalid Request",
@@ -105,6 +108,9 @@ fn timed_out(idle: Duration) -> HttpResponse {
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    for echoed in inner.headers().get_all(A2A_EXTENSIONS) {
+        headers.append(A2A_EXTENSIONS, echoed.clone());
+    }
     response
 }
 

@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use futures::future::Either;
 use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use idem::layers::{is_activated, A2A_EXTENSIONS, EXTENSION_URI};
 use jsonrpsee::server::{HttpBody, HttpResponse};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
@@ -26,13 +27,17 @@ pub struct FrontLayer {
     /// Serialized once: the card does not change while the server runs.
     card: Arc<str>,
     metrics: PrometheusHandle,
+    /// Whether the server offers idempotency/v1: then a refusal here echoes its activation,
+    /// as every answer of the extension's layers does.
+    offers_extension: bool,
 }
 
 impl FrontLayer {
-    pub fn new(card: &Value, metrics: PrometheusHandle) -> Self {
+    pub fn new(card: &Value, metrics: PrometheusHandle, offers_extension: bool) -> Self {
         Self {
             card: card.to_string().into(),
             metrics,
+            offers_extension,
         }
     }
 }
@@ -77,7 +82,12 @@ where
         } else if let Some(requested) = version::unsupported(request.headers()) {
             answer(version::not_supported_body(&requested), JSON)
         } else if let Some(coding) = content_coding(request.headers()) {
-            Either::Left(ready(Ok(unsupported_coding(&coding))))
+            let mut refused = unsupported_coding(&coding);
+            if self.front.offers_extension && is_activated(request.headers(), EXTENSION_URI) {
+                let echo = HeaderValue::from_static(EXTENSION_URI);
+                refused.headers_mut().append(A2A_EXTENSIONS, echo);
+            }
+            Either::Left(ready(Ok(refused)))
         } else {
             Either::Right(self.inner.call(request))
         }

@@ -192,9 +192,19 @@ async fn read_body(
             .collect()
             .await
             .map(|collected| collected.to_bytes())
-            .map_err(|_| response::internal_error()),
+            .map_err(|_| unreadable(activated)),
     };
     read.map(|bytes| (parts, bytes))
+}
+
+/// jsonrpsee's answer to a body it could not read (the client left, a layer in front ended
+/// it), with the echo every answer to an activated request carries.
+fn unreadable(activated: bool) -> HttpResponse<HttpBody> {
+    let mut response = response::internal_error();
+    if activated {
+        echo_activation(&mut response);
+    }
+    response
 }
 
 /// A body of no announced length, counted as it comes: one past `limit` is the 413.
@@ -206,7 +216,7 @@ async fn read_chunked(
     let mut bytes = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
-            return Err(response::internal_error());
+            return Err(unreadable(activated));
         };
         if let Some(data) = frame.data_ref() {
             bytes.extend_from_slice(data);
