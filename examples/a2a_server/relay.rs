@@ -20,16 +20,20 @@
 //! Each task's events go out through a worker of their own, up to [`TASKS_AT_ONCE`] tasks at
 //! once, while the relay goes on reading: a webhook that takes its 5 s to fail holds back its
 //! own task only (delivered one by one, one dead webhook held every task's events back, by
-//! 40 s with five of them). A task a worker has is passed over by the reads until the worker
+//! 40 s with five of them). Tasks whose last attempt failed take at most
+//! [`FAILING_AT_ONCE`] workers, and the others are handed out first, so any number of dead
+//! webhooks leaves workers for the rest (with all 64 open to them, 150 dead webhooks held
+//! every other task's events back for good). A task a worker has is passed over by the reads until the worker
 //! is done, and so is an event a worker settled after a read began, so no event is ever
 //! handed out twice.
 //!
 //! Replicas on one PostgreSQL database share one outbox, and one relay delivers it at a time:
 //! the one whose session holds the relay's lock ([`RelayLock`]). The others try to take it
 //! every [`FOLLOW`]; a replica that dies takes its session with it, so another delivers within
-//! that. Before each delivery the leader checks that it still holds the lock, so two relays
-//! overlap at most for the one event a leader was delivering when its session ended: that event
-//! may arrive twice (with one id), and after a later one of its task.
+//! that. Before each delivery a worker checks that its relay still holds the lock, so two
+//! relays overlap at most for the events the leader's workers were delivering when its session
+//! ended, one per task (up to [`TASKS_AT_ONCE`]): each may arrive twice (with one id), and
+//! after a later one of its task.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -50,6 +54,8 @@ const FOLLOW: Duration = Duration::from_secs(1);
 const BATCH: i64 = 512;
 /// Tasks whose events are being delivered at once, each by a worker of its own.
 const TASKS_AT_ONCE: usize = 64;
+/// Of those, tasks whose last attempt failed: the others always find a worker free.
+const FAILING_AT_ONCE: usize = TASKS_AT_ONCE / 2;
 /// The first retry's wait; each failure doubles it, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -72,6 +78,7 @@ pub fn spawn(store: TaskStore, push: PushConfigs) {
         }),
         lock: None,
         workers: Arc::new(Semaphore::new(TASKS_AT_ONCE)),
+        failing: Arc::new(Semaphore::new(FAILING_AT_ONCE)),
     };
     tokio::spawn(relay.run());
 }
@@ -81,6 +88,14 @@ struct Relay {
     /// Held while this relay is the one that delivers; its workers check it before each event.
     lock: Option<Arc<RelayLock>>,
     workers: Arc<Semaphore>,
+    failing: Arc<Semaphore>,
+}
+
+/// What a worker holds while it delivers: its place, and, for a task whose last attempt
+/// failed, one of the places such tasks may take.
+struct Places {
+    _worker: OwnedSemaphorePermit,
+    _failing: Option<OwnedSemaphorePermit>,
 }
 
 /// What the relay's workers share.
@@ -173,16 +188,39 @@ impl Relay {
         let Some(lock) = self.lock.clone() else {
             return handed;
         };
-        for events in self.delivery.new_work(pending) {
-            let Ok(permit) = self.workers.clone().try_acquire_owned() else {
+        // Tasks that have not failed first: webhooks that keep timing out (5 s each) never
+        // take every worker, however many they are.
+        let (failing, fresh): (Vec<_>, Vec<_>) = self
+            .delivery
+            .new_work(pending)
+            .into_iter()
+            .partition(|events| self.delivery.has_failed(&events[0]));
+        for (events, failed) in fresh
+            .into_iter()
+            .map(|e| (e, false))
+            .chain(failing.into_iter().map(|e| (e, true)))
+        {
+            let Some(places) = self.places(failed) else {
                 self.delivery.give_back(&events[0].task_id);
-                continue; // every worker is busy: a later read hands it out
+                continue; // no place free: a later read hands it out
             };
             handed += events.len();
             let delivery = self.delivery.clone();
-            tokio::spawn(delivery.deliver_task(lock.clone(), events, permit));
+            tokio::spawn(delivery.deliver_task(lock.clone(), events, places));
         }
         handed
+    }
+
+    fn places(&self, failed: bool) -> Option<Places> {
+        let failing = match failed {
+            true => Some(self.failing.clone().try_acquire_owned().ok()?),
+            false => None,
+        };
+        let worker = self.workers.clone().try_acquire_owned().ok()?;
+        Some(Places {
+            _worker: worker,
+            _failing: failing,
+        })
     }
 }
 
@@ -211,6 +249,14 @@ impl Delivery {
         groups
     }
 
+    /// Whether the last attempt of `event` failed.
+    fn has_failed(&self, event: &Pending) -> bool {
+        self.retries
+            .lock()
+            .expect("relay lock")
+            .contains_key(&event.id)
+    }
+
     /// `task_id` was not handed to a worker after all.
     fn give_back(&self, task_id: &str) {
         self.handed_out().tasks.remove(task_id);
@@ -222,7 +268,7 @@ impl Delivery {
         self: Arc<Self>,
         lock: Arc<RelayLock>,
         events: Vec<Pending>,
-        _permit: OwnedSemaphorePermit,
+        _places: Places,
     ) {
         let task_id = events[0].task_id.clone();
         for event in events {

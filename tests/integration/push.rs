@@ -261,44 +261,112 @@ async fn events_waiting_for_a_failing_webhook_never_hold_back_another_tasks() {
 /// every task's events back.
 #[tokio::test]
 async fn a_webhook_that_never_answers_holds_back_no_other_task() {
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let silent_url = format!("http://{}/hook", silent.local_addr().unwrap());
-    let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let listening = tokio::spawn({
-        let (accepted, closed) = (accepted.clone(), closed.clone());
-        async move {
-            while let Ok((mut socket, _)) = silent.accept().await {
-                accepted.fetch_add(1, Ordering::SeqCst);
-                let closed = closed.clone();
-                tokio::spawn(async move {
-                    // Reads until the relay gives up and closes; never answers.
-                    let mut sink = vec![0; 4096];
-                    while matches!(socket.read(&mut sink).await, Ok(n) if n > 0) {}
-                    closed.fetch_add(1, Ordering::SeqCst);
-                });
-            }
-        }
-    });
+    let silent = Silent::start().await;
     let working = Receiver::start(0).await;
     let server = ServerProcess::start(&[]);
-    send_with_webhook(&server, json!({"url": silent_url}), 60_000).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while accepted.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the relay never tried the silent webhook"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    send_with_webhook(&server, json!({"url": silent.url()}), 60_000).await;
+    silent
+        .until(|s| s.accepted.load(Ordering::SeqCst) > 0)
+        .await;
     let task_id = send_with_webhook(&server, json!({"url": working.url()}), 60_000).await;
     working.wait_for("mission.assigned").await;
     assert_eq!(
-        closed.load(Ordering::SeqCst),
+        silent.closed.load(Ordering::SeqCst),
         0,
         "the other task's event waited for the silent webhook's timeout"
     );
     assert_eq!(working.taken()[0].body["id"], task_id.as_str());
-    listening.abort();
+}
+
+/// Tasks whose webhooks keep timing out take at most half of the relay's 64 workers once
+/// they have failed, so the other tasks always find one free: 40 dead webhooks are tried again
+/// 32 at a time, and another task's event goes out meanwhile. Before, they took every worker
+/// on every read, and with 150 of them no other task's event was ever delivered.
+#[tokio::test]
+async fn webhooks_that_keep_failing_take_at_most_half_the_workers() {
+    let silent = Silent::start().await;
+    let working = Receiver::start(0).await;
+    let server = ServerProcess::start(&[]);
+    for _ in 0..40 {
+        send_with_webhook(&server, json!({"url": silent.url()}), 60_000).await;
+    }
+    // Every first attempt timed out (5 s): all 40 have failed once.
+    silent
+        .until(|s| s.closed.load(Ordering::SeqCst) >= 40)
+        .await;
+    silent.most_open.store(0, Ordering::SeqCst);
+    silent
+        .until(|s| s.accepted.load(Ordering::SeqCst) >= 72)
+        .await;
+    let task_id = send_with_webhook(&server, json!({"url": working.url()}), 60_000).await;
+    working.wait_for("mission.assigned").await;
+    assert_eq!(working.taken()[0].body["id"], task_id.as_str());
+    let most = silent.most_open.load(Ordering::SeqCst);
+    assert!(most <= 32, "{most} failing webhooks tried at once");
+}
+
+/// A webhook that accepts every request and never answers; counts what it sees.
+struct Silent {
+    port: u16,
+    accepted: Arc<AtomicUsize>,
+    closed: Arc<AtomicUsize>,
+    /// The most requests open at once since it was last reset.
+    most_open: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Silent {
+    async fn start() -> Arc<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let counters: [Arc<AtomicUsize>; 4] = Default::default();
+        let [accepted, closed, open, most_open] = counters.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let now_open = open.fetch_add(1, Ordering::SeqCst) + 1;
+                most_open.fetch_max(now_open, Ordering::SeqCst);
+                let (closed, open) = (closed.clone(), open.clone());
+                tokio::spawn(async move {
+                    let mut sink = vec![0; 4096];
+                    while matches!(socket.read(&mut sink).await, Ok(n) if n > 0) {}
+                    open.fetch_sub(1, Ordering::SeqCst);
+                    closed.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        let [accepted, closed, _, most_open] = counters;
+        Arc::new(Self {
+            port,
+            accepted,
+            closed,
+            most_open,
+            task,
+        })
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/hook", self.port)
+    }
+
+    async fn until(&self, done: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done(self) {
+            assert!(
+                Instant::now() < deadline,
+                "accepted {}, closed {}",
+                self.accepted.load(Ordering::SeqCst),
+                self.closed.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// An outbox made by an earlier version has no `next_attempt_at`: the server adds it at start,
