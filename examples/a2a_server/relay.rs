@@ -176,15 +176,7 @@ impl Relay {
     async fn hand_out(&mut self, pending: Vec<Pending>) -> usize {
         let (pending, nowhere): (Vec<_>, Vec<_>) =
             pending.into_iter().partition(|event| event.has_webhooks);
-        let nowhere: Vec<i64> = nowhere.into_iter().map(|event| event.id).collect();
-        let mut handed = 0;
-        if !nowhere.is_empty() {
-            let count = nowhere.len();
-            match self.delivery.store.mark_delivered(nowhere).await {
-                Ok(()) => handed += count,
-                Err(error) => tracing::warn!(?error, "relay: events without webhooks not marked"),
-            }
-        }
+        let mut handed = self.mark_nowhere(nowhere).await;
         let Some(lock) = self.lock.clone() else {
             return handed;
         };
@@ -195,12 +187,8 @@ impl Relay {
             .new_work(pending)
             .into_iter()
             .partition(|events| self.delivery.has_failed(&events[0]));
-        for (events, failed) in fresh
-            .into_iter()
-            .map(|e| (e, false))
-            .chain(failing.into_iter().map(|e| (e, true)))
-        {
-            let Some(places) = self.places(failed) else {
+        for events in fresh.into_iter().chain(failing) {
+            let Some(places) = self.places(self.delivery.has_failed(&events[0])) else {
                 self.delivery.give_back(&events[0].task_id);
                 continue; // no place free: a later read hands it out
             };
@@ -209,6 +197,22 @@ impl Relay {
             tokio::spawn(delivery.deliver_task(lock.clone(), events, places));
         }
         handed
+    }
+
+    /// Events of tasks without webhooks go nowhere: marked delivered together, in one write.
+    async fn mark_nowhere(&self, nowhere: Vec<Pending>) -> usize {
+        let ids: Vec<i64> = nowhere.into_iter().map(|event| event.id).collect();
+        let count = ids.len();
+        if count == 0 {
+            return 0;
+        }
+        match self.delivery.store.mark_delivered(ids).await {
+            Ok(()) => count,
+            Err(error) => {
+                tracing::warn!(?error, "relay: events without webhooks not marked");
+                0
+            }
+        }
     }
 
     fn places(&self, failed: bool) -> Option<Places> {
