@@ -23,7 +23,10 @@
 //! 40 s with five of them). Tasks whose last attempt failed take at most
 //! [`FAILING_AT_ONCE`] workers, and the others are handed out first, so any number of dead
 //! webhooks leaves workers for the rest (with all 64 open to them, 150 dead webhooks held
-//! every other task's events back for good). A task a worker has is passed over by the reads until the worker
+//! every other task's events back for good). Known limit: a read takes the oldest
+//! [`BATCH`] due events, so 512 due events of failing tasks hide the newer ones, and the
+//! retry places go to the oldest failing events; a read of first attempts of their own, and
+//! retries ordered by `next_attempt_at` (an index on it), would lift both. A task a worker has is passed over by the reads until the worker
 //! is done, and so is an event a worker settled after a read began, so no event is ever
 //! handed out twice.
 //!
