@@ -23,10 +23,11 @@
 //! 40 s with five of them). Tasks whose last attempt failed take at most
 //! [`FAILING_AT_ONCE`] workers, and the others are handed out first, so any number of dead
 //! webhooks leaves workers for the rest (with all 64 open to them, 150 dead webhooks held
-//! every other task's events back for good). Known limit: a read takes the oldest
-//! [`BATCH`] due events, so 512 due events of failing tasks hide the newer ones, and the
-//! retry places go to the oldest failing events; a read of first attempts of their own, and
-//! retries ordered by `next_attempt_at` (an index on it), would lift both. A task a worker has is passed over by the reads until the worker
+//! every other task's events back for good). A read takes the oldest [`BATCH`] first attempts
+//! beside the oldest [`BATCH`] due events, so failing tasks' events never hide a new task's.
+//! Known limit: the retry places go to the oldest failing events, so a failing webhook past
+//! the oldest 64 may wait until those drain; retries read in `next_attempt_at` order (an
+//! index on it) would lift that. A task a worker has is passed over by the reads until the worker
 //! is done, and so is an event a worker settled after a read began, so no event is ever
 //! handed out twice.
 //!
@@ -134,7 +135,7 @@ impl Relay {
             // handed to a worker, is not handed out again, so the next read finds others.
             let more = match self.delivery.store.undelivered(BATCH).await {
                 Ok(pending) => {
-                    let full = pending.len() as i64 == BATCH;
+                    let full = pending.len() as i64 >= BATCH;
                     let settled = self.hand_out(pending).await;
                     full && settled > 0
                 }
@@ -189,9 +190,9 @@ impl Relay {
             .delivery
             .new_work(pending)
             .into_iter()
-            .partition(|events| self.delivery.has_failed(&events[0]));
+            .partition(|events| events[0].failed);
         for events in fresh.into_iter().chain(failing) {
-            let Some(places) = self.places(self.delivery.has_failed(&events[0])) else {
+            let Some(places) = self.places(events[0].failed) else {
                 self.delivery.give_back(&events[0].task_id);
                 continue; // no place free: a later read hands it out
             };
@@ -254,14 +255,6 @@ impl Delivery {
             }
         }
         groups
-    }
-
-    /// Whether the last attempt of `event` failed.
-    fn has_failed(&self, event: &Pending) -> bool {
-        self.retries
-            .lock()
-            .expect("relay lock")
-            .contains_key(&event.id)
     }
 
     /// `task_id` was not handed to a worker after all.

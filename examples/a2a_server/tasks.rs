@@ -92,6 +92,8 @@ pub struct Pending {
     pub event_type: String,
     /// Whether the task had a webhook when the event was read.
     pub has_webhooks: bool,
+    /// Whether an attempt to deliver it failed before, in this process or another.
+    pub failed: bool,
 }
 
 /// A `push_configs` row to write: one webhook of a task.

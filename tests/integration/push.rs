@@ -305,6 +305,42 @@ async fn webhooks_that_keep_failing_take_at_most_half_the_workers() {
     assert!(most <= 32, "{most} failing webhooks tried at once");
 }
 
+/// Due events of failing tasks, more than one read takes (512), never hide a new task's event:
+/// the relay reads first attempts beside them. Before, every read returned the same oldest
+/// 512 failing events, and a new task's event was not read while they stayed due.
+#[tokio::test]
+async fn more_failing_events_than_a_read_takes_hide_no_new_task() {
+    let silent = Silent::start().await;
+    let working = Receiver::start(0).await;
+    let mut server = ServerProcess::start(&[]);
+    let dead = send_with_webhook(&server, json!({"url": silent.url()}), 60_000).await;
+    server.kill();
+    // 600 copies of that task, each with an event whose last attempt failed long ago.
+    let conn = rusqlite::Connection::open(server.db()).unwrap();
+    conn.execute_batch(&format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
+         INSERT INTO tasks SELECT id || '-' || i, context_id, state, due_at, created_at,
+           updated_at, task_json FROM tasks, n WHERE id = '{dead}';
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
+         INSERT INTO push_configs SELECT task_id || '-' || i, config_id, config_json, created_at
+           FROM push_configs, n WHERE task_id = '{dead}';
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
+         INSERT INTO outbox (task_id, event_type, payload, created_at, next_attempt_at)
+           SELECT task_id || '-' || i, event_type, payload, created_at, 1
+           FROM outbox, n WHERE task_id = '{dead}';
+         UPDATE outbox SET next_attempt_at = 1 WHERE task_id = '{dead}';"
+    ))
+    .unwrap();
+    drop(conn);
+    server.restart();
+    silent
+        .until(|s| s.accepted.load(Ordering::SeqCst) >= 32)
+        .await;
+    let task_id = send_with_webhook(&server, json!({"url": working.url()}), 60_000).await;
+    working.wait_for("mission.assigned").await;
+    assert_eq!(working.taken()[0].body["id"], task_id.as_str());
+}
+
 /// A webhook that accepts every request and never answers; counts what it sees.
 struct Silent {
     port: u16,
