@@ -25,9 +25,11 @@
 //! webhooks leaves workers for the rest (with all 64 open to them, 150 dead webhooks held
 //! every other task's events back for good). A read takes the oldest [`BATCH`] first attempts
 //! beside the oldest [`BATCH`] due events, so failing tasks' events never hide a new task's.
-//! Known limit: the retry places go to the oldest failing events, so a failing webhook past
-//! the oldest 64 may wait until those drain; retries read in `next_attempt_at` order (an
-//! index on it) would lift that. A task a worker has is passed over by the reads until the worker
+//! The failing tasks a read finds take the retry places in turn, the one that has waited
+//! longest first (by id, the oldest took them again and again, and a webhook that came back
+//! was not tried again). Known limit: a read finds the failing events among the oldest
+//! [`BATCH`] due ones, so past 512 of them the newer wait until the older drain; retries read
+//! in `next_attempt_at` order (an index of its own) would lift that. A task a worker has is passed over by the reads until the worker
 //! is done, and so is an event a worker settled after a read began, so no event is ever
 //! handed out twice.
 //!
@@ -186,13 +188,15 @@ impl Relay {
         };
         // Tasks that have not failed first: webhooks that keep timing out (5 s each) never
         // take every worker, however many they are.
-        let (failing, fresh): (Vec<_>, Vec<_>) = self
+        let (mut failing, fresh): (Vec<_>, Vec<_>) = self
             .delivery
             .new_work(pending)
             .into_iter()
-            .partition(|events| events[0].failed);
+            .partition(|events| events[0].failed());
+        // The retry that has waited longest first: the failing tasks a read finds take turns.
+        failing.sort_by_key(|events| events[0].next_attempt_at);
         for events in fresh.into_iter().chain(failing) {
-            let Some(places) = self.places(events[0].failed) else {
+            let Some(places) = self.places(events[0].failed()) else {
                 self.delivery.give_back(&events[0].task_id);
                 continue; // no place free: a later read hands it out
             };

@@ -92,8 +92,15 @@ pub struct Pending {
     pub event_type: String,
     /// Whether the task had a webhook when the event was read.
     pub has_webhooks: bool,
-    /// Whether an attempt to deliver it failed before, in this process or another.
-    pub failed: bool,
+    /// When it is due again, if an attempt to deliver it failed (in this process or another).
+    pub next_attempt_at: Option<i64>,
+}
+
+impl Pending {
+    /// Whether an attempt to deliver it failed before.
+    pub fn failed(&self) -> bool {
+        self.next_attempt_at.is_some()
+    }
 }
 
 /// A `push_configs` row to write: one webhook of a task.

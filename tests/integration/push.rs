@@ -315,23 +315,7 @@ async fn more_failing_events_than_a_read_takes_hide_no_new_task() {
     let mut server = ServerProcess::start(&[]);
     let dead = send_with_webhook(&server, json!({"url": silent.url()}), 60_000).await;
     server.kill();
-    // 600 copies of that task, each with an event whose last attempt failed long ago.
-    let conn = rusqlite::Connection::open(server.db()).unwrap();
-    conn.execute_batch(&format!(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
-         INSERT INTO tasks SELECT id || '-' || i, context_id, state, due_at, created_at,
-           updated_at, task_json FROM tasks, n WHERE id = '{dead}';
-         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
-         INSERT INTO push_configs SELECT task_id || '-' || i, config_id, config_json, created_at
-           FROM push_configs, n WHERE task_id = '{dead}';
-         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
-         INSERT INTO outbox (task_id, event_type, payload, created_at, next_attempt_at)
-           SELECT task_id || '-' || i, event_type, payload, created_at, 1
-           FROM outbox, n WHERE task_id = '{dead}';
-         UPDATE outbox SET next_attempt_at = 1 WHERE task_id = '{dead}';"
-    ))
-    .unwrap();
-    drop(conn);
+    failing_copies(&server, &dead, 600);
     server.restart();
     silent
         .until(|s| s.accepted.load(Ordering::SeqCst) >= 32)
@@ -339,6 +323,49 @@ async fn more_failing_events_than_a_read_takes_hide_no_new_task() {
     let task_id = send_with_webhook(&server, json!({"url": working.url()}), 60_000).await;
     working.wait_for("mission.assigned").await;
     assert_eq!(working.taken()[0].body["id"], task_id.as_str());
+}
+
+/// Failing tasks take the 32 retry places in turn, the longest waiting first: of 81 tasks
+/// whose webhooks failed, the newest one's webhook answers again and its event goes out within
+/// three rounds. Before, the oldest 32 took the places round after round, and it never did.
+#[tokio::test]
+async fn failing_tasks_take_turns_and_a_webhook_that_came_back_is_tried_again() {
+    let silent = Silent::start().await;
+    let working = Receiver::start(0).await;
+    let mut server = ServerProcess::start(&[]);
+    let dead = send_with_webhook(&server, json!({"url": silent.url()}), 60_000).await;
+    server.kill();
+    failing_copies(&server, &dead, 80);
+    let conn = rusqlite::Connection::open(server.db()).unwrap();
+    let came_back = "UPDATE push_configs SET config_json = replace(config_json, ?1, ?2)
+                     WHERE task_id = ?3";
+    let back = format!("{dead}-80");
+    let changed = conn.execute(came_back, [silent.url(), working.url(), back.clone()]);
+    assert_eq!(changed.unwrap(), 1);
+    drop(conn);
+    server.restart();
+    working.wait_for("mission.assigned").await;
+    assert_eq!(working.taken()[0].event_id, 81, "{:?}", working.taken());
+}
+
+/// `copies` copies of task `task_id` in the server's (stopped) file, with its webhooks, each
+/// with an event whose last attempt failed long ago, as has the task's own event now.
+fn failing_copies(server: &ServerProcess, task_id: &str, copies: u32) {
+    let conn = rusqlite::Connection::open(server.db()).unwrap();
+    let numbers = format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {copies})"
+    );
+    conn.execute_batch(&format!(
+        "{numbers} INSERT INTO tasks SELECT id || '-' || i, context_id, state, due_at,
+           created_at, updated_at, task_json FROM tasks, n WHERE id = '{task_id}';
+         {numbers} INSERT INTO push_configs SELECT task_id || '-' || i, config_id, config_json,
+           created_at FROM push_configs, n WHERE task_id = '{task_id}';
+         {numbers} INSERT INTO outbox (task_id, event_type, payload, created_at, next_attempt_at)
+           SELECT task_id || '-' || i, event_type, payload, created_at, 1
+           FROM outbox, n WHERE task_id = '{task_id}';
+         UPDATE outbox SET next_attempt_at = 1 WHERE task_id = '{task_id}';"
+    ))
+    .unwrap();
 }
 
 /// A webhook that accepts every request and never answers; counts what it sees.

@@ -155,7 +155,7 @@ pub async fn undelivered(pool: &Pool, limit: i64, now: i64) -> Result<Vec<Pendin
         task_id: row.get(1),
         event_type: row.get(2),
         has_webhooks: row.get(3),
-        failed: row.get(4),
+        next_attempt_at: row.get(4),
     });
     Ok(pending.collect())
 }

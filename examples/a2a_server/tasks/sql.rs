@@ -134,7 +134,7 @@ pub const DELETE_PUSH_CONFIG: &str =
     "DELETE FROM push_configs WHERE task_id = $1 AND config_id = $2";
 
 /// `$1` how many, `$2` now: the oldest events to deliver now, whether their task has
-/// webhooks, and whether an attempt of theirs failed before (in any process). An event whose last attempt failed waits out its backoff, and so do the later
+/// webhooks, and when they were due again if an attempt of theirs failed (in any process). An event whose last attempt failed waits out its backoff, and so do the later
 /// events of its task (they are delivered in order), while every other event is read past it.
 /// The held events are looked for in [`HELD_INDEX`] (implied by `next_attempt_at > $2`), so
 /// an event costs one lookup in a nearly empty index, not a visit to each event of its task.
@@ -144,9 +144,9 @@ pub const DELETE_PUSH_CONFIG: &str =
 /// alone would fill the second (a review: 600 of them, and no healthy task's event was read
 /// for a minute); the first always reaches the tasks whose webhooks answer.
 pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
-    EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = due.task_id), failed
+    EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = due.task_id), next_attempt_at
     FROM (
-      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at IS NOT NULL AS failed
+      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at
         FROM outbox
         WHERE delivered_at IS NULL AND next_attempt_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM outbox failed
@@ -154,7 +154,7 @@ pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
               AND failed.delivered_at IS NULL AND failed.next_attempt_at IS NOT NULL)
         ORDER BY id LIMIT $1) first_attempts
       UNION
-      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at IS NOT NULL AS failed
+      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at
         FROM outbox WHERE delivered_at IS NULL
         AND NOT EXISTS (SELECT 1 FROM outbox waiting
           WHERE waiting.task_id = outbox.task_id AND waiting.id <= outbox.id

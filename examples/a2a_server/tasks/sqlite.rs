@@ -103,7 +103,7 @@ pub async fn undelivered(db: &Database, limit: i64, now: i64) -> Result<Vec<Pend
                 task_id: row.get(1)?,
                 event_type: row.get(2)?,
                 has_webhooks: row.get(3)?,
-                failed: row.get(4)?,
+                next_attempt_at: row.get(4)?,
             })
         })?;
         rows.collect::<rusqlite::Result<Vec<_>>>()
