@@ -100,44 +100,68 @@ where
         let cache = self.state.deduplicating().cloned();
         let activated = cache.is_some() && is_activated(request.headers(), EXTENSION_URI);
         let limit = self.state.config.max_request_body_bytes;
-        if content_length(&request).is_some_and(|n| n > limit) {
-            let body = request.into_body();
-            return Box::pin(async move { Ok(too_large(body, 0, limit, activated).await) });
-        }
         let caller = CallerPolicy::of(request.extensions(), &self.state.config);
-        let mut inner = self.inner.clone();
+        let inner = self.inner.clone();
         Box::pin(async move {
-            let (mut request, mut body, mut spelling) = (request, None, None);
-            if recognisable(&request) {
-                let (parts, bytes) = match read_body(request, limit, activated).await {
-                    Ok(read) => read,
-                    Err(response) => return Ok(response),
-                };
-                if let Some(cache) = cache.filter(|_| activated) {
-                    let spelled = caller.spelling(request_spelling(&bytes));
-                    if let Some(entry) = resent(&cache, &spelled) {
-                        let scope = HttpScope::new(activated, caller, None);
-                        scope.record(&entry.method, Outcome::Replayed);
-                        let response = response::ok_response(entry.response.body.clone());
-                        return Ok(answered(&scope, response));
-                    }
-                    spelling = Some(spelled);
-                }
-                let read_again = HttpBody::new(http_body_util::Full::new(bytes.clone()));
-                request = HttpRequest::from_parts(parts, read_again);
-                body = Some(bytes);
+            let cache = cache.filter(|_| activated);
+            let mut response = answer(inner, request, cache, activated, caller, limit).await?;
+            // Spec §3.2: every answer to a request that activated the extension names it.
+            if activated {
+                echo_activation(&mut response);
             }
-            let scope = HttpScope::new(activated, caller, spelling);
-            request.extensions_mut().insert(scope.clone());
-            // In a task of its own: a client that hangs up must not cut a governed call off
-            // mid-execution (its retry would run it again); the call runs to its end, stored.
-            let mut response = tokio::spawn(inner.call(request)).await??;
-            if let Some(body) = body {
-                response = invalid_request::corrected(&body, response).await;
-            }
-            Ok(answered(&scope, response))
+            Ok(response)
         })
     }
+}
+
+/// The answer to an HTTP request of a server with the extension on: `cache` where the
+/// request activated it.
+async fn answer<S>(
+    mut inner: S,
+    request: HttpRequest<HttpBody>,
+    cache: Option<IdempotencyCache>,
+    activated: bool,
+    caller: CallerPolicy,
+    limit: u64,
+) -> Result<HttpResponse<HttpBody>, S::Error>
+where
+    S: tower::Service<HttpRequest<HttpBody>, Response = HttpResponse<HttpBody>>,
+    S: Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: From<tokio::task::JoinError> + Send + 'static,
+{
+    if content_length(&request).is_some_and(|n| n > limit) {
+        return Ok(too_large(request.into_body(), 0, limit).await);
+    }
+    let (mut request, mut body, mut spelling) = (request, None, None);
+    if recognisable(&request) {
+        let (parts, bytes) = match read_body(request, limit).await {
+            Ok(read) => read,
+            Err(response) => return Ok(response),
+        };
+        if let Some(cache) = &cache {
+            let spelled = caller.spelling(request_spelling(&bytes));
+            if let Some(entry) = resent(cache, &spelled) {
+                let scope = HttpScope::new(activated, caller, None);
+                scope.record(&entry.method, Outcome::Replayed);
+                let response = response::ok_response(entry.response.body.clone());
+                return Ok(answered(&scope, response));
+            }
+            spelling = Some(spelled);
+        }
+        let read_again = HttpBody::new(http_body_util::Full::new(bytes.clone()));
+        request = HttpRequest::from_parts(parts, read_again);
+        body = Some(bytes);
+    }
+    let scope = HttpScope::new(activated, caller, spelling);
+    request.extensions_mut().insert(scope.clone());
+    // In a task of its own: a client that hangs up must not cut a governed call off
+    // mid-execution (its retry would run it again); the call runs to its end, stored.
+    let mut response = tokio::spawn(inner.call(request)).await??;
+    if let Some(body) = body {
+        response = invalid_request::corrected(&body, response).await;
+    }
+    Ok(answered(&scope, response))
 }
 
 /// A JSON POST whose body is small enough to read here, or chunked.
@@ -154,12 +178,7 @@ fn content_length(request: &HttpRequest<HttpBody>) -> Option<u64> {
 
 /// Reads and drops the rest of the body (up to `DRAINED_BODY_BYTES` in all, `read` of them
 /// read already), then answers 413 with the error that names the limit.
-async fn too_large(
-    mut body: HttpBody,
-    mut read: u64,
-    limit: u64,
-    activated: bool,
-) -> HttpResponse<HttpBody> {
+async fn too_large(mut body: HttpBody, mut read: u64, limit: u64) -> HttpResponse<HttpBody> {
     while read <= DRAINED_BODY_BYTES {
         let Some(Ok(frame)) = body.frame().await else {
             break;
@@ -171,9 +190,6 @@ async fn too_large(
     let bytes = crate::wire::response_bytes(&jsonrpsee::types::Id::Null, &Err(error.into()));
     let mut response = response::ok_response(bytes);
     *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
-    if activated {
-        echo_activation(&mut response);
-    }
     response
 }
 
@@ -182,47 +198,32 @@ async fn too_large(
 async fn read_body(
     request: HttpRequest<HttpBody>,
     limit: u64,
-    activated: bool,
 ) -> Result<(http::request::Parts, Bytes), HttpResponse<HttpBody>> {
     let chunked = content_length(&request).is_none();
     let (parts, body) = request.into_parts();
     let read = match chunked {
-        true => read_chunked(body, limit, activated).await,
+        true => read_chunked(body, limit).await,
         false => body
             .collect()
             .await
             .map(|collected| collected.to_bytes())
-            .map_err(|_| unreadable(activated)),
+            .map_err(|_| response::internal_error()),
     };
     read.map(|bytes| (parts, bytes))
 }
 
-/// jsonrpsee's answer to a body it could not read (the client left, a layer in front ended
-/// it), with the echo every answer to an activated request carries.
-fn unreadable(activated: bool) -> HttpResponse<HttpBody> {
-    let mut response = response::internal_error();
-    if activated {
-        echo_activation(&mut response);
-    }
-    response
-}
-
 /// A body of no announced length, counted as it comes: one past `limit` is the 413.
-async fn read_chunked(
-    mut body: HttpBody,
-    limit: u64,
-    activated: bool,
-) -> Result<Bytes, HttpResponse<HttpBody>> {
+async fn read_chunked(mut body: HttpBody, limit: u64) -> Result<Bytes, HttpResponse<HttpBody>> {
     let mut bytes = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
-            return Err(unreadable(activated));
+            return Err(response::internal_error());
         };
         if let Some(data) = frame.data_ref() {
             bytes.extend_from_slice(data);
         }
         if bytes.len() as u64 > limit {
-            return Err(too_large(body, bytes.len() as u64, limit, activated).await);
+            return Err(too_large(body, bytes.len() as u64, limit).await);
         }
     }
     Ok(bytes.freeze())
@@ -259,9 +260,6 @@ fn sse_response(source: StreamSource) -> HttpResponse<HttpBody> {
 
 /// Sets status and headers from what happened to the request's governed calls.
 fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
-    if scope.activated() {
-        echo_activation(response);
-    }
     match scope.single_outcome() {
         Some(Outcome::Replayed | Outcome::Attached) if scope.caller().mark_replays => {
             response
