@@ -12,13 +12,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::header::{CONNECTION, CONTENT_TYPE};
+use http::header::CONNECTION;
 use http::{HeaderValue, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use idem::layers::A2A_EXTENSIONS;
 use jsonrpsee::server::{HttpBody, HttpResponse};
 use serde_json::json;
 use tokio::time::{Instant, Sleep};
+
+use crate::front::invalid_request;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -98,15 +100,9 @@ where
 /// The 408, with the extensions the inner answer echoed (the idempotency layer echoes its
 /// activation on every answer, this one included).
 fn timed_out(idle: Duration, inner: &HttpResponse) -> HttpResponse {
-    let error = json!({"jsonrpc": "2.0", "id": null, "error": {
-        "code": -32600,
-        "message": "Invalid Request",
-        "data": {"reason": silence(idle)},
-    }});
-    let mut response = HttpResponse::new(HttpBody::from(error.to_string()));
-    *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
+    let data = json!({"reason": silence(idle)});
+    let mut response = invalid_request(StatusCode::REQUEST_TIMEOUT, data);
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(CONNECTION, HeaderValue::from_static("close"));
     for echoed in inner.headers().get_all(A2A_EXTENSIONS) {
         headers.append(A2A_EXTENSIONS, echoed.clone());

@@ -117,17 +117,23 @@ fn content_coding(headers: &HeaderMap) -> Option<String> {
 
 /// 415, with the codings the server reads (RFC 9110 §12.5.3: none but `identity`).
 fn unsupported_coding(coding: &str) -> HttpResponse {
+    let reason = "request bodies are read as sent: send this one without a content coding";
+    let data = json!({"reason": reason, "content_encoding": coding});
+    let mut response = invalid_request(StatusCode::UNSUPPORTED_MEDIA_TYPE, data);
+    let identity = HeaderValue::from_static("identity");
+    response.headers_mut().insert(ACCEPT_ENCODING, identity);
+    response
+}
+
+/// A request refused before jsonrpsee read it: `status`, and a JSON-RPC -32600 with `id: null`
+/// (the call is unknown) whose `data` says why.
+pub fn invalid_request(status: StatusCode, data: Value) -> HttpResponse {
     let error = json!({"jsonrpc": "2.0", "id": null, "error": {
         "code": -32600,
         "message": "Invalid Request",
-        "data": {
-            "reason": "request bodies are read as sent: send this one without a content coding",
-            "content_encoding": coding,
-        },
+        "data": data,
     }});
     let mut response = response(error.to_string(), JSON);
-    *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
-    let identity = HeaderValue::from_static("identity");
-    response.headers_mut().insert(ACCEPT_ENCODING, identity);
+    *response.status_mut() = status;
     response
 }
