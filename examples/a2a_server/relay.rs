@@ -20,18 +20,23 @@
 //! Each task's events go out through a worker of their own, up to [`TASKS_AT_ONCE`] tasks at
 //! once, while the relay goes on reading: a webhook that takes its 5 s to fail holds back its
 //! own task only (delivered one by one, one dead webhook held every task's events back, by
-//! 40 s with five of them). Tasks whose last attempt failed take at most
-//! [`FAILING_AT_ONCE`] workers, and the others are handed out first, so any number of dead
-//! webhooks leaves workers for the rest (with all 64 open to them, 150 dead webhooks held
-//! every other task's events back for good). A read takes the oldest [`BATCH`] first attempts
-//! beside the oldest [`BATCH`] due events, so failing tasks' events never hide a new task's.
-//! The failing tasks a read finds take the retry places in turn, the one that has waited
-//! longest first (by id, the oldest took them again and again, and a webhook that came back
-//! was not tried again). Known limit: a read finds the failing events among the oldest
-//! [`BATCH`] due ones, so past 512 of them the newer wait until the older drain; retries read
-//! in `next_attempt_at` order (an index of its own) would lift that. A task a worker has is passed over by the reads until the worker
+//! 40 s with five of them). A task a worker has is passed over by the reads until the worker
 //! is done, and so is an event a worker settled after a read began, so no event is ever
 //! handed out twice.
+//!
+//! Failing tasks never take every worker:
+//! - tasks whose last attempt failed (in their row: any process's) take at most
+//!   [`FAILING_AT_ONCE`] workers, and the others are handed out first (with all 64 open to
+//!   them, 150 dead webhooks held every other task's events back for good);
+//! - a read takes the oldest [`BATCH`] first attempts beside the oldest [`BATCH`] due events,
+//!   so failing tasks' events never hide a new task's;
+//! - the failing tasks a read finds take the retry places in turn, the one that has waited
+//!   longest first (by id, the oldest took them again and again, and a webhook that came back
+//!   was not tried again).
+//!
+//! Known limit: a read finds the failing events among the oldest [`BATCH`] due ones, so past
+//! 512 of them the newer wait until the older drain; retries read in `next_attempt_at` order
+//! (an index of its own) would lift that.
 //!
 //! Replicas on one PostgreSQL database share one outbox, and one relay delivers it at a time:
 //! the one whose session holds the relay's lock ([`RelayLock`]). The others try to take it

@@ -134,8 +134,9 @@ pub const DELETE_PUSH_CONFIG: &str =
     "DELETE FROM push_configs WHERE task_id = $1 AND config_id = $2";
 
 /// `$1` how many, `$2` now: the oldest events to deliver now, whether their task has
-/// webhooks, and when they were due again if an attempt of theirs failed (in any process). An event whose last attempt failed waits out its backoff, and so do the later
-/// events of its task (they are delivered in order), while every other event is read past it.
+/// webhooks, and when they were due again if an attempt of theirs failed (in any process).
+/// An event whose last attempt failed waits out its backoff, and so do the later events of
+/// its task (they are delivered in order), while every other event is read past it.
 /// The held events are looked for in [`HELD_INDEX`] (implied by `next_attempt_at > $2`), so
 /// an event costs one lookup in a nearly empty index, not a visit to each event of its task.
 ///
