@@ -312,10 +312,7 @@ async fn webhooks_that_keep_failing_take_at_most_half_the_workers() {
 async fn more_failing_events_than_a_read_takes_hide_no_new_task() {
     let silent = Silent::start().await;
     let working = Receiver::start(0).await;
-    let mut server = ServerProcess::start(&[]);
-    let dead = send_with_webhook(&server, json!({"url": silent.url()}), 60_000).await;
-    server.kill();
-    failing_copies(&server, &dead, 600);
+    let (mut server, _) = failing_tasks(&silent, 600).await;
     server.restart();
     silent
         .until(|s| s.accepted.load(Ordering::SeqCst) >= 32)
@@ -332,10 +329,7 @@ async fn more_failing_events_than_a_read_takes_hide_no_new_task() {
 async fn failing_tasks_take_turns_and_a_webhook_that_came_back_is_tried_again() {
     let silent = Silent::start().await;
     let working = Receiver::start(0).await;
-    let mut server = ServerProcess::start(&[]);
-    let dead = send_with_webhook(&server, json!({"url": silent.url()}), 60_000).await;
-    server.kill();
-    failing_copies(&server, &dead, 80);
+    let (mut server, dead) = failing_tasks(&silent, 80).await;
     let conn = rusqlite::Connection::open(server.db()).unwrap();
     let came_back = "UPDATE push_configs SET config_json = replace(config_json, ?1, ?2)
                      WHERE task_id = ?3";
@@ -348,9 +342,13 @@ async fn failing_tasks_take_turns_and_a_webhook_that_came_back_is_tried_again() 
     assert_eq!(working.taken()[0].event_id, 81, "{:?}", working.taken());
 }
 
-/// `copies` copies of task `task_id` in the server's (stopped) file, with its webhooks, each
-/// with an event whose last attempt failed long ago, as has the task's own event now.
-fn failing_copies(server: &ServerProcess, task_id: &str, copies: u32) {
+/// A stopped server whose file holds a task with `silent` as its webhook, and `copies` copies
+/// of it (named `TASK-1` ...), each with an event whose last attempt failed long ago, as has
+/// the task's own; and the task's id.
+async fn failing_tasks(silent: &Silent, copies: u32) -> (ServerProcess, String) {
+    let mut server = ServerProcess::start(&[]);
+    let task_id = send_with_webhook(&server, json!({"url": silent.url()}), 60_000).await;
+    server.kill();
     let conn = rusqlite::Connection::open(server.db()).unwrap();
     let numbers = format!(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {copies})"
@@ -366,6 +364,7 @@ fn failing_copies(server: &ServerProcess, task_id: &str, copies: u32) {
          UPDATE outbox SET next_attempt_at = 1 WHERE task_id = '{task_id}';"
     ))
     .unwrap();
+    (server, task_id)
 }
 
 /// A webhook that accepts every request and never answers; counts what it sees.

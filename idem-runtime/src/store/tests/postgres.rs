@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::claim::{Claim, IdempotencyCache, Ticket, Waited};
-use crate::hash::request_hash;
+use crate::hash::{request_hash, RequestHash};
 use crate::store::StoreError;
 use crate::IdempotencyConfig;
 
@@ -23,6 +23,15 @@ async fn two_replicas(fx: &Fixture, claim_lease: Duration) -> [IdempotencyCache;
 
 fn leased(claim_lease: Duration) -> IdempotencyConfig {
     config(86_400, 1000).with(|c| c.claim_lease = claim_lease)
+}
+
+/// Claims keys `0..n` on `cache`, each one won, for `message/send` with `hash`.
+async fn won_keys(cache: &IdempotencyCache, n: u32, hash: &RequestHash) -> Vec<Ticket> {
+    let mut tickets = Vec::new();
+    for n in 0..n {
+        tickets.push(won(cache, &key(n), "message/send", hash).await);
+    }
+    tickets
 }
 
 /// Far more than a notification takes, far less than the wait bound and the lease: a waiter
@@ -249,10 +258,7 @@ async fn many_executions_in_flight_keep_their_claims_in_one_renewal_per_tick() {
     let Some(fx) = fixture().await else { return };
     let [a, b] = two_replicas(&fx, Duration::from_millis(600)).await;
     let hash = request_hash(b"{}").unwrap();
-    let mut tickets = Vec::new();
-    for n in 0..2000 {
-        tickets.push(won(&a, &key(n), "message/send", &hash).await);
-    }
+    let tickets = won_keys(&a, 2000, &hash).await;
     // PostgreSQL publishes a connection's counts within a second of its last transaction.
     let transactions =
         "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
@@ -284,10 +290,7 @@ async fn a_busy_pool_does_not_hold_the_renewals_back() {
     let Some(fx) = fixture().await else { return };
     let [a, b] = two_replicas(&fx, Duration::from_millis(300)).await;
     let hash = request_hash(b"{}").unwrap();
-    let mut tickets = Vec::new();
-    for n in 0..200 {
-        tickets.push(won(&a, &key(n), "message/send", &hash).await);
-    }
+    let tickets = won_keys(&a, 200, &hash).await;
     let pool = a.store().postgres_pool().expect("a PostgreSQL store");
     let mut busy = Vec::new();
     for _ in 0..pool.status().max_size {
