@@ -1,7 +1,8 @@
 //! What is answered in front of jsonrpsee, which answers POST only: `GET` of the AgentCard
 //! and of `/metrics`, a request for an A2A version the agent does not speak (`version.rs`),
 //! and a body in a content coding (jsonrpsee reads bodies as sent, so a gzip body was a -32700
-//! Parse error; RFC 9110 §15.5.16 makes it a 415). Everything else passes through.
+//! Parse error; RFC 9110 §15.5.16 makes it a 415). Everything else passes through. Its
+//! answers echo the activation as the idempotency layer's own do, by that layer's rule.
 
 use std::future::{ready, Ready};
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::task::{Context, Poll};
 use futures::future::Either;
 use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
-use idem::layers::{is_activated, A2A_EXTENSIONS, EXTENSION_URI};
+use idem::layers::HttpLayer;
 use jsonrpsee::server::{HttpBody, HttpResponse};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
@@ -21,23 +22,21 @@ use crate::version;
 /// Where Prometheus scrapes the metrics.
 pub const METRICS_PATH: &str = "/metrics";
 
-/// The layer: the card, and the metrics recorder's handle.
+/// The layer: the card, the metrics recorder's handle, and the idempotency layer behind it.
 #[derive(Clone)]
 pub struct FrontLayer {
     /// Serialized once: the card does not change while the server runs.
     card: Arc<str>,
     metrics: PrometheusHandle,
-    /// Whether the server offers idempotency/v1: then a refusal here echoes its activation,
-    /// as every answer of the extension's layers does.
-    offers_extension: bool,
+    idempotency: HttpLayer,
 }
 
 impl FrontLayer {
-    pub fn new(card: &Value, metrics: PrometheusHandle, offers_extension: bool) -> Self {
+    pub fn new(card: &Value, metrics: PrometheusHandle, idempotency: HttpLayer) -> Self {
         Self {
             card: card.to_string().into(),
             metrics,
-            offers_extension,
+            idempotency,
         }
     }
 }
@@ -73,23 +72,29 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let get = request.method() == Method::GET;
-        let answer = |body, content_type| Either::Left(ready(Ok(response(body, content_type))));
-        if get && request.uri().path() == CARD_PATH {
-            answer(self.front.card.to_string(), JSON)
-        } else if get && request.uri().path() == METRICS_PATH {
-            answer(self.front.metrics.render(), PROMETHEUS_TEXT)
-        } else if let Some(requested) = version::unsupported(request.headers()) {
-            answer(version::not_supported_body(&requested), JSON)
-        } else if let Some(coding) = content_coding(request.headers()) {
-            let mut refused = unsupported_coding(&coding);
-            if self.front.offers_extension && is_activated(request.headers(), EXTENSION_URI) {
-                let echo = HeaderValue::from_static(EXTENSION_URI);
-                refused.headers_mut().append(A2A_EXTENSIONS, echo);
+        match self.front.answer(&request) {
+            Some(mut answer) => {
+                let echo = answer.headers_mut();
+                self.front.idempotency.echo(request.headers(), echo);
+                Either::Left(ready(Ok(answer)))
             }
-            Either::Left(ready(Ok(refused)))
+            None => Either::Right(self.inner.call(request)),
+        }
+    }
+}
+
+impl FrontLayer {
+    /// The answer given here, if the request gets one.
+    fn answer<B>(&self, request: &http::Request<B>) -> Option<HttpResponse> {
+        let get = request.method() == Method::GET;
+        if get && request.uri().path() == CARD_PATH {
+            Some(response(self.card.to_string(), JSON))
+        } else if get && request.uri().path() == METRICS_PATH {
+            Some(response(self.metrics.render(), PROMETHEUS_TEXT))
+        } else if let Some(requested) = version::unsupported(request.headers()) {
+            Some(response(version::not_supported_body(&requested), JSON))
         } else {
-            Either::Right(self.inner.call(request))
+            content_coding(request.headers()).map(|coding| unsupported_coding(&coding))
         }
     }
 }

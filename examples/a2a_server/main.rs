@@ -155,9 +155,7 @@ async fn start(
         .map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let listener = listener.into_std().map_err(|e| e.to_string())?;
-    let extension = idem.agent_card_extension();
-    let offers_extension = extension.is_some();
-    let card = agent_card(addr, extension.into_iter().collect());
+    let card = agent_card(addr, idem.agent_card_extension().into_iter().collect());
     // jsonrpsee cuts at the sizes the extension does, so what it stores is what is sent.
     let limits = idem.config();
     let config = ServerConfig::builder()
@@ -172,7 +170,7 @@ async fn start(
                 .layer(BodyTimeoutLayer {
                     idle: cli.body_timeout,
                 })
-                .layer(FrontLayer::new(&card, metrics, offers_extension))
+                .layer(FrontLayer::new(&card, metrics, idem.http_layer()))
                 .layer(idem.http_layer()),
         )
         .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))

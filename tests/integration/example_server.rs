@@ -476,6 +476,10 @@ async fn an_unsupported_a2a_version_is_refused_before_anything_runs() {
     let refused = post(&server.url, body.clone(), &headers).await;
     assert_eq!(refused.error_code(), -32009);
     assert_eq!(refused.json()["error"]["data"]["requested"], "9.9");
+    assert!(
+        refused.echoes_extension(),
+        "answered in front, by the layer's rule"
+    );
     assert_eq!(count(server.db(), "SELECT COUNT(*) FROM tasks", &[]), 0);
     let empty = [("A2A-Extensions", URI), ("A2A-Version", "")];
     let served = post(&server.url, body, &empty).await;

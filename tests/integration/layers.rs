@@ -685,6 +685,53 @@ async fn governed_calls_over_websocket_are_refused() {
     assert_eq!(get["result"], 0, "ungoverned methods are served");
 }
 
+/// jsonrpsee refuses a method other than POST (405) and a body that is not JSON (415) in plain
+/// text, before the extension sees the call: the refusals keep their status and become
+/// JSON-RPC errors, the 405 names the method allowed, and nothing runs.
+#[tokio::test]
+async fn requests_jsonrpsee_refuses_unread_get_json_rpc_errors() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let http = reqwest::Client::new();
+    let body = send(1, &new_id(), "x");
+    let refusals = [
+        (http.get(&server.url), 405, "POST"),
+        (http.put(&server.url).body(body.clone()), 405, "POST"),
+        (
+            http.post(&server.url)
+                .header("content-type", "text/plain")
+                .body(body.clone()),
+            415,
+            "Content-Type: application/json",
+        ),
+        (http.post(&server.url).body(body), 415, "Content-Type"),
+    ];
+    for (request, status, named) in refusals {
+        for activated in [true, false] {
+            let request = request.try_clone().unwrap();
+            let request = match activated {
+                true => request.header("A2A-Extensions", URI),
+                false => request,
+            };
+            let refused = request.send().await.unwrap();
+            assert_eq!(refused.status(), status);
+            let headers = refused.headers().clone();
+            assert_eq!(headers["content-type"], "application/json");
+            if status == 405 {
+                assert_eq!(headers["allow"], "POST");
+            }
+            let echoed = headers.get_all("a2a-extensions").iter().any(|v| v == URI);
+            assert_eq!(echoed, activated, "echoed only where activated");
+            let error: serde_json::Value = refused.json().await.unwrap();
+            assert_eq!(error["id"], serde_json::Value::Null);
+            assert_eq!(error["error"]["code"], -32600, "{error}");
+            let reason = error["error"]["data"]["reason"].as_str().unwrap();
+            assert!(reason.contains(named), "{reason}");
+        }
+    }
+    assert_eq!(server.executions(), 0);
+}
+
 #[tokio::test]
 async fn in_a_batch_an_undecodable_entry_under_a_held_key_is_422_too() {
     let db = Db::new();

@@ -4,8 +4,8 @@
 //! It also answers the commonest retry of all before jsonrpsee parses anything: a request
 //! whose body is byte-for-byte one whose single call was answered with an entry's stored
 //! bytes (same id, same method, same params) gets those bytes again, from the store's memory.
-//! And where jsonrpsee's answer to a body it read is not JSON-RPC 2.0's, it gives JSON-RPC's
-//! (`invalid_request.rs`).
+//! And where jsonrpsee's answer is not JSON-RPC 2.0's (to a body it read, or a plain-text
+//! refusal of one it did not), it gives JSON-RPC's (`invalid_request.rs`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use http::{HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use jsonrpsee::server::http::{content_type_is_json, response};
 use jsonrpsee::server::{HttpBody, HttpRequest, HttpResponse};
@@ -23,7 +23,7 @@ use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::sse;
 use crate::hash::{request_spelling, Spelling};
-use crate::layers::activation::is_activated;
+use crate::layers::activation::{is_activated, A2A_EXTENSIONS};
 use crate::layers::invalid_request;
 use crate::layers::scope::{HttpScope, Outcome, StreamSource, WebSocket};
 use crate::state::State;
@@ -52,6 +52,36 @@ impl HttpLayer {
     pub(crate) fn new(state: Arc<State>) -> Self {
         Self { state }
     }
+
+    /// Names the extension on `response` where this layer would (spec §3.2: the server offers
+    /// it, and `request` activated it), for a layer in front of this one that answers some
+    /// requests itself.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use http::{HeaderMap, HeaderValue};
+    /// use idem_runtime::layers::{A2A_EXTENSIONS, EXTENSION_URI};
+    /// let dir = tempfile::tempdir()?;
+    /// let idem = idem_runtime::Idempotency::open(dir.path().join("a2a.db"), Default::default())?;
+    /// let mut request = HeaderMap::new();
+    /// request.insert(A2A_EXTENSIONS, HeaderValue::from_static(EXTENSION_URI));
+    /// let mut response = HeaderMap::new();
+    /// idem.http_layer().echo(&request, &mut response);
+    /// assert_eq!(response[A2A_EXTENSIONS], EXTENSION_URI);
+    /// # Ok(()) }
+    /// ```
+    pub fn echo(&self, request: &HeaderMap, response: &mut HeaderMap) {
+        if activated(&self.state, request) {
+            echo_activation(response);
+        }
+    }
+}
+
+/// Whether the request activated the extension on a server that offers it. A server with the
+/// extension off neither reads nor echoes the activation header.
+fn activated(state: &State, request: &HeaderMap) -> bool {
+    state.deduplicating().is_some() && is_activated(request, EXTENSION_URI)
 }
 
 impl<S> tower::Layer<S> for HttpLayer {
@@ -96,18 +126,16 @@ where
             request.extensions_mut().insert(WebSocket);
             return Box::pin(self.inner.call(request));
         }
-        // A server with the extension off neither reads nor echoes the activation header.
-        let cache = self.state.deduplicating().cloned();
-        let activated = cache.is_some() && is_activated(request.headers(), EXTENSION_URI);
+        let activated = activated(&self.state, request.headers());
+        let cache = self.state.deduplicating().cloned().filter(|_| activated);
         let limit = self.state.config.max_request_body_bytes;
         let caller = CallerPolicy::of(request.extensions(), &self.state.config);
         let inner = self.inner.clone();
         Box::pin(async move {
-            let cache = cache.filter(|_| activated);
             let mut response = answer(inner, request, cache, activated, caller, limit).await?;
             // Spec §3.2: every answer to a request that activated the extension names it.
             if activated {
-                echo_activation(&mut response);
+                echo_activation(response.headers_mut());
             }
             Ok(response)
         })
@@ -158,9 +186,10 @@ where
     // In a task of its own: a client that hangs up must not cut a governed call off
     // mid-execution (its retry would run it again); the call runs to its end, stored.
     let mut response = tokio::spawn(inner.call(request)).await??;
-    if let Some(body) = body {
-        response = invalid_request::corrected(&body, response).await;
-    }
+    response = match body {
+        Some(body) => invalid_request::corrected(&body, response).await,
+        None => invalid_request::refusal_as_json_rpc(response),
+    };
     Ok(answered(&scope, response))
 }
 
@@ -275,9 +304,7 @@ fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
 }
 
 /// Spec §3.2: a response to a request that activated the extension names it.
-fn echo_activation<B>(response: &mut http::Response<B>) {
+fn echo_activation(response: &mut HeaderMap) {
     // Appended: other extensions the request activated may be listed already.
-    response
-        .headers_mut()
-        .append("a2a-extensions", HeaderValue::from_static(EXTENSION_URI));
+    response.append(A2A_EXTENSIONS, HeaderValue::from_static(EXTENSION_URI));
 }

@@ -14,9 +14,15 @@
 //! Only those two answers of jsonrpsee's, and answers to batches, are looked at (by their
 //! exact size, so an ordinary answer costs nothing here), and only then is the request parsed.
 //! The call of an id jsonrpsee cannot read never ran: the error says so.
+//!
+//! And for requests whose bodies it never reads: jsonrpsee refuses a method other than POST
+//! (405) and a content type other than JSON (415) in plain text; the refusal keeps its status
+//! and becomes a -32600 whose `data` says what to send, and a 405 names the one method
+//! allowed (`Allow`, which RFC 9110 §15.5.6 requires of it).
 
 use bytes::Bytes;
-use http::StatusCode;
+use http::header::{ALLOW, CONTENT_TYPE};
+use http::{HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use jsonrpsee::server::{HttpBody, HttpResponse};
 use jsonrpsee::types::Id;
@@ -76,6 +82,39 @@ pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpRes
             HttpResponse::from_parts(parts, body)
         }
     }
+}
+
+/// `response`, or where it is jsonrpsee's plain-text refusal of a request it did not read,
+/// that refusal as JSON-RPC.
+pub(crate) fn refusal_as_json_rpc(response: HttpResponse) -> HttpResponse {
+    let plain_text = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"text/plain"));
+    let reason = match response.status() {
+        StatusCode::METHOD_NOT_ALLOWED => "JSON-RPC requests are sent with POST",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            "JSON-RPC requests are sent with Content-Type: application/json"
+        }
+        _ => return response,
+    };
+    if !plain_text {
+        return response;
+    }
+    let (mut parts, _text) = response.into_parts();
+    let error = serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {
+        "code": -32600,
+        "message": "Invalid Request",
+        "data": {"reason": reason},
+    }});
+    let json = HeaderValue::from_static("application/json");
+    parts.headers.insert(CONTENT_TYPE, json);
+    if parts.status == StatusCode::METHOD_NOT_ALLOWED {
+        parts
+            .headers
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+    }
+    HttpResponse::from_parts(parts, HttpBody::from(error.to_string()))
 }
 
 enum Answer {
