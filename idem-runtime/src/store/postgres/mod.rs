@@ -24,7 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{
+    GenericClient, Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod,
+};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
@@ -177,7 +179,8 @@ impl PostgresStore {
         config: &IdempotencyConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
-        let pool = pool(&options)?;
+        let lease = config.claim_lease;
+        let pool = pool_of(&options, options.pool_size, lease)?;
         create_schema(&pool).await?;
         let listen: tokio_postgres::Config = match &options.listen_url {
             Some(url) => url.parse()?,
@@ -187,7 +190,7 @@ impl PostgresStore {
         let store = Self {
             listener: Listener::start(listen),
             // A connection of its own: renewals never queue behind the calls' commits.
-            renewer: Renewer::start(pool_of(&options, 1)?, owner.clone(), config.claim_lease),
+            renewer: Renewer::start(pool_of(&options, 1, lease)?, owner.clone(), lease),
             owner,
             ttl_seconds: config.ttl_seconds,
             max_entries: config.max_cache_entries,
@@ -201,7 +204,10 @@ impl PostgresStore {
         Ok(store)
     }
 
-    /// The pool the store commits through.
+    /// The pool the store commits through. The server ends a session of it whose transaction
+    /// has been idle for one claim lease (a replica frozen mid-commit must not hold its
+    /// claim's row lock for longer): an application's own transaction on it must not wait
+    /// that long between two statements.
     pub fn pool(&self) -> &Pool {
         &self.pool
     }
@@ -692,13 +698,24 @@ impl Store for PostgresStore {
     }
 }
 
-fn pool(options: &PostgresOptions) -> Result<Pool, StoreError> {
-    pool_of(options, options.pool_size)
-}
-
-/// A pool of `size` connections to the database `options` names.
-fn pool_of(options: &PostgresOptions, size: usize) -> Result<Pool, StoreError> {
+/// A pool of `size` connections to the database `options` names, whose sessions the server
+/// ends when one of their transactions has been idle for `lease` (at least a second).
+///
+/// A replica frozen mid-commit (SIGSTOP, a VM paused, a partition with the socket still up)
+/// holds the row lock of its claim; the replica taking the claim over waits on that lock, so
+/// without this bound a retry would hang until the frozen one came back. Once its lease has
+/// run out, a frozen holder's claim is another's to take anyway, and fencing keeps whatever
+/// it sends after waking from committing.
+fn pool_of(options: &PostgresOptions, size: usize, lease: Duration) -> Result<Pool, StoreError> {
     let config: tokio_postgres::Config = options.url.parse()?;
+    // A `SET` once connected, not a startup option: poolers refuse startup options they do
+    // not know.
+    let idle_ms = lease.max(Duration::from_secs(1)).as_millis();
+    let set: Arc<str> = format!("SET idle_in_transaction_session_timeout = {idle_ms}").into();
+    let set_idle_bound = Hook::async_fn(move |client, _| {
+        let set = set.clone();
+        Box::pin(async move { client.batch_execute(&set).await.map_err(HookError::Backend) })
+    });
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -714,6 +731,7 @@ fn pool_of(options: &PostgresOptions, size: usize) -> Result<Pool, StoreError> {
         .wait_timeout(bound)
         .create_timeout(bound)
         .recycle_timeout(bound)
+        .post_create(set_idle_bound)
         .build()
         .map_err(|error| StoreError::Backend {
             backend: "postgres",

@@ -162,6 +162,49 @@ async fn a_dead_replicas_claim_is_taken_over_once_its_lease_expires() {
     assert_eq!(cached_body(&b, &key(1)).await.unwrap(), b"b");
 }
 
+/// A replica frozen mid-commit (SIGSTOP, a paused VM) holds its claim's row lock: here a
+/// transaction of its pool that locked the row and went idle. The server ends that session
+/// after one lease idle in its transaction, so the retry on another replica takes the claim
+/// over instead of waiting on the lock for as long as the frozen one stays frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_frozen_mid_commit_holds_its_claim_for_one_lease_only() {
+    let Some(fx) = fixture().await else { return };
+    let config = leased(Duration::from_millis(1500));
+    let hash = request_hash(b"{}").unwrap();
+    let frozen = fx.cache(&config).await;
+    let ticket = won(&frozen, &key(1), "message/send", &hash).await;
+    let pool = frozen.store().postgres_pool().expect("a PostgreSQL store");
+    let mut session = pool.get().await.unwrap();
+    let commit = session.transaction().await.unwrap();
+    let lock = "SELECT 1 FROM idempotency_claims WHERE message_id = $1 FOR UPDATE";
+    commit.execute(lock, &[&key(1).as_str()]).await.unwrap();
+    // Frozen: no completion, no release, no more renewals; the transaction stays open.
+    std::mem::forget(ticket);
+    drop(frozen);
+
+    let b = fx.cache(&config).await;
+    let taken_over = async {
+        loop {
+            match b.claim(&key(1), "message/send", &hash).await.unwrap() {
+                Claim::Execute(ticket) => return ticket,
+                Claim::InFlight(waiter) => {
+                    waiter.wait(Duration::from_secs(30), false).await;
+                }
+                _ => panic!("nothing was stored under the key"),
+            }
+        }
+    };
+    let ticket = tokio::time::timeout(Duration::from_secs(30), taken_over)
+        .await
+        .expect("the retry waited on the frozen replica's lock for ever");
+    assert!(
+        commit.commit().await.is_err(),
+        "the frozen replica's session was ended, its transaction with it"
+    );
+    ticket.complete_with(response("b"), vec![]).await.unwrap();
+    assert_eq!(cached_body(&b, &key(1)).await.unwrap(), b"b");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_fenced_out_by_a_takeover_commits_nothing() {
     let Some(fx) = fixture().await else { return };
