@@ -28,15 +28,13 @@
 //! - tasks whose last attempt failed (in their row: any process's) take at most
 //!   [`FAILING_AT_ONCE`] workers, and the others are handed out first (with all 64 open to
 //!   them, 150 dead webhooks held every other task's events back for good);
-//! - a read takes the oldest [`BATCH`] first attempts beside the oldest [`BATCH`] due events,
-//!   so failing tasks' events never hide a new task's;
+//! - a read takes the oldest [`BATCH`] first attempts and the [`BATCH`] retries due longest
+//!   beside the oldest [`BATCH`] due events, so failing tasks' events never hide a new task's,
+//!   and however many fail, each of them is read in turn (found among the oldest due events
+//!   alone, one past the 512th waited for the older to drain);
 //! - the failing tasks a read finds take the retry places in turn, the one that has waited
 //!   longest first (by id, the oldest took them again and again, and a webhook that came back
 //!   was not tried again).
-//!
-//! Known limit: a read finds the failing events among the oldest [`BATCH`] due ones, so past
-//! 512 of them the newer wait until the older drain; retries read in `next_attempt_at` order
-//! (an index of its own) would lift that.
 //!
 //! Replicas on one PostgreSQL database share one outbox, and one relay delivers it at a time:
 //! the one whose session holds the relay's lock ([`RelayLock`]). The others try to take it

@@ -258,8 +258,9 @@ impl TaskStore {
     }
 
     /// The outbox events to deliver now, in the order they happened: the oldest `limit` first
-    /// attempts and the oldest `limit` of any kind (see `sql::UNDELIVERED`), none that waits
-    /// out a failed attempt's backoff (`retry_at`), nor a later one of its task.
+    /// attempts, the `limit` retries due longest and the oldest `limit` of any kind (see
+    /// `sql::UNDELIVERED`), none that waits out a failed attempt's backoff (`retry_at`), nor
+    /// a later one of its task.
     pub async fn undelivered(&self, limit: i64) -> RpcResult<Vec<Pending>> {
         let now = clock::now_ms() as i64;
         let pending = match &self.db {

@@ -331,15 +331,44 @@ async fn failing_tasks_take_turns_and_a_webhook_that_came_back_is_tried_again() 
     let working = Receiver::start(0).await;
     let (mut server, dead) = failing_tasks(&silent, 80).await;
     let conn = rusqlite::Connection::open(server.db()).unwrap();
-    let came_back = "UPDATE push_configs SET config_json = replace(config_json, ?1, ?2)
-                     WHERE task_id = ?3";
-    let back = format!("{dead}-80");
-    let changed = conn.execute(came_back, [silent.url(), working.url(), back.clone()]);
-    assert_eq!(changed.unwrap(), 1);
+    comes_back(&conn, &format!("{dead}-80"), &silent, &working);
     drop(conn);
     server.restart();
     working.wait_for("mission.assigned").await;
     assert_eq!(working.taken()[0].event_id, 81, "{:?}", working.taken());
+}
+
+/// A retry is read however many failing events are older: of 601 failing tasks, the newest
+/// one's webhook answers again and its retry is the one due longest; it goes out in the first
+/// read, before any of the others' attempts has timed out. Before, the reads found retries
+/// among the oldest 512 due events only, and it waited for the older ones to drain.
+#[tokio::test]
+async fn a_retry_past_the_oldest_512_due_events_is_read_in_its_turn() {
+    let silent = Silent::start().await;
+    let working = Receiver::start(0).await;
+    let (mut server, dead) = failing_tasks(&silent, 600).await;
+    let conn = rusqlite::Connection::open(server.db()).unwrap();
+    let back = format!("{dead}-600");
+    comes_back(&conn, &back, &silent, &working);
+    let due_longest = "UPDATE outbox SET next_attempt_at = 0 WHERE task_id = ?1";
+    assert_eq!(conn.execute(due_longest, [back]).unwrap(), 1);
+    drop(conn);
+    server.restart();
+    working.wait_for("mission.assigned").await;
+    assert_eq!(working.taken()[0].event_id, 601, "{:?}", working.taken());
+    let timed_out = silent.closed.load(Ordering::SeqCst);
+    assert_eq!(
+        timed_out, 0,
+        "delivered only after {timed_out} attempts timed out"
+    );
+}
+
+/// The webhook of `task_id` in the stopped server's file is `working`'s instead of `silent`'s.
+fn comes_back(conn: &rusqlite::Connection, task_id: &str, silent: &Silent, working: &Receiver) {
+    let came_back = "UPDATE push_configs SET config_json = replace(config_json, ?1, ?2)
+                     WHERE task_id = ?3";
+    let changed = conn.execute(came_back, [&silent.url(), &working.url(), task_id]);
+    assert_eq!(changed.unwrap(), 1);
 }
 
 /// A stopped server whose file holds a task with `silent` as its webhook, and `copies` copies

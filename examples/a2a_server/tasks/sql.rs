@@ -140,10 +140,14 @@ pub const DELETE_PUSH_CONFIG: &str =
 /// The held events are looked for in [`HELD_INDEX`] (implied by `next_attempt_at > $2`), so
 /// an event costs one lookup in a nearly empty index, not a visit to each event of its task.
 ///
-/// Two reads in one: the oldest first attempts (events never tried, of tasks with no failed
-/// event before them), and the oldest due events of any kind. Due events of failing tasks
-/// alone would fill the second (a review: 600 of them, and no healthy task's event was read
-/// for a minute); the first always reaches the tasks whose webhooks answer.
+/// Three reads in one: the oldest first attempts (events never tried, of tasks with no failed
+/// event before them); the retries due longest (`next_attempt_at`, in the held index: the
+/// failed events alone); and the oldest due events of any kind, which bring a failing task's
+/// later events with its retry. Due events of failing tasks alone would fill the third (a
+/// review: 600 of them, and no healthy task's event was read for a minute): the first always
+/// reaches the tasks whose webhooks answer, the second every failing task in turn. A due retry
+/// needs no check for a held event before it: only a task's first undelivered event is ever
+/// tried.
 pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
     EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = due.task_id), next_attempt_at
     FROM (
@@ -154,6 +158,11 @@ pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
             WHERE failed.task_id = outbox.task_id AND failed.id < outbox.id
               AND failed.delivered_at IS NULL AND failed.next_attempt_at IS NOT NULL)
         ORDER BY id LIMIT $1) first_attempts
+      UNION
+      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at
+        FROM outbox
+        WHERE delivered_at IS NULL AND next_attempt_at IS NOT NULL AND next_attempt_at <= $2
+        ORDER BY next_attempt_at LIMIT $1) retries
       UNION
       SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at
         FROM outbox WHERE delivered_at IS NULL
