@@ -216,6 +216,32 @@ impl PostgresStore {
         Ok(self.pool.get().await?)
     }
 
+    /// What a call's transaction that failed with `error` answers. One whose connection was
+    /// cut off (the server ends the session of a replica frozen mid-commit, see [`pool_of`])
+    /// failed as neither a staged write nor the database did: the claim, read again on another
+    /// connection, tells whether another replica took the key over meanwhile
+    /// ([`StoreError::ClaimLost`]) or the database was out of reach.
+    async fn cut_off(&self, key: &MessageId, fence: i64, error: StoreError) -> StoreError {
+        if !connection_lost(&error) {
+            return error;
+        }
+        let Ok(client) = self.client().await else {
+            return error;
+        };
+        let ours = "SELECT 1 FROM idempotency_claims
+                    WHERE message_id = $1 AND fence = $2 AND owner = $3";
+        match query_opt(&client, ours, &[&key.as_str(), &fence, &self.owner]).await {
+            Ok(None) => StoreError::ClaimLost(key.to_string()),
+            Ok(Some(_)) | Err(_) => match error {
+                StoreError::Write(source) => StoreError::Backend {
+                    backend: "postgres",
+                    source,
+                },
+                other => other,
+            },
+        }
+    }
+
     /// Counts the rows, for the bound's estimate.
     async fn count(&self) -> Result<u64, StoreError> {
         let client = self.client().await?;
@@ -502,14 +528,20 @@ impl Store for PostgresStore {
             }
             return Ok(());
         }
-        let tx = client.transaction().await?;
-        apply_writes(&tx, writes).await?;
-        // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
-        if self.store_entry(&tx, &entry, lease.fence()).await? {
-            self.enforce_bound(&tx).await?;
+        let committed = async {
+            let tx = client.transaction().await?;
+            apply_writes(&tx, writes).await?;
+            // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
+            if self.store_entry(&tx, &entry, lease.fence()).await? {
+                self.enforce_bound(&tx).await?;
+            }
+            Ok(tx.commit().await?)
+        };
+        let fence = lease.fence();
+        match committed.await {
+            Ok(()) => Ok(()),
+            Err(error) => Err(self.cut_off(&entry.message_id, fence, error).await),
         }
-        tx.commit().await?;
-        Ok(())
     }
 
     async fn open_stream(
@@ -520,37 +552,42 @@ impl Store for PostgresStore {
         lease: &Lease,
     ) -> Result<(), StoreError> {
         let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        fenced(&tx, &stream.message_id, lease, &self.owner).await?;
-        apply_writes(&tx, writes).await?;
-        let id = stream.message_id.as_str();
-        execute(
-            &tx,
-            "INSERT INTO idempotency_open_streams
-               (message_id, method, request_hash, jsonrpc_id, started_at)
-             VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (message_id) DO UPDATE SET method = EXCLUDED.method,
-               request_hash = EXCLUDED.request_hash, jsonrpc_id = EXCLUDED.jsonrpc_id,
-               started_at = EXCLUDED.started_at",
-            &[
-                &id,
-                &stream.method,
-                &stream.request_hash.as_str(),
-                &stream.jsonrpc_id,
-                &(stream.started_at as i64),
-            ],
-        )
-        .await?;
-        // Events of an earlier recording under this key (one past its TTL) are not this one's.
-        delete_events(&tx, id).await?;
-        execute(
-            &tx,
-            "INSERT INTO idempotency_stream_events (message_id, seq, event) VALUES ($1, 0, $2)",
-            &[&id, &first_event.as_ref()],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        let opened = async {
+            let tx = client.transaction().await?;
+            fenced(&tx, &stream.message_id, lease, &self.owner).await?;
+            apply_writes(&tx, writes).await?;
+            let id = stream.message_id.as_str();
+            execute(
+                &tx,
+                "INSERT INTO idempotency_open_streams
+                   (message_id, method, request_hash, jsonrpc_id, started_at)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (message_id) DO UPDATE SET method = EXCLUDED.method,
+                   request_hash = EXCLUDED.request_hash, jsonrpc_id = EXCLUDED.jsonrpc_id,
+                   started_at = EXCLUDED.started_at",
+                &[
+                    &id,
+                    &stream.method,
+                    &stream.request_hash.as_str(),
+                    &stream.jsonrpc_id,
+                    &(stream.started_at as i64),
+                ],
+            )
+            .await?;
+            // Events of an earlier recording under this key (one past its TTL) are not this one's.
+            delete_events(&tx, id).await?;
+            execute(
+                &tx,
+                "INSERT INTO idempotency_stream_events (message_id, seq, event) VALUES ($1, 0, $2)",
+                &[&id, &first_event.as_ref()],
+            )
+            .await?;
+            Ok(tx.commit().await?)
+        };
+        match opened.await {
+            Ok(()) => Ok(()),
+            Err(error) => Err(self.cut_off(&stream.message_id, lease.fence(), error).await),
+        }
     }
 
     async fn append_event(
@@ -840,6 +877,24 @@ async fn held(
     let Some(row) = row else { return Ok(None) };
     let hash = stored_hash(key, "idempotency_claims.request_hash", row.get(1))?;
     Ok(Some((row.get(0), hash, row.get(2))))
+}
+
+/// Whether `error` is a connection that closed, or a session the server ended, under a
+/// transaction: a staged write's error is the application's, and may be either.
+fn connection_lost(error: &StoreError) -> bool {
+    let source: &(dyn std::error::Error + 'static) = match error {
+        StoreError::Write(source) => source.as_ref(),
+        StoreError::Backend { source, .. } => source.as_ref(),
+        _ => return false,
+    };
+    let Some(error) = source.downcast_ref::<tokio_postgres::Error>() else {
+        return false;
+    };
+    let ended = [
+        tokio_postgres::error::SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+        tokio_postgres::error::SqlState::ADMIN_SHUTDOWN,
+    ];
+    error.is_closed() || error.code().is_some_and(|code| ended.contains(code))
 }
 
 async fn apply_writes(

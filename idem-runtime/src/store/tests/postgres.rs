@@ -205,6 +205,56 @@ async fn a_replica_frozen_mid_commit_holds_its_claim_for_one_lease_only() {
     assert_eq!(cached_body(&b, &key(1)).await.unwrap(), b"b");
 }
 
+/// A commit whose session the server ended (idle in its transaction past the lease, as a
+/// replica frozen mid-commit is) answers for what happened, not as if its staged write had
+/// failed: the store out of reach while the claim is still its own; `ClaimLost` once another
+/// replica took the key over, as a frozen replica's stopped renewals let it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_session_was_ended_answers_for_what_happened() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_millis(1500)).await;
+    fx.create_effects(a.store()).await;
+    let hash = request_hash(b"{}").unwrap();
+    let idle_past_the_lease = || {
+        crate::unit_of_work::SqlWrite::postgres(|tx| {
+            Box::pin(async move {
+                let write = "INSERT INTO effects (name) VALUES ('a')";
+                tx.execute(write, &[]).await?;
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                tx.execute(write, &[]).await?;
+                Ok(())
+            })
+        })
+    };
+
+    let renewed = won(&a, &key(1), "message/send", &hash).await;
+    let cut_off = renewed
+        .complete_with(response("a"), vec![idle_past_the_lease()])
+        .await;
+    assert!(
+        matches!(&cut_off, Err(StoreError::Backend { .. })),
+        "{cut_off:?}"
+    );
+    let retry = won(&b, &key(1), "message/send", &hash).await;
+    retry.complete_with(response("b"), vec![]).await.unwrap();
+
+    let frozen = won(&a, &key(2), "message/send", &hash).await;
+    let completing = tokio::spawn(frozen.complete_with(response("a"), vec![idle_past_the_lease()]));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Its renewals stop with the replica: the lease runs out.
+    fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+        .await;
+    let winner = won(&b, &key(2), "message/send", &hash).await;
+    winner
+        .complete_with(response("b"), vec![fx.effect("b")])
+        .await
+        .unwrap();
+    let woken = completing.await.unwrap();
+    assert!(matches!(woken, Err(StoreError::ClaimLost(_))), "{woken:?}");
+    assert_eq!(fx.effects().await, vec!["b".to_owned()], "nothing of a's");
+    assert_eq!(cached_body(&a, &key(2)).await.unwrap(), b"b");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_fenced_out_by_a_takeover_commits_nothing() {
     let Some(fx) = fixture().await else { return };
