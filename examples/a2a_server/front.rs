@@ -1,5 +1,6 @@
 //! What is answered in front of jsonrpsee, which answers POST only: `GET` of the AgentCard
-//! and of `/metrics`, a request for an A2A version the agent does not speak (`version.rs`),
+//! and of `/metrics` (and the 405 of any other method there, which names `GET` as well as
+//! jsonrpsee's `POST`), a request for an A2A version the agent does not speak (`version.rs`),
 //! and a body in a content coding (jsonrpsee reads bodies as sent, so a gzip body was a -32700
 //! Parse error; RFC 9110 §15.5.16 makes it a 415). Everything else passes through. Its
 //! answers echo the activation as the idempotency layer's own do, by that layer's rule.
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::Either;
-use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE};
+use http::header::{ACCEPT_ENCODING, ALLOW, CONTENT_ENCODING, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use idem::layers::HttpLayer;
 use jsonrpsee::server::{HttpBody, HttpResponse};
@@ -86,12 +87,22 @@ where
 impl FrontLayer {
     /// The answer given here, if the request gets one.
     fn answer<B>(&self, request: &http::Request<B>) -> Option<HttpResponse> {
-        let get = request.method() == Method::GET;
-        if get && request.uri().path() == CARD_PATH {
-            Some(response(self.card.to_string(), JSON))
-        } else if get && request.uri().path() == METRICS_PATH {
-            Some(response(self.metrics.render(), PROMETHEUS_TEXT))
-        } else if let Some(requested) = version::unsupported(request.headers()) {
+        let path = request.uri().path();
+        let served_here = path == CARD_PATH || path == METRICS_PATH;
+        match request.method() {
+            &Method::GET if path == CARD_PATH => Some(response(self.card.to_string(), JSON)),
+            &Method::GET if path == METRICS_PATH => {
+                Some(response(self.metrics.render(), PROMETHEUS_TEXT))
+            }
+            // POST is JSON-RPC on every path, these two included.
+            method if served_here && method != Method::POST => Some(not_allowed(method)),
+            _ => self.refusal(request),
+        }
+    }
+
+    /// What is refused here of a request that jsonrpsee would otherwise read.
+    fn refusal<B>(&self, request: &http::Request<B>) -> Option<HttpResponse> {
+        if let Some(requested) = version::unsupported(request.headers()) {
             Some(response(version::not_supported_body(&requested), JSON))
         } else {
             content_coding(request.headers()).map(|coding| unsupported_coding(&coding))
@@ -127,6 +138,15 @@ fn unsupported_coding(coding: &str) -> HttpResponse {
     let mut response = invalid_request(StatusCode::UNSUPPORTED_MEDIA_TYPE, data);
     let identity = HeaderValue::from_static("identity");
     response.headers_mut().insert(ACCEPT_ENCODING, identity);
+    response
+}
+
+/// 405 of `method` on a path served here, naming the methods it has (RFC 9110 §15.5.6).
+fn not_allowed(method: &Method) -> HttpResponse {
+    let data = json!({"reason": "this path answers GET, and JSON-RPC over POST", "method": method.as_str()});
+    let mut response = invalid_request(StatusCode::METHOD_NOT_ALLOWED, data);
+    let allowed = HeaderValue::from_static("GET, POST");
+    response.headers_mut().insert(ALLOW, allowed);
     response
 }
 

@@ -276,6 +276,43 @@ async fn a_body_in_a_content_coding_gets_415_and_identity_is_read() {
     assert_eq!(served.status, 200, "{}", served.describe());
 }
 
+/// The card's and the metrics' paths answer GET, and POST as JSON-RPC on every path: any
+/// other method there gets a JSON-RPC 405 that names both (before, jsonrpsee's `Allow: POST`
+/// left GET out), echoing the activation.
+#[tokio::test]
+async fn another_method_on_a_get_path_gets_405_naming_get_and_post() {
+    let server = ServerProcess::start(&[]);
+    let http = reqwest::Client::new();
+    let base = server.url.trim_end_matches('/');
+    for path in ["/.well-known/agent-card.json", "/metrics"] {
+        let url = format!("{base}{path}");
+        let got = http.get(&url).send().await.unwrap();
+        assert_eq!(got.status(), 200, "GET {path}");
+        for method in [reqwest::Method::PUT, reqwest::Method::DELETE] {
+            let refused = http
+                .request(method.clone(), &url)
+                .header("A2A-Extensions", URI);
+            let refused = refused.send().await.unwrap();
+            assert_eq!(refused.status(), 405, "{method} {path}");
+            let headers = refused.headers().clone();
+            assert_eq!(headers["allow"], "GET, POST", "{method} {path}");
+            assert_eq!(headers["a2a-extensions"], URI, "{method} {path}");
+            let error: Value = refused.json().await.unwrap();
+            assert_eq!(error["error"]["code"], -32600, "{error}");
+            assert_eq!(error["error"]["data"]["method"], method.as_str(), "{error}");
+        }
+        // POST there is JSON-RPC, as on every path.
+        let body = send_with(1, "message/send", &new_id(), "posted", json!({}));
+        let posted = post(&url, body, &[("A2A-Extensions", URI)]).await;
+        assert_eq!(posted.status, 200, "{}", posted.describe());
+        assert!(
+            posted.json()["result"]["id"].is_string(),
+            "{}",
+            posted.describe()
+        );
+    }
+}
+
 /// `SELECT COUNT(*) …` on the server's database; 0 while the table does not exist yet.
 fn count(db: &Path, sql: &str, params: &[&str]) -> i64 {
     let conn = rusqlite::Connection::open(db).expect("open the database");
