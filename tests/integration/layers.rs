@@ -469,7 +469,7 @@ async fn bad_input_is_refused_with_a_clear_error_and_never_executed() {
         (
             "truncated JSON",
             envelope(&format!(r#"{{"message":{{"messageId":"{mid}""#)),
-            200,
+            400,
             -32700,
         ),
     ];
@@ -504,10 +504,10 @@ async fn bad_input_is_refused_with_a_clear_error_and_never_executed() {
     let at = bytes.windows(2).position(|w| w == b"XX").unwrap();
     bytes[at] = 0xff;
     let reply = post_activated(&server.url, bytes).await;
-    // jsonrpsee refuses the envelope itself before any layer sees a call: Invalid request.
+    // Not UTF-8, so not JSON: refused before jsonrpsee reads it.
     assert_eq!(
         (reply.status, reply.error_code()),
-        (200, -32600),
+        (400, -32700),
         "invalid UTF-8"
     );
 

@@ -5,7 +5,10 @@
 //! whose body is byte-for-byte one whose single call was answered with an entry's stored
 //! bytes (same id, same method, same params) gets those bytes again, from the store's memory.
 //! And where jsonrpsee's answer is not JSON-RPC 2.0's (to a body it read, or a plain-text
-//! refusal of one it did not), it gives JSON-RPC's (`invalid_request.rs`).
+//! refusal of one it did not), it gives JSON-RPC's (`invalid_request.rs`): so every JSON POST
+//! body is read here, whatever its size (up to the limit, which a chunked one is counted
+//! against as it comes), and a body that is not UTF-8 (so not JSON, RFC 8259 §8.1: jsonrpsee
+//! skips the members it does not read unchecked) or cannot be read is refused here.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,12 +31,6 @@ use crate::layers::invalid_request;
 use crate::layers::scope::{HttpScope, Outcome, StreamSource, WebSocket};
 use crate::state::State;
 use crate::store::Entry;
-
-/// Bodies up to this size (by their `Content-Length`) are read here to be recognised as
-/// resends; larger ones go to jsonrpsee unread, which enforces the same limit. Chunked ones
-/// (no `Content-Length`) are read here too, so that one over the limit gets the 413 that
-/// names it, where jsonrpsee answers 500.
-const RECOGNISED_BODY_BYTES: u64 = 64 * 1024;
 
 /// How many bytes of a too large body are read (and dropped) so that the client, still
 /// sending, reads the 413 instead of a reset; past this the connection is closed.
@@ -167,6 +164,7 @@ where
             Ok(read) => read,
             Err(response) => return Ok(response),
         };
+        // A resend of bytes that were answered was UTF-8 then: checked after the lookup.
         if let Some(cache) = &cache {
             let spelled = caller.spelling(request_spelling(&bytes));
             if let Some(entry) = resent(cache, &spelled) {
@@ -176,6 +174,9 @@ where
                 return Ok(answered(&scope, response));
             }
             spelling = Some(spelled);
+        }
+        if let Err(error) = std::str::from_utf8(&bytes) {
+            return Ok(invalid_request::not_utf8(&error));
         }
         let read_again = HttpBody::new(http_body_util::Full::new(bytes.clone()));
         request = HttpRequest::from_parts(parts, read_again);
@@ -193,11 +194,9 @@ where
     Ok(answered(&scope, response))
 }
 
-/// A JSON POST whose body is small enough to read here, or chunked.
+/// A JSON POST: its body is read here.
 fn recognisable(request: &HttpRequest<HttpBody>) -> bool {
-    request.method() == http::Method::POST
-        && content_type_is_json(request)
-        && content_length(request).is_none_or(|n| n <= RECOGNISED_BODY_BYTES)
+    request.method() == http::Method::POST && content_type_is_json(request)
 }
 
 fn content_length(request: &HttpRequest<HttpBody>) -> Option<u64> {
@@ -222,8 +221,9 @@ async fn too_large(mut body: HttpBody, mut read: u64, limit: u64) -> HttpRespons
     response
 }
 
-/// Reads the whole body: a small one (see [`recognisable`]) at once, a chunked one up to
-/// `limit`.
+/// Reads the whole body: one of announced length (at most `limit`, checked before) at once,
+/// a chunked one up to `limit`. A body whose framing breaks (a bad chunk, fewer bytes than
+/// announced) is the client's error, answered 400.
 async fn read_body(
     request: HttpRequest<HttpBody>,
     limit: u64,
@@ -236,7 +236,7 @@ async fn read_body(
             .collect()
             .await
             .map(|collected| collected.to_bytes())
-            .map_err(|_| response::internal_error()),
+            .map_err(|e| invalid_request::unreadable_body(&e)),
     };
     read.map(|bytes| (parts, bytes))
 }
@@ -245,9 +245,7 @@ async fn read_body(
 async fn read_chunked(mut body: HttpBody, limit: u64) -> Result<Bytes, HttpResponse<HttpBody>> {
     let mut bytes = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            return Err(response::internal_error());
-        };
+        let frame = frame.map_err(|e| invalid_request::unreadable_body(&e))?;
         if let Some(data) = frame.data_ref() {
             bytes.extend_from_slice(data);
         }

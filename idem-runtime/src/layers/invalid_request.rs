@@ -8,6 +8,9 @@
 //!   jsonrpsee answers nothing for it, as if it were a notification: it reads an id only as
 //!   `null`, a string, or an integer from 0 to 2^64 - 1, so an object or an array (which
 //!   JSON-RPC forbids), but also `-1` or `1.5` (which it allows), and `"\ud800"`;
+//! - text that is not JSON is -32700 Parse error with HTTP 400 and a reason that says where,
+//!   where jsonrpsee answers it with 200 when the text starts with `{` or `[` (400
+//!   otherwise), and without a reason;
 //! - a notification (no `id`), or a batch of them, is not answered: an empty body (HTTP 204),
 //!   where jsonrpsee answers `null`.
 //!
@@ -26,7 +29,6 @@ use http::{HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use jsonrpsee::server::{HttpBody, HttpResponse};
 use jsonrpsee::types::Id;
-use serde_json::Value;
 
 /// jsonrpsee's answer to a notification and to a request with an object or array id.
 const NULL: &[u8] = b"null";
@@ -56,9 +58,10 @@ pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpRes
     };
     let answer = match &body[..] {
         NULL => Some(answer_to_null(request)),
-        PARSE_ERROR => serde_json::from_slice::<Value>(request)
-            .ok()
-            .map(|_json| Answer::Invalid(vec![INVALID_REQUEST.to_owned()])),
+        PARSE_ERROR => match serde_json::from_slice::<serde::de::IgnoredAny>(request) {
+            Ok(_json) => Some(Answer::Invalid(vec![INVALID_REQUEST.to_owned()])),
+            Err(not_json) => return refused(StatusCode::BAD_REQUEST, PARSE, not_json.to_string()),
+        },
         answers if batch => with_unread_ids(request, answers).map(Answer::Batch),
         _ => None,
     };
@@ -101,20 +104,45 @@ pub(crate) fn refusal_as_json_rpc(response: HttpResponse) -> HttpResponse {
     if !plain_text {
         return response;
     }
-    let (mut parts, _text) = response.into_parts();
+    let (parts, _text) = response.into_parts();
+    let mut refusal = refused(parts.status, INVALID, reason.to_owned());
+    if parts.status == StatusCode::METHOD_NOT_ALLOWED {
+        let headers = refusal.headers_mut();
+        headers.insert(ALLOW, HeaderValue::from_static("POST"));
+    }
+    refusal
+}
+
+/// The answer to a body that is not UTF-8, so not JSON: -32700, HTTP 400.
+pub(crate) fn not_utf8(error: &std::str::Utf8Error) -> HttpResponse {
+    let at = error.valid_up_to();
+    let reason = format!("the body is not UTF-8 (at byte {at}), so not JSON (RFC 8259 §8.1)");
+    refused(StatusCode::BAD_REQUEST, PARSE, reason)
+}
+
+/// The answer to a body whose framing broke as it was read (a bad chunk, fewer bytes than its
+/// `Content-Length`): the client's error, -32600, HTTP 400.
+pub(crate) fn unreadable_body(error: &dyn std::fmt::Display) -> HttpResponse {
+    let reason = format!("the request body could not be read: {error}");
+    refused(StatusCode::BAD_REQUEST, INVALID, reason)
+}
+
+const INVALID: (i32, &str) = (-32600, "Invalid Request");
+const PARSE: (i32, &str) = (-32700, "Parse error");
+
+/// A request refused before jsonrpsee read it: `status`, and the JSON-RPC error `code` with
+/// `id: null` (the call is unknown) and a `reason`.
+fn refused(status: StatusCode, (code, message): (i32, &str), reason: String) -> HttpResponse {
     let error = serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {
-        "code": -32600,
-        "message": "Invalid Request",
+        "code": code,
+        "message": message,
         "data": {"reason": reason},
     }});
+    let mut response = HttpResponse::new(HttpBody::from(error.to_string()));
+    *response.status_mut() = status;
     let json = HeaderValue::from_static("application/json");
-    parts.headers.insert(CONTENT_TYPE, json);
-    if parts.status == StatusCode::METHOD_NOT_ALLOWED {
-        parts
-            .headers
-            .insert(ALLOW, HeaderValue::from_static("POST"));
-    }
-    HttpResponse::from_parts(parts, HttpBody::from(error.to_string()))
+    response.headers_mut().insert(CONTENT_TYPE, json);
+    response
 }
 
 enum Answer {
