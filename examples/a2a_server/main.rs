@@ -22,6 +22,7 @@ mod model;
 mod push;
 mod relay;
 mod shapes;
+mod task_locks;
 mod tasks;
 mod version;
 

@@ -17,6 +17,7 @@ use idem::UnitOfWork;
 use crate::clock;
 use crate::errors;
 use crate::model::{Artifact, Content, Message, Part, Task, TaskState};
+use crate::task_locks::TaskLocks;
 use crate::tasks::{Event, TaskStore};
 
 const DEFAULT_DURATION_MS: u64 = 2_000;
@@ -122,11 +123,14 @@ fn whole_number(value: &Value) -> Option<u64> {
 #[derive(Clone)]
 pub struct Missions {
     store: TaskStore,
+    /// Continuations of one task take turns (`task_locks.rs`).
+    continuing: TaskLocks,
 }
 
 impl Missions {
     pub fn new(store: TaskStore) -> Self {
-        Self { store }
+        let continuing = TaskLocks::default();
+        Self { store, continuing }
     }
 
     /// Assigns a mission, or continues the task the message names; the task and its event
@@ -311,13 +315,16 @@ impl Missions {
         Ok((task, due_at_ms))
     }
 
-    /// Adds the message to a working task's history; its mission keeps its deadline.
+    /// Adds the message to a working task's history; its mission keeps its deadline. The
+    /// task's turn is held from the read until the call's unit has committed or was dropped.
     async fn continue_task(
         &self,
         unit: &UnitOfWork,
         task_id: String,
         message: Message,
     ) -> RpcResult<(Task, u64)> {
+        let turn = self.continuing.turn(&task_id).await;
+        unit.after_commit(move || drop(turn))?;
         let loaded = self.store.load(task_id).await?;
         let mut task = loaded.task.clone();
         if task.state.is_terminal() {
