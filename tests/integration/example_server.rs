@@ -1002,6 +1002,14 @@ async fn more_calls_in_flight_than_jsonrpsee_default_limit_are_all_served() {
     )
     .await;
     assert_eq!(refused.status, 429, "{}", refused.describe());
+    // As JSON-RPC, where jsonrpsee answered plain text.
+    assert_eq!(refused.headers["content-type"], "application/json");
+    assert_eq!(refused.headers["retry-after"], "1");
+    let error = refused.json();
+    assert_eq!(error["id"], Value::Null, "{error}");
+    assert_eq!(error["error"]["code"], -32603, "{error}");
+    let reason = error["error"]["data"]["reason"].as_str().unwrap();
+    assert!(reason.contains("nothing of this one ran"), "{reason}");
     assert_eq!(long.await.unwrap().status, 200);
 }
 

@@ -187,10 +187,10 @@ where
     // In a task of its own: a client that hangs up must not cut a governed call off
     // mid-execution (its retry would run it again); the call runs to its end, stored.
     let mut response = tokio::spawn(inner.call(request)).await??;
-    response = match body {
-        Some(body) => invalid_request::corrected(&body, response).await,
-        None => invalid_request::refusal_as_json_rpc(response),
-    };
+    if let Some(body) = body {
+        response = invalid_request::corrected(&body, response).await;
+    }
+    response = invalid_request::refusal_as_json_rpc(response);
     Ok(answered(&scope, response))
 }
 

@@ -21,10 +21,12 @@
 //! And for requests whose bodies it never reads: jsonrpsee refuses a method other than POST
 //! (405) and a content type other than JSON (415) in plain text; the refusal keeps its status
 //! and becomes a -32600 whose `data` says what to send, and a 405 names the one method
-//! allowed (`Allow`, which RFC 9110 §15.5.6 requires of it).
+//! allowed (`Allow`, which RFC 9110 §15.5.6 requires of it). Its 429, to a request past
+//! `max_connections` (which counts HTTP requests in flight), becomes a -32603 that says
+//! nothing ran, with `Retry-After: 1`.
 
 use bytes::Bytes;
-use http::header::{ALLOW, CONTENT_TYPE};
+use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use jsonrpsee::server::{HttpBody, HttpResponse};
@@ -90,25 +92,37 @@ pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpRes
 /// `response`, or where it is jsonrpsee's plain-text refusal of a request it did not read,
 /// that refusal as JSON-RPC.
 pub(crate) fn refusal_as_json_rpc(response: HttpResponse) -> HttpResponse {
+    let (error, reason) = match response.status() {
+        StatusCode::METHOD_NOT_ALLOWED => (INVALID, "JSON-RPC requests are sent with POST"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
+            INVALID,
+            "JSON-RPC requests are sent with Content-Type: application/json",
+        ),
+        StatusCode::TOO_MANY_REQUESTS => (
+            INTERNAL,
+            "the server is serving as many requests as it may at once; nothing of this one \
+             ran: send it again later",
+        ),
+        _ => return response,
+    };
     let plain_text = response
         .headers()
         .get(CONTENT_TYPE)
         .is_some_and(|value| value.as_bytes().starts_with(b"text/plain"));
-    let reason = match response.status() {
-        StatusCode::METHOD_NOT_ALLOWED => "JSON-RPC requests are sent with POST",
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
-            "JSON-RPC requests are sent with Content-Type: application/json"
-        }
-        _ => return response,
-    };
     if !plain_text {
         return response;
     }
-    let (parts, _text) = response.into_parts();
-    let mut refusal = refused(parts.status, INVALID, reason.to_owned());
-    if parts.status == StatusCode::METHOD_NOT_ALLOWED {
-        let headers = refusal.headers_mut();
-        headers.insert(ALLOW, HeaderValue::from_static("POST"));
+    let status = response.status();
+    let mut refusal = refused(status, error, reason.to_owned());
+    let headers = refusal.headers_mut();
+    match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            headers.insert(ALLOW, HeaderValue::from_static("POST"));
+        }
+        StatusCode::TOO_MANY_REQUESTS => {
+            headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        _ => {}
     }
     refusal
 }
@@ -129,6 +143,7 @@ pub(crate) fn unreadable_body(error: &dyn std::fmt::Display) -> HttpResponse {
 
 const INVALID: (i32, &str) = (-32600, "Invalid Request");
 const PARSE: (i32, &str) = (-32700, "Parse error");
+const INTERNAL: (i32, &str) = (-32603, "Internal error");
 
 /// A request refused before jsonrpsee read it: `status`, and the JSON-RPC error `code` with
 /// `id: null` (the call is unknown) and a `reason`.
