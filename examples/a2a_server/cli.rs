@@ -25,7 +25,9 @@ usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|option
                          client that never finished its request) are closed and the
                          process exits
 
-environment: AIWG_IDEMPOTENCY_TTL, AIWG_IDEMPOTENCY_MAX_ENTRIES, AIWG_IDEMPOTENCY_CLAIM_LEASE_MS,
+environment: AIWG_IDEMPOTENCY_TTL (seconds), AIWG_IDEMPOTENCY_MAX_ENTRIES,
+             AIWG_IDEMPOTENCY_CLAIM_LEASE_MS, AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS,
+             AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS (milliseconds; see the README),
              RUST_LOG (logs go to stderr)
 ";
 

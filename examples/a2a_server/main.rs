@@ -91,7 +91,9 @@ fn init_logging() {
 
 /// Starts the server, runs it until a signal, and stops it. Errors are startup errors.
 async fn serve(cli: Cli) -> Result<(), String> {
-    // First: the idempotency store creates the database file, with mode 0600, and locks it.
+    // The recorder first: the store reports its size as it opens.
+    let metrics = metrics::install()?;
+    // Then the idempotency store creates the database file, with mode 0600, and locks it.
     let idem = idempotency(&cli).await?;
     let database = idem.database().expect("every mode opens the store");
     let store = TaskStore::open(database)
@@ -107,7 +109,6 @@ async fn serve(cli: Cli) -> Result<(), String> {
         missions.sweep_overdue();
     }
     let mut signals = Signals::new()?;
-    let metrics = metrics::install()?;
     relay::spawn(store, push.clone());
     let (handle, addr) = start(&cli, &idem, Agent::new(missions, push), metrics).await?;
     tracing::info!(%addr, db = %cli.db, mode = ?cli.mode, resumed, "serving");

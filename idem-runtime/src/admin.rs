@@ -31,6 +31,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::message_id::MessageId;
+use crate::store::settings;
 use crate::store::sqlite::{file_lock, purge_watch};
 use crate::store::{is_expired, StoreError, StoreStats};
 
@@ -68,6 +69,8 @@ pub enum EntryState {
 pub struct Admin {
     db: Db,
     ttl_seconds: u64,
+    /// Whether `ttl_seconds` is what the stores recorded (else the configuration's).
+    ttl_recorded: bool,
     clock: Arc<dyn Clock>,
     /// How long a SQLite purge waits for the serving process to confirm it.
     purge_wait: Duration,
@@ -118,21 +121,46 @@ DELETE FROM idempotency_cache WHERE rowid IN (
     SELECT rowid FROM idempotency_cache WHERE inserted_at < $1 - $2 LIMIT $3)";
 
 impl Admin {
-    /// Connects to `target`: a SQLite file that exists, or a `postgres://` URL. The TTL is
-    /// `config`'s (the servers' `AIWG_IDEMPOTENCY_TTL`), for what counts as expired.
+    /// Connects to `target`: a SQLite file that exists, or a `postgres://` URL. What counts
+    /// as expired is the TTL the stores recorded when they opened the database (see
+    /// [`ttl_seconds`](Self::ttl_seconds)); `config`'s only where none did.
     pub async fn open(target: &str, config: &IdempotencyConfig) -> Result<Self, StoreError> {
-        let db = if target.starts_with("postgres://") || target.starts_with("postgresql://") {
-            connect_postgres(target).await?
-        } else {
-            let conn = Arc::new(Mutex::new(open_sqlite(Path::new(target))?));
-            Db::Sqlite(conn, PathBuf::from(target))
-        };
+        let (db, recorded) =
+            if target.starts_with("postgres://") || target.starts_with("postgresql://") {
+                connect_postgres(target).await?
+            } else {
+                let conn = open_sqlite(Path::new(target))?;
+                let recorded = recorded_ttl_sqlite(&conn)?;
+                let conn = Arc::new(Mutex::new(conn));
+                (Db::Sqlite(conn, PathBuf::from(target)), recorded)
+            };
         Ok(Self {
             db,
-            ttl_seconds: config.ttl_seconds,
+            ttl_seconds: recorded.unwrap_or(config.ttl_seconds),
+            ttl_recorded: recorded.is_some(),
             clock: Arc::new(SystemClock),
             purge_wait: PURGE_CONFIRMED_WITHIN,
         })
+    }
+
+    /// The TTL, in seconds, by which this tool counts entries expired, and whether it is the
+    /// one the database's stores recorded (`false`: no store recorded one, and it is the
+    /// configuration's). Entries expire by the serving stores' TTL, not by the shell's.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use idem_runtime::{admin::Admin, store::SqliteStore, IdempotencyConfig};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("a2a.db");
+    /// let serving = IdempotencyConfig::default().with(|c| c.ttl_seconds = 3600);
+    /// let _store = SqliteStore::open(&path, &serving).unwrap();
+    /// let shell = IdempotencyConfig::default().with(|c| c.ttl_seconds = 5);
+    /// let admin = Admin::open(path.to_str().unwrap(), &shell).await.unwrap();
+    /// assert_eq!(admin.ttl_seconds(), (3600, true));
+    /// # }
+    /// ```
+    pub fn ttl_seconds(&self) -> (u64, bool) {
+        (self.ttl_seconds, self.ttl_recorded)
     }
 
     /// A shorter wait for a purge's confirmation, for the tests of its refusal.
@@ -191,19 +219,19 @@ impl Admin {
         Ok(deleted > 0)
     }
 
-    /// Deletes every expired entry (what the servers' sweep would); returns how many.
+    /// Deletes every expired entry (what the servers' sweep would); returns how many. On a
+    /// served SQLite file it returns, as [`purge`](Self::purge) does, once the serving
+    /// process has forgotten what it held in memory.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
         let (now, ttl) = (self.clock.now_seconds() as i64, self.ttl_seconds as i64);
-        let mut total = 0;
+        let (mut total, mut last_generation) = (0, None);
         loop {
             let deleted = match &self.db {
                 Db::Sqlite(conn, _) => {
-                    let params = move |c: &Connection| {
-                        let named =
-                            rusqlite::named_params! {"$1": now, "$2": ttl, "$3": PURGE_CHUNK};
-                        Ok(c.execute(SQLITE_PURGE_EXPIRED, named)? as u64)
-                    };
-                    sqlite(conn, params).await?
+                    let chunk = move |c: &Connection| purge_expired_sqlite(c, now, ttl);
+                    let (deleted, generation) = sqlite(conn, chunk).await?;
+                    last_generation = generation.or(last_generation);
+                    deleted
                 }
                 #[cfg(feature = "postgres")]
                 Db::Postgres(client) => {
@@ -214,9 +242,13 @@ impl Admin {
             };
             total += deleted;
             if deleted < PURGE_CHUNK as u64 {
-                return Ok(total);
+                break;
             }
         }
+        if let (Db::Sqlite(conn, path), Some(generation)) = (&self.db, last_generation) {
+            self.confirmed(conn, path, generation).await?;
+        }
+        Ok(total)
     }
 
     /// Waits until the process serving `path`, if any, has forgotten what it held in memory
@@ -338,6 +370,37 @@ fn purge_sqlite(conn: &Connection, key: &str) -> Result<Option<i64>, StoreError>
     Ok(generation)
 }
 
+/// One chunk of expired rows deleted, and the purge recorded for the serving process where
+/// it deleted any, in one transaction: how many, and the purge's generation.
+fn purge_expired_sqlite(
+    conn: &Connection,
+    now: i64,
+    ttl: i64,
+) -> Result<(u64, Option<i64>), StoreError> {
+    let tx = conn.unchecked_transaction()?;
+    let named = rusqlite::named_params! {"$1": now, "$2": ttl, "$3": PURGE_CHUNK};
+    let deleted = tx.execute(SQLITE_PURGE_EXPIRED, named)? as u64;
+    let generation = match deleted {
+        0 => None,
+        _ => Some(purge_watch::bump(&tx)?),
+    };
+    tx.commit()?;
+    Ok((deleted, generation))
+}
+
+/// The TTL the file's stores recorded, if one did (a file of an earlier version has no table).
+fn recorded_ttl_sqlite(conn: &Connection) -> Result<Option<u64>, StoreError> {
+    let table =
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idempotency_settings'";
+    if !conn.prepare(table)?.exists([])? {
+        return Ok(None);
+    }
+    let ttl = conn
+        .query_row(settings::RECORDED_TTL, [], |row| row.get::<_, i64>(0))
+        .optional()?;
+    Ok(ttl.map(|seconds| seconds.max(0) as u64))
+}
+
 fn read_sqlite(conn: &Connection, key: &str) -> Result<Shown, StoreError> {
     let entry = conn
         .query_row(&sqlite_by_key(ENTRY), [key], |row| {
@@ -374,18 +437,26 @@ fn read_sqlite(conn: &Connection, key: &str) -> Result<Shown, StoreError> {
 }
 
 #[cfg(feature = "postgres")]
-async fn connect_postgres(url: &str) -> Result<Db, StoreError> {
+/// The connection, and the TTL the database's replicas recorded, if one did.
+async fn connect_postgres(url: &str) -> Result<(Db, Option<u64>), StoreError> {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::warn!(%error, "idem-admin: the PostgreSQL connection ended");
         }
     });
-    Ok(Db::Postgres(client))
+    let table = "SELECT to_regclass('idempotency_settings') IS NOT NULL";
+    let has_table: bool = client.query_one(table, &[]).await?.get(0);
+    let recorded = match has_table {
+        true => client.query_opt(settings::RECORDED_TTL, &[]).await?,
+        false => None,
+    };
+    let ttl = recorded.map(|row| row.get::<_, i64>(0).max(0) as u64);
+    Ok((Db::Postgres(client), ttl))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn connect_postgres(_url: &str) -> Result<Db, StoreError> {
+async fn connect_postgres(_url: &str) -> Result<(Db, Option<u64>), StoreError> {
     Err(StoreError::Backend {
         backend: "postgres",
         source: "built without the postgres feature".into(),

@@ -263,12 +263,16 @@ impl IdempotencyCache {
         quiet.is_ok()
     }
 
-    /// Runs [`Store::sweep`] every `interval` until the cache is dropped.
+    /// Runs [`Store::sweep`] every `interval` until the cache is dropped. The store's figures
+    /// are read at once too, so that its gauges do not wait a whole interval for a value.
     pub fn spawn_sweeper(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(interval);
             ticks.tick().await;
+            if let Some(inner) = weak.upgrade() {
+                figures(inner.store.as_ref()).await;
+            }
             loop {
                 ticks.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
@@ -285,13 +289,15 @@ async fn sweep(store: &dyn Store) {
         Ok(deleted) => crate::telemetry::evicted("ttl", deleted),
         Err(e) => tracing::warn!(error = %e, "idempotency cache sweep failed"),
     }
-    let took = started.elapsed();
+    crate::telemetry::swept(started.elapsed());
+    figures(store).await;
+}
+
+/// The store's size, read into its gauges.
+async fn figures(store: &dyn Store) {
     match store.stats().await {
-        Ok(stats) => crate::telemetry::swept(took, Some(&stats)),
-        Err(e) => {
-            tracing::warn!(error = %e, "idempotency cache figures could not be read");
-            crate::telemetry::swept(took, None);
-        }
+        Ok(stats) => crate::telemetry::sized(&stats),
+        Err(e) => tracing::warn!(error = %e, "idempotency cache figures could not be read"),
     }
 }
 

@@ -55,14 +55,16 @@ pub const METRICS: &[Metric] = &[
         kind: "counter",
         labels: &["method", "outcome"],
         help: "Governed calls by outcome: executed, replayed, attached (to a running stream), \
-               collision (422), rejected (see idempotency_rejections_total), store_error",
+               collision (422), rejected (any other refusal, by error name in \
+               idempotency_rejections_total), store_error",
     },
     Metric {
         name: REJECTIONS,
         kind: "counter",
         labels: &["method", "code"],
-        help: "Calls the extension refused, by error name (IDEMPOTENCY_KEY_MALFORMED is the 400, \
-               EXTENSION_SUPPORT_REQUIRED -32008, IDEMPOTENCY_REQUEST_IN_PROGRESS the 409)",
+        help: "Calls the extension refused, by error name, the 422s included (so its sum is \
+               the calls of outcome rejected and collision): IDEMPOTENCY_KEY_MALFORMED is the \
+               400, EXTENSION_SUPPORT_REQUIRED -32008, IDEMPOTENCY_REQUEST_IN_PROGRESS the 409",
     },
     Metric {
         name: WAITS,
@@ -201,13 +203,15 @@ pub(crate) fn evicted(reason: &'static str, count: u64) {
     }
 }
 
-/// Records a sweep's duration and the store's size after it.
-pub(crate) fn swept(took: Duration, stats: Option<&StoreStats>) {
+/// Records a sweep's duration.
+pub(crate) fn swept(took: Duration) {
     histogram!(SWEEP_SECONDS).record(took);
-    if let Some(stats) = stats {
-        gauge!(ENTRIES).set(stats.entries as f64);
-        gauge!(STORED_BYTES).set(stats.bytes as f64);
-    }
+}
+
+/// Records the store's size.
+pub(crate) fn sized(stats: &StoreStats) {
+    gauge!(ENTRIES).set(stats.entries as f64);
+    gauge!(STORED_BYTES).set(stats.bytes as f64);
 }
 
 /// The span a governed call runs in (see the module's documentation).

@@ -27,7 +27,8 @@ commands:
   purge --expired [--yes]   delete every expired entry now, as the servers' sweep would
 Where servers scope keys by principal, --principal NAME names whose key show and purge mean.
 Without --yes, a purge asks for confirmation on the terminal (and is refused elsewhere).
-The TTL is read from AIWG_IDEMPOTENCY_TTL, as the servers read it.
+What counts as expired is the TTL the servers recorded in the database when they opened it;
+AIWG_IDEMPOTENCY_TTL here only where none did (a database of an earlier version).
 ";
 
 /// What the command line asks for.
@@ -57,9 +58,23 @@ async fn main() -> ExitCode {
         Ok(admin) => admin,
         Err(error) => return fail(&format!("cannot open database {db}: {error}")),
     };
+    warn_of_another_ttl(&admin, &config);
     match run(&admin, &db, command).await {
         Ok(code) => code,
         Err(error) => fail(&error.to_string()),
+    }
+}
+
+/// The shell's `AIWG_IDEMPOTENCY_TTL` does not decide what is expired where the servers
+/// recorded theirs: says so where the two differ.
+fn warn_of_another_ttl(admin: &Admin, config: &IdempotencyConfig) {
+    let (ttl, recorded) = admin.ttl_seconds();
+    if recorded && std::env::var_os("AIWG_IDEMPOTENCY_TTL").is_some() && config.ttl_seconds != ttl {
+        eprintln!(
+            "idem-admin: AIWG_IDEMPOTENCY_TTL here is {} s, but the servers of this database \
+             keep entries {ttl} s: expired means past {ttl} s",
+            config.ttl_seconds
+        );
     }
 }
 
@@ -77,7 +92,10 @@ fn parse(args: &[String]) -> Result<(String, Command), String> {
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--db" => db = Some(rest.next().ok_or("--db needs a path or URL")?.clone()),
-            "--principal" => principal = Some(rest.next().ok_or("--principal needs a name")?),
+            "--principal" => {
+                let name = rest.next().filter(|name| !name.is_empty());
+                principal = Some(name.ok_or("--principal needs a name")?);
+            }
             flag if flag.starts_with("--") => flags.push(flag),
             word => words.push(word),
         }
@@ -85,7 +103,8 @@ fn parse(args: &[String]) -> Result<(String, Command), String> {
     let db = db.ok_or("--db PATH|URL is required")?;
     let flag = |name: &str| flags.contains(&name);
     let key = |word: &str| {
-        let id = MessageId::parse_str(word).map_err(|e| format!("{word:?}: {e}"))?;
+        let id = MessageId::parse_str(word)
+            .map_err(|e| format!("{word:?} is not a messageId the servers accept ({e})"))?;
         Ok::<_, String>(principal.map_or_else(|| id.clone(), |p| id.for_principal(p)))
     };
     let command = match (words.as_slice(), flags.as_slice()) {
@@ -105,6 +124,13 @@ fn parse(args: &[String]) -> Result<(String, Command), String> {
         }
         _ => return Err(format!("cannot read the command {:?}", args.join(" "))),
     };
+    if principal.is_some() && matches!(command, Command::Stats | Command::PurgeExpired { .. }) {
+        return Err(
+            "--principal names whose key show and purge mean: stats and purge \
+                    --expired cover every principal"
+                .into(),
+        );
+    }
     Ok((db, command))
 }
 
@@ -112,7 +138,7 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
     let error = |e: idem::store::StoreError| e.to_string();
     match command {
         Command::Stats => {
-            print_stats(&admin.stats().await.map_err(error)?);
+            print_stats(&admin.stats().await.map_err(error)?, admin.ttl_seconds());
             Ok(ExitCode::SUCCESS)
         }
         Command::Show { key, body } => match admin.show(&key).await.map_err(error)? {
@@ -185,7 +211,12 @@ fn confirmed(yes: bool, what: &str) -> Result<bool, String> {
     Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
 }
 
-fn print_stats(stats: &StoreStats) {
+fn print_stats(stats: &StoreStats, (ttl, recorded): (u64, bool)) {
+    let source = match recorded {
+        true => "as the servers recorded it",
+        false => "AIWG_IDEMPOTENCY_TTL here: no server recorded one",
+    };
+    println!("ttl                  {ttl} s ({source})");
     println!("entries              {}", stats.entries);
     println!("bytes                {}", stats.bytes);
     println!("expired (unswept)    {}", stats.expired);

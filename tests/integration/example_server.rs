@@ -34,6 +34,27 @@ fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
     stderr
 }
 
+/// `--help` names every variable the configuration reads (it named 3 of the 5).
+#[test]
+fn help_names_every_configuration_variable() {
+    let output = Command::new(example_binary("a2a_server"))
+        .arg("--help")
+        .output()
+        .expect("run the example server");
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    use idem::config::*;
+    for name in [
+        TTL_ENV,
+        MAX_ENTRIES_ENV,
+        CLAIM_LEASE_ENV,
+        SWEEP_INTERVAL_ENV,
+        IN_FLIGHT_WAIT_ENV,
+    ] {
+        assert!(help.contains(name), "{name} in:\n{help}");
+    }
+}
+
 #[test]
 fn an_unknown_flag_exits_2_naming_it() {
     let stderr = refused(&["--bogus"], &[]);

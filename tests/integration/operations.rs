@@ -227,6 +227,25 @@ async fn evictions_are_counted_by_reason() {
     assert_eq!(m.get("idempotency_entries", &[]), 0.0, "{}", m.0);
 }
 
+/// The store's size is in its gauges as soon as the server serves, not a sweep (60 s by
+/// default) later: before, a restarted server showed none for its first minute.
+#[tokio::test]
+async fn the_size_gauges_hold_the_store_s_figures_from_the_start() {
+    let mut server = ServerProcess::start(&[]);
+    for _ in 0..2 {
+        let sent = post_activated(&server.url, send_body(&new_id(), "x")).await;
+        assert_eq!(sent.status, 200, "{}", sent.describe());
+    }
+    let url = server.restart();
+    let m = eventually(&url, "the size gauges, without a sweep", |m| {
+        let sampled = |name: &str| m.0.lines().any(|line| line.starts_with(name));
+        sampled("idempotency_entries ") && sampled("idempotency_stored_bytes ")
+    })
+    .await;
+    assert_eq!(m.get("idempotency_entries", &[]), 2.0, "{}", m.0);
+    assert!(m.get("idempotency_stored_bytes", &[]) > 0.0, "{}", m.0);
+}
+
 /// The deepest params the guard accepts (`MAX_DEPTH`: 127 levels, serde_json's own limit)
 /// run, and the task they leave, whose history nests the message one level deeper, is read
 /// and completes; one level more is the 400 that names the limit, not jsonrpsee's -32602.
@@ -345,15 +364,46 @@ async fn the_admin_tool_reads_and_purges_a_database_while_it_is_served() {
     assert!(replayed.replayed());
     assert_eq!(replayed.body, again.body);
 
-    // With the TTL at 1 s, both are expired two seconds on.
+    // What is expired is by the servers' TTL, recorded in the database, not by the shell's:
+    // with the shell's at 1 s, the live entries stay (before, both went, and ran again).
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let ttl = [("AIWG_IDEMPOTENCY_TTL", "1")];
-    let expired = admin(&["--db", &db, "purge", "--expired", "--yes"], &ttl);
+    let shell_ttl = [("AIWG_IDEMPOTENCY_TTL", "1")];
+    let kept_live = admin(&["--db", &db, "purge", "--expired", "--yes"], &shell_ttl);
+    assert!(kept_live.status.success(), "{kept_live:?}");
+    let said = String::from_utf8_lossy(&kept_live.stderr);
+    assert!(said.contains("keep entries 86400 s"), "{said}");
+    assert!(stdout(&kept_live).contains("purged 0 expired entries"));
+    assert!(post_activated(&url, send_body(&kept, "kept"))
+        .await
+        .replayed());
+
+    // A server that keeps entries 1 s records it: two seconds on, both are expired, and the
+    // purge returns once the serving process has forgotten what it held.
+    server.kill();
+    let env = [
+        ("AIWG_IDEMPOTENCY_TTL", "1"),
+        ("AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS", "3600000"),
+    ];
+    let _short = ServerProcess::start_on(Some(&db), &[], &env);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let stats = stdout(&admin(&["--db", &db, "stats"], &[]));
+    assert!(
+        stats.contains("ttl                  1 s (as the servers recorded it)"),
+        "{stats}"
+    );
+    let expired = admin(&["--db", &db, "purge", "--expired", "--yes"], &[]);
     assert!(expired.status.success(), "{expired:?}");
     assert!(
         stdout(&expired).contains("purged 2 expired entries"),
         "{expired:?}"
     );
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let (generation, seen): (i64, i64) = conn
+        .query_row("SELECT generation, seen FROM idempotency_purges", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(generation, seen, "the serving process confirmed the purge");
     assert!(stdout(&admin(&["--db", &db, "stats"], &[])).contains("entries              0"));
 }
 
@@ -378,6 +428,7 @@ async fn a_purge_of_a_key_whose_stream_is_being_recorded_says_so() {
 
 #[test]
 fn the_admin_tool_refuses_a_missing_file_and_a_bad_command() {
+    let key = new_id();
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("none.db").display().to_string();
     let output = admin(&["--db", &missing, "stats"], &[]);
@@ -387,8 +438,30 @@ fn the_admin_tool_refuses_a_missing_file_and_a_bad_command() {
         !dir.path().join("none.db").exists(),
         "never creates a database"
     );
-    let output = admin(&["--db", &missing, "show", "not-a-uuid"], &[]);
-    assert_eq!(output.status.code(), Some(2));
+    let refusals = [
+        (
+            vec!["show", "not-a-uuid"],
+            "\"not-a-uuid\" is not a messageId",
+        ),
+        (
+            vec!["--principal", "", "show", &key],
+            "--principal needs a name",
+        ),
+        (
+            vec!["--principal", "bob", "stats"],
+            "stats and purge --expired cover every",
+        ),
+        (
+            vec!["--principal", "bob", "purge", "--expired", "--yes"],
+            "stats and purge --expired cover every",
+        ),
+    ];
+    for (args, said) in refusals {
+        let output = admin(&[&["--db", &missing][..], &args].concat(), &[]);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+    }
 }
 
 #[tokio::test]

@@ -17,6 +17,7 @@
 pub(crate) mod database;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+pub(crate) mod settings;
 pub(crate) mod sqlite;
 pub(crate) mod stats;
 // The suite runs every test on both backends.

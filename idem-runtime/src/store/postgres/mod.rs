@@ -36,6 +36,7 @@ use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::postgres::listener::{Listener, CHANNEL};
 use crate::store::postgres::renewer::Renewer;
+use crate::store::settings;
 use crate::store::{
     is_expired, stored_hash, Acquired, Elsewhere, Entry, EntryRow, Found, Lease, OpenStream,
     OpenStreamRow, ReadJob, Store, StoreError, StoreStats,
@@ -181,7 +182,7 @@ impl PostgresStore {
     ) -> Result<Self, StoreError> {
         let lease = config.claim_lease;
         let pool = pool_of(&options, options.pool_size, lease)?;
-        create_schema(&pool).await?;
+        create_schema(&pool, config.ttl_seconds).await?;
         let listen: tokio_postgres::Config = match &options.listen_url {
             Some(url) => url.parse()?,
             None => options.url.parse()?,
@@ -776,12 +777,16 @@ fn pool_of(options: &PostgresOptions, size: usize, lease: Duration) -> Result<Po
         })
 }
 
-async fn create_schema(pool: &Pool) -> Result<(), StoreError> {
+/// The tables, and this replica's TTL recorded for the operator's tool.
+async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), StoreError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .await?;
     tx.batch_execute(SCHEMA).await?;
+    tx.batch_execute(settings::TABLE).await?;
+    let ttl = settings::stored(ttl_seconds);
+    tx.execute(settings::RECORD_TTL, &[&ttl]).await?;
     tx.commit().await?;
     Ok(())
 }

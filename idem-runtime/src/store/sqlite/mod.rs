@@ -32,6 +32,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::hash::Spelling;
 use crate::message_id::MessageId;
+use crate::store::settings;
 use crate::store::sqlite::checkpointer::{Checkpointer, Restart};
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::file_lock::ServingLock;
@@ -137,6 +138,9 @@ impl SqliteStore {
         let lock = ServingLock::acquire(&path)?;
         let conn = connect(&path)?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(settings::TABLE)?;
+        let ttl = settings::stored(config.ttl_seconds);
+        conn.execute(settings::RECORD_TTL, rusqlite::named_params! {"$1": ttl})?;
         purge_watch::prepare(&conn)?;
         // The checkpointer's thread copies the log back; the writer only when asked to start it
         // over (see there).

@@ -1,0 +1,28 @@
+//! What the serving stores record of their configuration in the database, for the operator's
+//! tool: the TTL they keep entries for. The admin tool runs in another shell, whose
+//! `AIWG_IDEMPOTENCY_TTL` may differ from the servers' (a review purged live entries "as
+//! expired" with `AIWG_IDEMPOTENCY_TTL=5` in the operator's shell, and their keys executed
+//! again). So each store records its TTL when it opens the database, and the tool counts
+//! what is expired by that (`admin.rs`). Several replicas on one database serve with one TTL;
+//! the last to open records it.
+
+/// The table, in both backends.
+pub(crate) const TABLE: &str = "
+CREATE TABLE IF NOT EXISTS idempotency_settings (
+    name  TEXT NOT NULL PRIMARY KEY,
+    value BIGINT NOT NULL
+);";
+
+/// Records the TTL, `$1`, in seconds (run after [`TABLE`]).
+pub(crate) const RECORD_TTL: &str = "
+INSERT INTO idempotency_settings (name, value) VALUES ('ttl_seconds', $1)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+
+/// The TTL the stores recorded, if one did.
+pub(crate) const RECORDED_TTL: &str =
+    "SELECT value FROM idempotency_settings WHERE name = 'ttl_seconds'";
+
+/// A TTL as the table holds it: seconds, at most `i64::MAX` (the configuration refuses more).
+pub(crate) fn stored(ttl_seconds: u64) -> i64 {
+    i64::try_from(ttl_seconds).unwrap_or(i64::MAX)
+}
