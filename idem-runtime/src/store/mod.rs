@@ -486,6 +486,18 @@ pub enum StoreError {
         pid: String,
     },
     #[error(
+        "database file {} is served by another process under another name (it was renamed or \
+         moved while served, and SQLite names the file's log after the name it was opened \
+         by); stop that process before serving the file again",
+        path.display()
+    )]
+    /// Another live process serves the database file under the name it had (it holds the
+    /// file's own lock).
+    ServedElsewhere {
+        /// The database file.
+        path: PathBuf,
+    },
+    #[error(
         "database file {} has {links} names (hard links): SQLite names the file's log after \
          the name it is opened by, so each name would get a log of its own over one file, and \
          a process of its own; give the database one name",
@@ -544,6 +556,7 @@ impl StoreError {
             Self::Commit(_) => "commit",
             Self::Write(_) => "write",
             Self::InUse { .. } => "in_use",
+            Self::ServedElsewhere { .. } => "served_elsewhere",
             Self::HardLinked { .. } => "hard_linked",
             Self::Vanished(_) => "vanished",
             Self::PurgeUnconfirmed { .. } => "purge_unconfirmed",

@@ -8,7 +8,12 @@
 //! The lock is the file's, not the name's: it sits beside the file that the name resolves to,
 //! symlinks and `..` followed (as SQLite follows them to name the log), so a second process
 //! that names the file another way is refused too. A file with two names (a hard link) is
-//! refused outright: SQLite would keep a log per name over one file.
+//! refused outright: SQLite would keep a log per name over one file. And the database file
+//! itself is locked as well (on Unix, with `flock`, which SQLite's own `fcntl` locks do not
+//! see): a file renamed while served keeps that lock, so a second process on its new name,
+//! whose lock file is another, is refused too. The serving process no longer commits once its
+//! path names another file (`file_identity.rs`); the second one would have opened the file
+//! without the log its name no longer matches, and served it without the commits in there.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
@@ -17,9 +22,12 @@ use std::time::Duration;
 
 use crate::store::StoreError;
 
-/// Held while a store serves its database file; dropping it releases the lock.
+/// Held while a store serves its database file; dropping it releases the lock. Dropped after
+/// the store's connections are closed: closing a descriptor of the database file releases
+/// the process's `fcntl` locks on it, SQLite's included.
 pub(crate) struct ServingLock {
     _file: File,
+    _database: Option<File>,
 }
 
 impl ServingLock {
@@ -51,11 +59,35 @@ impl ServingLock {
                 Err(TryLockError::Error(e)) => return Err(e.into()),
             }
         }
+        let database = lock_database(database)?;
         file.set_len(0)?;
         file.rewind()?;
         writeln!(file, "{}", std::process::id())?;
-        Ok(Self { _file: file })
+        Ok(Self {
+            _file: file,
+            _database: database,
+        })
     }
+}
+
+/// The database file's own lock, or the refusal of a file another process serves under
+/// another name.
+#[cfg(unix)]
+fn lock_database(database: &Path) -> Result<Option<File>, StoreError> {
+    let file = File::open(database)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(TryLockError::WouldBlock) => Err(StoreError::ServedElsewhere {
+            path: database.to_path_buf(),
+        }),
+        Err(TryLockError::Error(e)) => Err(e.into()),
+    }
+}
+
+/// None where locks are mandatory (Windows): SQLite could not read a file locked so.
+#[cfg(not(unix))]
+fn lock_database(_database: &Path) -> Result<Option<File>, StoreError> {
+    Ok(None)
 }
 
 /// How often, and how long apart, a server tries again a lock an admin's probe may hold.

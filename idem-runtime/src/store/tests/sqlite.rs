@@ -165,6 +165,30 @@ async fn a_second_store_on_the_same_file_is_refused_until_the_first_closes() {
     SqliteStore::open(&fx.path, &config(60, 10)).expect("free once the first closed");
 }
 
+/// A file renamed while served keeps its lock: a store on its new name (whose lock file is
+/// another) is refused, where before it opened the file without the log its name no longer
+/// matched. Free again once the first store closed.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_served_file_renamed_is_refused_under_its_new_name() {
+    let fx = Fixture::sqlite();
+    let first = SqliteStore::open(&fx.path, &config(60, 10)).unwrap();
+    let renamed = fx.path.with_file_name("renamed.db");
+    std::fs::rename(&fx.path, &renamed).unwrap();
+    let refused = SqliteStore::open(&renamed, &config(60, 10)).err();
+    let Some(crate::store::StoreError::ServedElsewhere { path }) = &refused else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(path, &renamed);
+    let message = refused.unwrap().to_string();
+    assert!(
+        message.contains("renamed or moved while served"),
+        "{message}"
+    );
+    first.close();
+    SqliteStore::open(&renamed, &config(60, 10)).expect("free once the first closed");
+}
+
 /// The lock is the file's, not the name's: a symlink to a served file, or a path through
 /// `..`, is refused like its own name; a file with a second name (a hard link) is refused even
 /// alone, since SQLite would keep one log per name over it. Before, a second server on a
