@@ -562,7 +562,7 @@ async fn batch_entries_each_get_their_own_answer() {
     );
     let reply = post_activated(&server.url, batch).await;
     assert_eq!(reply.status, 200, "a batch keeps HTTP 200");
-    assert!(!reply.replayed(), "no Idempotent-Replayed on a batch");
+    assert!(!reply.replayed(), "not every answer is a replay");
     assert!(reply.echoes_extension());
     let by_id = |id: u64| reply.batch_answer(id);
     assert_eq!(by_id(10)["result"]["echo"], "a", "replayed entry");
@@ -572,6 +572,30 @@ async fn batch_entries_each_get_their_own_answer() {
     assert_eq!(by_id(13)["error"]["code"], -32422);
     assert_eq!(by_id(14)["result"], 2);
     assert_eq!(server.executions(), 2);
+
+    // A batch whose every answer is a replay was served from the cache as a whole (spec
+    // §4.3): it says so. One answer that is not (executed, refused, ungoverned) and it does not.
+    let replays = format!("[{}, {}]", send(20, &a, "a"), send(21, &b, "b"));
+    let whole = post_activated(&server.url, replays).await;
+    assert!(whole.replayed(), "{}", whole.describe());
+    assert_eq!(whole.batch_answer(21)["result"]["echo"], "b");
+    let notification = r#"{"jsonrpc":"2.0","method":"tasks/get"}"#;
+    let with_notification = format!("[{}, {notification}]", send(22, &a, "a"));
+    assert!(post_activated(&server.url, with_notification)
+        .await
+        .replayed());
+    for partly in [
+        format!("[{}, {}]", send(30, &a, "a"), send(31, &new_id(), "new")),
+        format!("[{}, {}]", send(32, &a, "a"), send(33, "not-a-uuid", "c")),
+        format!(
+            r#"[{}, {{"jsonrpc":"2.0","id":34,"method":"tasks/get"}}]"#,
+            send(35, &a, "a")
+        ),
+    ] {
+        let reply = post_activated(&server.url, partly.clone()).await;
+        assert!(!reply.replayed(), "{partly}: {}", reply.describe());
+    }
+    assert_eq!(server.executions(), 3);
 }
 
 #[tokio::test]

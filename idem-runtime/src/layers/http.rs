@@ -287,6 +287,11 @@ fn sse_response(source: StreamSource) -> HttpResponse<HttpBody> {
 
 /// Sets status and headers from what happened to the request's governed calls.
 fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
+    if scope.replayed_whole_batch() && scope.caller().mark_replays {
+        let replayed = HeaderValue::from_static("true");
+        response.headers_mut().insert(IDEMPOTENT_REPLAYED, replayed);
+        return;
+    }
     match scope.single_outcome() {
         Some(Outcome::Replayed | Outcome::Attached) if scope.caller().mark_replays => {
             response

@@ -102,12 +102,17 @@ where
     }
 
     fn batch<'a>(&self, mut batch: Batch<'a>) -> impl Future<Output = MethodResponse> + Send + 'a {
+        // Every entry is answered but a notification.
+        let notifications = batch
+            .iter()
+            .filter(|e| matches!(e, Ok(BatchEntry::Notification(_))));
+        let answers = batch.len() - notifications.count();
         for entry in batch.iter_mut() {
             let Ok(BatchEntry::Call(request)) = entry else {
                 continue;
             };
             if let Some(scope) = request.extensions().get::<HttpScope>() {
-                scope.mark_batch();
+                scope.mark_batch(answers);
             }
             if let Err(error) = self.admit(request, false) {
                 *entry = Err(BatchEntryErr::new(request.id.clone().into_owned(), error));

@@ -45,7 +45,8 @@ struct ScopeInner {
 
 #[derive(Default)]
 struct ScopeState {
-    batch: bool,
+    /// For a batch, how many answers it gets (its calls and the entries refused as they are).
+    batch: Option<usize>,
     outcomes: Vec<Outcome>,
     stream: Option<StreamSource>,
 }
@@ -96,12 +97,13 @@ impl HttpScope {
         self.lock().outcomes.push(outcome);
     }
 
-    pub(crate) fn mark_batch(&self) {
-        self.lock().batch = true;
+    /// Marks the request a batch of `answers` answers.
+    pub(crate) fn mark_batch(&self, answers: usize) {
+        self.lock().batch = Some(answers);
     }
 
     pub(crate) fn is_batch(&self) -> bool {
-        self.lock().batch
+        self.lock().batch.is_some()
     }
 
     pub(crate) fn set_stream(&self, recording: Arc<Recording>, reframe_for: Option<Id<'static>>) {
@@ -119,9 +121,17 @@ impl HttpScope {
     pub(crate) fn single_outcome(&self) -> Option<Outcome> {
         let state = self.lock();
         match (state.batch, state.outcomes.as_slice()) {
-            (false, [one]) => Some(*one),
+            (None, [one]) => Some(*one),
             _ => None,
         }
+    }
+
+    /// Whether the request is a batch whose every answer was a replay: a response served
+    /// from the cache as a whole (spec §4.3), where one answer that is not makes it not.
+    pub(crate) fn replayed_whole_batch(&self) -> bool {
+        let state = self.lock();
+        let replayed = state.outcomes.iter().all(|o| *o == Outcome::Replayed);
+        state.batch == Some(state.outcomes.len()) && !state.outcomes.is_empty() && replayed
     }
 }
 
