@@ -123,14 +123,14 @@ fn whole_number(value: &Value) -> Option<u64> {
 #[derive(Clone)]
 pub struct Missions {
     store: TaskStore,
-    /// The changes of one task take turns (`task_locks.rs`).
-    turns: TaskLocks,
+    /// Continuations of one task take turns (`task_locks.rs`).
+    continuing: TaskLocks,
 }
 
 impl Missions {
     pub fn new(store: TaskStore) -> Self {
-        let turns = TaskLocks::default();
-        Self { store, turns }
+        let continuing = TaskLocks::default();
+        Self { store, continuing }
     }
 
     /// Assigns a mission, or continues the task the message names; the task and its event
@@ -268,10 +268,8 @@ impl Missions {
         self.store.get(task_id).await
     }
 
-    /// Cancels a working task; a terminal one is -32002. In the task's turn: a message that
-    /// continues it meanwhile reads it canceled (-32004), instead of failing its write.
+    /// Cancels a working task; a terminal one is -32002.
     pub async fn cancel(&self, task_id: String) -> RpcResult<Task> {
-        let _turn = self.turns.turn(&task_id).await;
         self.store
             .update(task_id, |task| {
                 if task.state.is_terminal() {
@@ -325,7 +323,7 @@ impl Missions {
         task_id: String,
         message: Message,
     ) -> RpcResult<(Task, u64)> {
-        let turn = self.turns.turn(&task_id).await;
+        let turn = self.continuing.turn(&task_id).await;
         unit.after_commit(move || drop(turn))?;
         let loaded = self.store.load(task_id).await?;
         let mut task = loaded.task.clone();
@@ -403,7 +401,6 @@ impl Missions {
 
     /// Completes a mission that is still working (one canceled meanwhile stays canceled).
     async fn complete(&self, task_id: String) -> RpcResult<Task> {
-        let _turn = self.turns.turn(&task_id).await;
         self.store
             .update(task_id, |task| {
                 if task.state != TaskState::Working {

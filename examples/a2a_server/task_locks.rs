@@ -1,9 +1,9 @@
-//! One change at a time per task, in this process. A message that continues a task reads it,
+//! One message at a time per task, in this process. A message that continues a task reads it,
 //! appends itself, and stages the change, applied only if the row is unchanged when its unit
 //! of work commits. Two such messages at once both read the same row and one of them fails
 //! (uncached, so its retry runs): 13 of 16 concurrent continuations of one task did. Holding
 //! the task's lock from the read until the unit has committed (or was dropped) makes them
-//! take turns instead; a cancel and a mission's completion take the task's turn too. Replicas on a shared database do not share these locks: there the
+//! take turns instead. Replicas on a shared database do not share these locks: there the
 //! check on the row stays the guarantee, and a conflict fails the later call, uncached.
 
 use std::collections::HashMap;
