@@ -18,6 +18,8 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
+#[cfg(unix)]
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::store::StoreError;
@@ -27,7 +29,28 @@ use crate::store::StoreError;
 /// the process's `fcntl` locks on it, SQLite's included.
 pub(crate) struct ServingLock {
     _file: File,
-    _database: Option<File>,
+    _database: Option<DatabaseLock>,
+}
+
+/// The database file's own lock, and its place among the files this process serves.
+struct DatabaseLock {
+    _file: File,
+    /// (device, inode).
+    id: (u64, u64),
+}
+
+/// The database files this process serves, by (device, inode). A second store of this process
+/// on one (by another name) is refused before the file is opened: closing a descriptor of it
+/// would drop the first store's SQLite locks (a review).
+#[cfg(unix)]
+static SERVED: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+#[cfg(unix)]
+impl Drop for DatabaseLock {
+    fn drop(&mut self) {
+        let mut served = SERVED.lock().expect("served files lock");
+        served.retain(|id| *id != self.id);
+    }
 }
 
 impl ServingLock {
@@ -73,20 +96,32 @@ impl ServingLock {
 /// The database file's own lock, or the refusal of a file another process serves under
 /// another name.
 #[cfg(unix)]
-fn lock_database(database: &Path) -> Result<Option<File>, StoreError> {
+fn lock_database(database: &Path) -> Result<Option<DatabaseLock>, StoreError> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(database)?;
+    let id = (metadata.dev(), metadata.ino());
+    let elsewhere = || StoreError::ServedElsewhere {
+        path: database.to_path_buf(),
+    };
+    let mut served = SERVED.lock().expect("served files lock");
+    if served.contains(&id) {
+        return Err(elsewhere());
+    }
     let file = File::open(database)?;
     match file.try_lock() {
-        Ok(()) => Ok(Some(file)),
-        Err(TryLockError::WouldBlock) => Err(StoreError::ServedElsewhere {
-            path: database.to_path_buf(),
-        }),
+        Ok(()) => {
+            served.push(id);
+            Ok(Some(DatabaseLock { _file: file, id }))
+        }
+        // Another process's: this one holds no lock on the file that closing could drop.
+        Err(TryLockError::WouldBlock) => Err(elsewhere()),
         Err(TryLockError::Error(e)) => Err(e.into()),
     }
 }
 
 /// None where locks are mandatory (Windows): SQLite could not read a file locked so.
 #[cfg(not(unix))]
-fn lock_database(_database: &Path) -> Result<Option<File>, StoreError> {
+fn lock_database(_database: &Path) -> Result<Option<DatabaseLock>, StoreError> {
     Ok(None)
 }
 

@@ -175,7 +175,11 @@ async fn a_served_file_renamed_is_refused_under_its_new_name() {
     let first = SqliteStore::open(&fx.path, &config(60, 10)).unwrap();
     let renamed = fx.path.with_file_name("renamed.db");
     std::fs::rename(&fx.path, &renamed).unwrap();
+    let held = sqlite_locks_on(&renamed);
     let refused = SqliteStore::open(&renamed, &config(60, 10)).err();
+    // Refused in this process without a descriptor of the file closed, which would have
+    // dropped the first store's `fcntl` locks on it.
+    assert_eq!(sqlite_locks_on(&renamed), held, "the first store's locks");
     let Some(crate::store::StoreError::ServedElsewhere { path }) = &refused else {
         panic!("{refused:?}");
     };
@@ -187,6 +191,23 @@ async fn a_served_file_renamed_is_refused_under_its_new_name() {
     );
     first.close();
     SqliteStore::open(&renamed, &config(60, 10)).expect("free once the first closed");
+}
+
+/// This process's `fcntl` locks on `file`, as /proc/locks lists them (SQLite's).
+#[cfg(unix)]
+fn sqlite_locks_on(file: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = format!(":{}", std::fs::metadata(file).unwrap().ino());
+    let pid = std::process::id().to_string();
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    let ours = locks.lines().filter(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.get(1) == Some(&"POSIX")
+            && fields.get(4) == Some(&pid.as_str())
+            && fields.get(5).is_some_and(|id| id.ends_with(&inode))
+    });
+    ours.map(|line| line.split_once(' ').map_or(line, |(_, l)| l).to_owned())
+        .collect()
 }
 
 /// The lock is the file's, not the name's: a symlink to a served file, or a path through
