@@ -1,6 +1,6 @@
 //! What is answered in front of jsonrpsee, which answers POST only: `GET` of the AgentCard
-//! and of `/metrics` (and the 405 of any other method there, which names `GET` as well as
-//! jsonrpsee's `POST`), a request for an A2A version the agent does not speak (`version.rs`),
+//! and of `/metrics` (HEAD too, and the 405 of any other method there, which names `GET` and
+//! `HEAD` as well as jsonrpsee's `POST`), a request for an A2A version the agent does not speak (`version.rs`),
 //! and a body in a content coding (jsonrpsee reads bodies as sent, so a gzip body was a -32700
 //! Parse error; RFC 9110 §15.5.16 makes it a 415). Everything else passes through. Its
 //! answers echo the activation as the idempotency layer's own do, by that layer's rule.
@@ -89,9 +89,11 @@ impl FrontLayer {
     fn answer<B>(&self, request: &http::Request<B>) -> Option<HttpResponse> {
         let path = request.uri().path();
         let served_here = path == CARD_PATH || path == METRICS_PATH;
+        // HEAD is GET without the body (RFC 9110 §9.3.2), which hyper leaves out.
+        let get = matches!(*request.method(), Method::GET | Method::HEAD);
         match request.method() {
-            &Method::GET if path == CARD_PATH => Some(response(self.card.to_string(), JSON)),
-            &Method::GET if path == METRICS_PATH => {
+            _ if get && path == CARD_PATH => Some(response(self.card.to_string(), JSON)),
+            _ if get && path == METRICS_PATH => {
                 Some(response(self.metrics.render(), PROMETHEUS_TEXT))
             }
             // POST is JSON-RPC on every path, these two included.
@@ -143,9 +145,9 @@ fn unsupported_coding(coding: &str) -> HttpResponse {
 
 /// 405 of `method` on a path served here, naming the methods it has (RFC 9110 §15.5.6).
 fn not_allowed(method: &Method) -> HttpResponse {
-    let data = json!({"reason": "this path answers GET, and JSON-RPC over POST", "method": method.as_str()});
+    let data = json!({"reason": "this path answers GET (and HEAD), and JSON-RPC over POST", "method": method.as_str()});
     let mut response = invalid_request(StatusCode::METHOD_NOT_ALLOWED, data);
-    let allowed = HeaderValue::from_static("GET, POST");
+    let allowed = HeaderValue::from_static("GET, HEAD, POST");
     response.headers_mut().insert(ALLOW, allowed);
     response
 }

@@ -3,8 +3,13 @@
 //! of work commits. Two such messages at once both read the same row and one of them fails
 //! (uncached, so its retry runs): 13 of 16 concurrent continuations of one task did. Holding
 //! the task's lock from the read until the unit has committed (or was dropped) makes them
-//! take turns instead. Replicas on a shared database do not share these locks: there the
-//! check on the row stays the guarantee, and a conflict fails the later call, uncached.
+//! take turns instead, each until it commits (its `delayMs` included, so they are answered
+//! one after another). A cancel and a mission's completion take no turn: they read and write
+//! in one transaction of the store's writer, and must not wait behind a held-back answer (a
+//! review saw a completion 5 s past its deadline when they did); a continuation they overtake
+//! fails, uncached, and its retry reads the task as they left it. Replicas on a shared
+//! database do not share these locks: there the check on the row stays the guarantee, and a
+//! conflict fails the later call, uncached.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};

@@ -104,13 +104,13 @@ pub const METRICS: &[Metric] = &[
         name: ENTRIES,
         kind: "gauge",
         labels: &[],
-        help: "Entries the store holds, read after each sweep",
+        help: "Entries the store holds, read when the sweeper starts and after each sweep",
     },
     Metric {
         name: STORED_BYTES,
         kind: "gauge",
         labels: &[],
-        help: "Bytes of stored response bodies, read after each sweep",
+        help: "Bytes of stored response bodies, read when the sweeper starts and after each sweep",
     },
     Metric {
         name: CLAIM_SECONDS,

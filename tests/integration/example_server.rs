@@ -291,11 +291,11 @@ async fn a_body_in_a_content_coding_gets_415_and_identity_is_read() {
     assert_eq!(served.status, 200, "{}", served.describe());
 }
 
-/// The card's and the metrics' paths answer GET, and POST as JSON-RPC on every path: any
-/// other method there gets a JSON-RPC 405 that names both (before, jsonrpsee's `Allow: POST`
-/// left GET out), echoing the activation.
+/// The card's and the metrics' paths answer GET and HEAD, and POST as JSON-RPC on every path:
+/// any other method there gets a JSON-RPC 405 that names them (before, jsonrpsee's `Allow:
+/// POST` left GET out), echoing the activation.
 #[tokio::test]
-async fn another_method_on_a_get_path_gets_405_naming_get_and_post() {
+async fn another_method_on_a_get_path_gets_405_naming_get_head_and_post() {
     let server = ServerProcess::start(&[]);
     let http = reqwest::Client::new();
     let base = server.url.trim_end_matches('/');
@@ -303,6 +303,14 @@ async fn another_method_on_a_get_path_gets_405_naming_get_and_post() {
         let url = format!("{base}{path}");
         let got = http.get(&url).send().await.unwrap();
         assert_eq!(got.status(), 200, "GET {path}");
+        let content_type = got.headers()["content-type"].clone();
+        let head = http.head(&url).send().await.unwrap();
+        assert_eq!(head.status(), 200, "HEAD {path}");
+        assert_eq!(head.headers()["content-type"], content_type, "HEAD {path}");
+        assert!(
+            head.bytes().await.unwrap().is_empty(),
+            "HEAD {path}: no body"
+        );
         for method in [reqwest::Method::PUT, reqwest::Method::DELETE] {
             let refused = http
                 .request(method.clone(), &url)
@@ -310,7 +318,7 @@ async fn another_method_on_a_get_path_gets_405_naming_get_and_post() {
             let refused = refused.send().await.unwrap();
             assert_eq!(refused.status(), 405, "{method} {path}");
             let headers = refused.headers().clone();
-            assert_eq!(headers["allow"], "GET, POST", "{method} {path}");
+            assert_eq!(headers["allow"], "GET, HEAD, POST", "{method} {path}");
             assert_eq!(headers["a2a-extensions"], URI, "{method} {path}");
             let error: Value = refused.json().await.unwrap();
             assert_eq!(error["error"]["code"], -32600, "{error}");
