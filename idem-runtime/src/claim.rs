@@ -99,7 +99,7 @@ impl Waited {
 
 /// The outcome of a claim.
 pub enum Claim {
-    /// The key is ours: run the call, then [`Ticket::complete`].
+    /// The key is ours: run the call, then [`Ticket::complete_with`].
     Execute(Ticket),
     /// A live entry holds the key (it may answer another hash or method: the caller decides).
     Cached(Arc<Entry>),
@@ -328,8 +328,9 @@ impl Ticket {
         self.complete_with(response, Vec::new()).await
     }
 
-    /// Like [`complete`](Self::complete), committing the call's staged `writes` in the same
-    /// transaction: both are stored or neither is. Returns the entry as stored.
+    /// Stores the outcome durably with the call's staged `writes`, in one transaction (both
+    /// are stored or neither is), then releases the key and hands the entry to the waiters.
+    /// Returns the entry as stored, only after it is committed.
     pub async fn complete_with(
         mut self,
         response: StoredResponse,

@@ -18,12 +18,13 @@
 //! exact size, so an ordinary answer costs nothing here), and only then is the request parsed.
 //! The call of an id jsonrpsee cannot read never ran: the error says so.
 //!
-//! And for requests whose bodies it never reads: jsonrpsee refuses a method other than POST
-//! (405) and a content type other than JSON (415) in plain text; the refusal keeps its status
-//! and becomes a -32600 whose `data` says what to send, and a 405 names the one method
-//! allowed (`Allow`, which RFC 9110 §15.5.6 requires of it). Its 429, to a request past
+//! And jsonrpsee's refusals in plain text, which keep their status: of a request whose body
+//! it never reads, a method other than POST (405) and a content type other than JSON (415)
+//! become a -32600 whose `data` says what to send, and a 405 names the one method allowed
+//! (`Allow`, which RFC 9110 §15.5.6 requires of it); its 429, to any request past
 //! `max_connections` (which counts HTTP requests in flight), becomes a -32603 that says
-//! nothing ran, with `Retry-After: 1`.
+//! nothing ran, with `Retry-After: 1`. The HTTP layer's own refusals of a body that is not
+//! UTF-8 or cannot be read are written here too ([`not_utf8`], [`unreadable_body`]).
 
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
