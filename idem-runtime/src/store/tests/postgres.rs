@@ -235,7 +235,7 @@ async fn a_commit_whose_session_was_ended_answers_for_what_happened() {
         matches!(&cut_off, Err(StoreError::Backend { .. })),
         "{cut_off:?}"
     );
-    let retry = won(&b, &key(1), "message/send", &hash).await;
+    let retry = won_once_released(&b, &key(1), "message/send", &hash).await;
     retry.complete_with(response("b"), vec![]).await.unwrap();
 
     let frozen = won(&a, &key(2), "message/send", &hash).await;

@@ -66,6 +66,27 @@ pub fn bytes_of(text: &str) -> bytes::Bytes {
     bytes::Bytes::copy_from_slice(text.as_bytes())
 }
 
+/// Claims `key` as a retry does after the call that held it failed: that call's release may
+/// still be on its way (on PostgreSQL, its own statement), so a claim held meanwhile is tried
+/// again, for up to 10 s; panics unless it then wins.
+pub async fn won_once_released(
+    cache: &IdempotencyCache,
+    key: &MessageId,
+    method: &str,
+    hash: &RequestHash,
+) -> Ticket {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match cache.claim(key, method, hash).await.unwrap() {
+            Claim::Execute(ticket) => return ticket,
+            Claim::InFlight(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            _ => panic!("expected to win the claim for {key} once it was released"),
+        }
+    }
+}
+
 /// Claims `key`; panics unless the claim wins.
 pub async fn won(
     cache: &IdempotencyCache,
