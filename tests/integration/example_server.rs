@@ -376,22 +376,15 @@ async fn a_body_that_is_not_utf8_is_a_parse_error_and_never_runs() {
 /// says so (it was a 500 Internal error), and nothing runs.
 #[tokio::test]
 async fn a_body_whose_chunks_break_gets_400_not_500() {
-    use tokio::io::AsyncWriteExt;
     let server = ServerProcess::start(&[]);
     let key = new_id();
     let body = send_with(1, "message/send", &key, "chunked", json!({}));
-    let address = server
-        .url
-        .trim_start_matches("http://")
-        .trim_end_matches('/');
-    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
     let head = format!(
-        "POST / HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
          A2A-Extensions: {URI}\r\nTransfer-Encoding: chunked\r\n\r\n"
     );
     let chunked = format!("{head}{:x}\r\n{body}\r\nzz\r\n", body.len());
-    socket.write_all(chunked.as_bytes()).await.unwrap();
-    let answer = answer_on(&mut socket).await;
+    let answer = exchange(&server.url, &chunked).await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     let (_, json) = answer.split_once("\r\n\r\n").expect("a body");
     let error: Value = serde_json::from_str(json).expect("a JSON-RPC error");
@@ -399,6 +392,15 @@ async fn a_body_whose_chunks_break_gets_400_not_500() {
     let reason = error["error"]["data"]["reason"].as_str().unwrap();
     assert!(reason.contains("could not be read"), "{reason}");
     assert_eq!(tasks_naming(server.db(), &key), 0, "never run");
+}
+
+/// Sends `request` as it is to the server at `url`; what it answers until it closes.
+async fn exchange(url: &str, request: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let address = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    socket.write_all(request.as_bytes()).await.unwrap();
+    answer_on(&mut socket).await
 }
 
 /// What the server sends on `socket` until it closes it: within 20 s, never a hang.
@@ -1039,6 +1041,14 @@ async fn more_calls_in_flight_than_jsonrpsee_default_limit_are_all_served() {
     assert_eq!(error["error"]["code"], -32603, "{error}");
     let reason = error["error"]["data"]["reason"].as_str().unwrap();
     assert!(reason.contains("nothing of this one ran"), "{reason}");
+    // A WebSocket upgrade past the limit too.
+    let upgrade = "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, close\r\n\
+                   Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+                   Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    let answer = exchange(&server.url, upgrade).await;
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(answer.contains("application/json"), "{answer}");
+    assert!(answer.contains("-32603"), "{answer}");
     assert_eq!(long.await.unwrap().status, 200);
 }
 

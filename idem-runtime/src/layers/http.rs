@@ -121,7 +121,10 @@ where
             // One scope would serve every call of the connection: the RPC layer refuses
             // governed calls over WebSocket instead.
             request.extensions_mut().insert(WebSocket);
-            return Box::pin(self.inner.call(request));
+            let upgraded = self.inner.call(request);
+            return Box::pin(
+                async move { Ok(invalid_request::refusal_as_json_rpc(upgraded.await?)) },
+            );
         }
         let activated = activated(&self.state, request.headers());
         let cache = self.state.deduplicating().cloned().filter(|_| activated);
