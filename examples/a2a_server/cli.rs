@@ -7,6 +7,7 @@ use std::time::Duration;
 pub const USAGE: &str = "\
 usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|optional|off]
                   [--max-in-flight N] [--body-timeout SECONDS] [--shutdown-grace SECONDS]
+                  [--principal-header NAME]
 
   --listen ADDR          address to serve on (default 127.0.0.1:8080; port 0 picks a free one)
   --db PATH|URL          where tasks, outbox and idempotency cache live: a SQLite file
@@ -24,6 +25,10 @@ usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|option
                          mission runs 60 s at most): then the connections still open (a
                          client that never finished its request) are closed and the
                          process exits
+  --principal-header H   scope idempotency keys by caller: the value of request header H
+                         names the caller (a request without it shares the global keys).
+                         This agent authenticates nobody: set it only behind a proxy that
+                         authenticates callers and sets H itself
 
 environment: AIWG_IDEMPOTENCY_TTL (seconds), AIWG_IDEMPOTENCY_MAX_ENTRIES,
              AIWG_IDEMPOTENCY_CLAIM_LEASE_MS, AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS,
@@ -50,6 +55,8 @@ pub struct Cli {
     pub body_timeout: Duration,
     /// How long a stop waits for calls in flight and executions still running.
     pub shutdown_grace: Duration,
+    /// The request header that names the caller, where keys are scoped by caller.
+    pub principal_header: Option<http::HeaderName>,
 }
 
 /// Where the server keeps its state.
@@ -105,6 +112,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
         max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         body_timeout: DEFAULT_BODY_TIMEOUT,
         shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        principal_header: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -127,6 +135,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             Flag::MaxInFlight => cli.max_in_flight = max_in_flight(&value)?,
             Flag::BodyTimeout => cli.body_timeout = seconds(flag, &value, 1)?,
             Flag::ShutdownGrace => cli.shutdown_grace = seconds(flag, &value, 0)?,
+            Flag::PrincipalHeader => cli.principal_header = Some(header_name(&value)?),
         }
     }
     Ok(Command::Serve(cli))
@@ -141,16 +150,18 @@ enum Flag {
     MaxInFlight,
     BodyTimeout,
     ShutdownGrace,
+    PrincipalHeader,
 }
 
 impl Flag {
-    const ALL: [Flag; 6] = [
+    const ALL: [Flag; 7] = [
         Flag::Listen,
         Flag::Db,
         Flag::Idempotency,
         Flag::MaxInFlight,
         Flag::BodyTimeout,
         Flag::ShutdownGrace,
+        Flag::PrincipalHeader,
     ];
 
     fn parse(arg: &str) -> Result<Self, String> {
@@ -168,8 +179,14 @@ impl Flag {
             Flag::MaxInFlight => "--max-in-flight",
             Flag::BodyTimeout => "--body-timeout",
             Flag::ShutdownGrace => "--shutdown-grace",
+            Flag::PrincipalHeader => "--principal-header",
         }
     }
+}
+
+fn header_name(value: &str) -> Result<http::HeaderName, String> {
+    http::HeaderName::try_from(value)
+        .map_err(|_| format!("--principal-header {value:?} is not an HTTP header name"))
 }
 
 fn listen(value: &str) -> Result<SocketAddr, String> {

@@ -19,6 +19,7 @@ mod front;
 mod metrics;
 mod mission;
 mod model;
+mod principal;
 mod push;
 mod relay;
 mod shapes;
@@ -133,7 +134,11 @@ async fn serve(cli: Cli) -> Result<(), String> {
 async fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
     let config = IdempotencyConfig::from_env().map_err(|e| e.to_string())?;
     let required = !matches!(cli.mode, Mode::Optional);
-    let builder = Idempotency::builder(config.with(|c| c.required = required));
+    let scoped = cli.principal_header.is_some();
+    let builder = Idempotency::builder(config.with(|c| {
+        c.required = required;
+        c.scope_keys_by_principal = scoped;
+    }));
     let builder = match cli.mode {
         Mode::Off => builder.without_deduplication(),
         Mode::Required | Mode::Optional => builder,
@@ -173,6 +178,7 @@ async fn start(
                     idle: cli.body_timeout,
                 })
                 .layer(FrontLayer::new(&card, metrics, idem.http_layer()))
+                .layer(principal::layer(cli.principal_header.clone()))
                 .layer(idem.http_layer()),
         )
         .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))

@@ -71,6 +71,15 @@ fn a_bad_idempotency_mode_exits_2_naming_it() {
 }
 
 #[test]
+fn a_principal_header_that_is_no_header_name_exits_2_naming_it() {
+    let stderr = refused(&["--principal-header", "x principal"], &[]);
+    assert!(
+        stderr.contains(r#"--principal-header "x principal" is not an HTTP header name"#),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_max_in_flight_of_zero_exits_2_naming_it() {
     let stderr = refused(&["--max-in-flight", "0"], &[]);
     assert!(
@@ -334,6 +343,35 @@ async fn another_method_on_a_get_path_gets_405_naming_get_head_and_post() {
             posted.describe()
         );
     }
+}
+
+/// With `--principal-header`, the header names the caller and keys are scoped by it: one
+/// messageId from two callers is two keys (two tasks), each replayed to its caller alone; a
+/// request without the header is in the global keys; the admin tool finds a caller's key.
+#[tokio::test]
+async fn a_principal_header_scopes_keys_by_caller() {
+    let server = ServerProcess::start_with(&["--principal-header", "X-Principal"], &[]);
+    let key = new_id();
+    let body = send_with(1, "message/send", &key, "scoped", json!({}));
+    let by = |who: &'static str| [("A2A-Extensions", URI), ("X-Principal", who)];
+    let alice = post(&server.url, body.clone(), &by("alice")).await;
+    let bob = post(&server.url, body.clone(), &by("bob")).await;
+    assert!(!alice.replayed() && !bob.replayed(), "{}", bob.describe());
+    let task = |reply: &Reply| reply.json()["result"]["id"].as_str().unwrap().to_owned();
+    assert_ne!(task(&alice), task(&bob), "one task per caller");
+    let again = post(&server.url, body.clone(), &by("alice")).await;
+    assert!(again.replayed(), "{}", again.describe());
+    assert_eq!(again.body, alice.body);
+    let global = post_activated(&server.url, body).await;
+    assert!(!global.replayed(), "no header: the global keys");
+    assert_eq!(tasks_naming(server.db(), &key), 3);
+
+    let db = server.db().display().to_string();
+    let show = ["--db", &db, "show", &key, "--body", "--principal", "alice"];
+    let shown = crate::operations::admin(&show, &[]);
+    assert!(shown.status.success(), "{shown:?}");
+    let shown = crate::operations::stdout(&shown);
+    assert!(shown.contains(&task(&alice)), "{shown}");
 }
 
 /// A body that is not UTF-8 is not JSON (RFC 8259 §8.1), wherever the bytes are: -32700 and
