@@ -167,19 +167,9 @@ where
             Ok(read) => read,
             Err(response) => return Ok(response),
         };
-        // A resend of bytes that were answered was UTF-8 then: checked after the lookup.
-        if let Some(cache) = &cache {
-            let spelled = caller.spelling(request_spelling(&bytes));
-            if let Some(entry) = resent(cache, &spelled) {
-                let scope = HttpScope::new(activated, caller, None);
-                scope.record(&entry.method, Outcome::Replayed);
-                let response = response::ok_response(entry.response.body.clone());
-                return Ok(answered(&scope, response));
-            }
-            spelling = Some(spelled);
-        }
-        if let Err(error) = std::str::from_utf8(&bytes) {
-            return Ok(invalid_request::not_utf8(&error));
+        match first_look(&bytes, cache.as_ref(), activated, caller) {
+            FirstLook::Passed(spelled) => spelling = spelled,
+            FirstLook::Answered(answer) => return Ok(answer),
         }
         let read_again = HttpBody::new(http_body_util::Full::new(bytes.clone()));
         request = HttpRequest::from_parts(parts, read_again);
@@ -195,6 +185,39 @@ where
     }
     response = invalid_request::refusal_as_json_rpc(response);
     Ok(answered(&scope, response))
+}
+
+/// What the layer makes of a body it read, before jsonrpsee sees it.
+enum FirstLook {
+    /// Answered here: a resend of an answered request's very bytes, with the stored answer,
+    /// or a body that is not UTF-8, refused.
+    Answered(HttpResponse<HttpBody>),
+    /// For jsonrpsee, with the body's spelling where the request activated the cache.
+    Passed(Option<Spelling>),
+}
+
+fn first_look(
+    bytes: &[u8],
+    cache: Option<&IdempotencyCache>,
+    activated: bool,
+    caller: CallerPolicy,
+) -> FirstLook {
+    let mut spelling = None;
+    if let Some(cache) = cache {
+        let spelled = caller.spelling(request_spelling(bytes));
+        if let Some(entry) = resent(cache, &spelled) {
+            let scope = HttpScope::new(activated, caller, None);
+            scope.record(&entry.method, Outcome::Replayed);
+            let response = response::ok_response(entry.response.body.clone());
+            return FirstLook::Answered(answered(&scope, response));
+        }
+        spelling = Some(spelled);
+    }
+    // A resend of bytes that were answered was UTF-8 then: checked after the lookup.
+    match std::str::from_utf8(bytes) {
+        Ok(_) => FirstLook::Passed(spelling),
+        Err(error) => FirstLook::Answered(invalid_request::not_utf8(&error)),
+    }
 }
 
 /// A JSON POST: its body is read here.
