@@ -1,7 +1,7 @@
-//! What is answered in front of jsonrpsee, which answers POST only: `GET` of the AgentCard
-//! and of `/metrics` (HEAD too, and the 405 of any other method there, which names `GET` and
-//! `HEAD` as well as jsonrpsee's `POST`), a request for an A2A version the agent does not speak (`version.rs`),
-//! and a body in a content coding (jsonrpsee reads bodies as sent, so a gzip body was a -32700
+//! What is answered in front of jsonrpsee, which answers POST only: `GET` (and `HEAD`) of the
+//! AgentCard and of `/metrics`, and the 405 of any other method there, which names them as
+//! well as jsonrpsee's `POST`; a request for an A2A version the agent does not speak
+//! (`version.rs`), and a body in a content coding (jsonrpsee reads bodies as sent, so a gzip body was a -32700
 //! Parse error; RFC 9110 §15.5.16 makes it a 415). Everything else passes through. Its
 //! answers echo the activation as the idempotency layer's own do, by that layer's rule.
 
@@ -87,19 +87,19 @@ where
 impl FrontLayer {
     /// The answer given here, if the request gets one.
     fn answer<B>(&self, request: &http::Request<B>) -> Option<HttpResponse> {
-        let path = request.uri().path();
-        let served_here = path == CARD_PATH || path == METRICS_PATH;
-        // HEAD is GET without the body (RFC 9110 §9.3.2), which hyper leaves out.
-        let get = matches!(*request.method(), Method::GET | Method::HEAD);
-        match request.method() {
-            _ if get && path == CARD_PATH => Some(response(self.card.to_string(), JSON)),
-            _ if get && path == METRICS_PATH => {
-                Some(response(self.metrics.render(), PROMETHEUS_TEXT))
-            }
+        let (method, path) = (request.method(), request.uri().path());
+        if path != CARD_PATH && path != METRICS_PATH || method == Method::POST {
             // POST is JSON-RPC on every path, these two included.
-            method if served_here && method != Method::POST => Some(not_allowed(method)),
-            _ => self.refusal(request),
+            return self.refusal(request);
         }
+        // HEAD is GET without the body (RFC 9110 §9.3.2), which hyper leaves out.
+        if method != Method::GET && method != Method::HEAD {
+            return Some(not_allowed(method));
+        }
+        Some(match path {
+            CARD_PATH => response(self.card.to_string(), JSON),
+            _ => response(self.metrics.render(), PROMETHEUS_TEXT),
+        })
     }
 
     /// What is refused here of a request that jsonrpsee would otherwise read.

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use idem::admin::{Admin, EntryInfo, EntryState};
+use idem::config::TTL_ENV;
 use idem::message_id::MessageId;
 use idem::store::StoreStats;
 use idem::IdempotencyConfig;
@@ -69,10 +70,11 @@ async fn main() -> ExitCode {
 /// recorded theirs: says so where the two differ.
 fn warn_of_another_ttl(admin: &Admin, config: &IdempotencyConfig) {
     let (ttl, recorded) = admin.ttl_seconds();
-    if recorded && std::env::var_os("AIWG_IDEMPOTENCY_TTL").is_some() && config.ttl_seconds != ttl {
+    let set_here = std::env::var_os(TTL_ENV).is_some();
+    if recorded && set_here && config.ttl_seconds != ttl {
         eprintln!(
-            "idem-admin: AIWG_IDEMPOTENCY_TTL here is {} s, but the servers of this database \
-             keep entries {ttl} s: expired means past {ttl} s",
+            "idem-admin: {TTL_ENV} here is {} s, but the servers of this database keep \
+             entries {ttl} s: expired means past {ttl} s",
             config.ttl_seconds
         );
     }
@@ -213,8 +215,8 @@ fn confirmed(yes: bool, what: &str) -> Result<bool, String> {
 
 fn print_stats(stats: &StoreStats, (ttl, recorded): (u64, bool)) {
     let source = match recorded {
-        true => "as the servers recorded it",
-        false => "AIWG_IDEMPOTENCY_TTL here: no server recorded one",
+        true => "as the servers recorded it".to_owned(),
+        false => format!("{TTL_ENV} here: no server recorded one"),
     };
     println!("ttl                  {ttl} s ({source})");
     println!("entries              {}", stats.entries);

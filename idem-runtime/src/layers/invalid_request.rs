@@ -93,16 +93,22 @@ pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpRes
 /// `response`, or where it is jsonrpsee's plain-text refusal of a request it did not read,
 /// that refusal as JSON-RPC.
 pub(crate) fn refusal_as_json_rpc(response: HttpResponse) -> HttpResponse {
-    let (error, reason) = match response.status() {
-        StatusCode::METHOD_NOT_ALLOWED => (INVALID, "JSON-RPC requests are sent with POST"),
+    let (error, reason, header) = match response.status() {
+        StatusCode::METHOD_NOT_ALLOWED => (
+            INVALID,
+            "JSON-RPC requests are sent with POST",
+            Some((ALLOW, "POST")),
+        ),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => (
             INVALID,
             "JSON-RPC requests are sent with Content-Type: application/json",
+            None,
         ),
         StatusCode::TOO_MANY_REQUESTS => (
             INTERNAL,
             "the server is serving as many requests as it may at once; nothing of this one \
              ran: send it again later",
+            Some((RETRY_AFTER, "1")),
         ),
         _ => return response,
     };
@@ -113,17 +119,11 @@ pub(crate) fn refusal_as_json_rpc(response: HttpResponse) -> HttpResponse {
     if !plain_text {
         return response;
     }
-    let status = response.status();
-    let mut refusal = refused(status, error, reason.to_owned());
-    let headers = refusal.headers_mut();
-    match status {
-        StatusCode::METHOD_NOT_ALLOWED => {
-            headers.insert(ALLOW, HeaderValue::from_static("POST"));
-        }
-        StatusCode::TOO_MANY_REQUESTS => {
-            headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        _ => {}
+    let mut refusal = refused(response.status(), error, reason.to_owned());
+    if let Some((name, value)) = header {
+        refusal
+            .headers_mut()
+            .insert(name, HeaderValue::from_static(value));
     }
     refusal
 }
