@@ -24,6 +24,8 @@ pub const CLAIM_LEASE_ENV: &str = "AIWG_IDEMPOTENCY_CLAIM_LEASE_MS";
 pub const SWEEP_INTERVAL_ENV: &str = "AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS";
 /// Environment variable for [`IdempotencyConfig::in_flight_wait`], in milliseconds.
 pub const IN_FLIGHT_WAIT_ENV: &str = "AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS";
+/// Environment variable for [`IdempotencyConfig::memory_tier_bytes`] (0 turns the tier off).
+pub const MEMORY_TIER_BYTES_ENV: &str = "AIWG_IDEMPOTENCY_MEMORY_TIER_BYTES";
 
 /// How the extension behaves on a server.
 ///
@@ -127,8 +129,8 @@ impl IdempotencyConfig {
     }
 
     /// Defaults overridden by `AIWG_IDEMPOTENCY_TTL`, `AIWG_IDEMPOTENCY_MAX_ENTRIES`,
-    /// `AIWG_IDEMPOTENCY_CLAIM_LEASE_MS`, `AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS` and
-    /// `AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS`.
+    /// `AIWG_IDEMPOTENCY_CLAIM_LEASE_MS`, `AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS`,
+    /// `AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS` and `AIWG_IDEMPOTENCY_MEMORY_TIER_BYTES`.
     /// A malformed value is an error, never a silent default.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
@@ -158,6 +160,9 @@ impl IdempotencyConfig {
         if let Some(wait) = millis(IN_FLIGHT_WAIT_ENV)? {
             config.in_flight_wait = wait;
         }
+        if let Some(value) = lookup(MEMORY_TIER_BYTES_ENV) {
+            config.memory_tier_bytes = byte_count(MEMORY_TIER_BYTES_ENV, &value)?;
+        }
         Ok(config)
     }
 
@@ -186,6 +191,14 @@ fn positive_integer(variable: &'static str, value: &str) -> Result<u64, ConfigEr
             reason: "expected a whole number from 1 to 9223372036854775807 (2^63 - 1)",
         }),
     }
+}
+
+fn byte_count(variable: &'static str, value: &str) -> Result<usize, ConfigError> {
+    value.trim().parse::<usize>().map_err(|_| ConfigError {
+        variable,
+        value: value.to_owned(),
+        reason: "expected a whole number of bytes (0 or more)",
+    })
 }
 
 #[cfg(test)]
@@ -234,6 +247,18 @@ mod tests {
         assert_eq!(err.variable, MAX_ENTRIES_ENV);
         let err = from(&[(SWEEP_INTERVAL_ENV, "0")]).unwrap_err();
         assert_eq!(err.variable, SWEEP_INTERVAL_ENV);
+        for bad in ["", "-1", "64MiB", "1e6"] {
+            let err = from(&[(MEMORY_TIER_BYTES_ENV, bad)]).unwrap_err();
+            assert_eq!(err.variable, MEMORY_TIER_BYTES_ENV, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn reads_the_memory_tier_s_bound_in_bytes_zero_included() {
+        let config = from(&[(MEMORY_TIER_BYTES_ENV, "1048576")]).unwrap();
+        assert_eq!(config.memory_tier_bytes, 1 << 20);
+        let off = from(&[(MEMORY_TIER_BYTES_ENV, "0")]).unwrap();
+        assert_eq!(off.memory_tier_bytes, 0);
     }
 
     #[test]
