@@ -62,11 +62,15 @@ pub enum ErrorCode {
     /// the call ran, and this error (`data.limit_bytes`, `data.response_bytes`) is its cached
     /// outcome, answered and replayed in place of bytes jsonrpsee would not send.
     ResponseTooLarge,
+    /// A governed method answered without its `#[idempotent]` guard (the attribute is missing
+    /// from its implementation): its answer is replaced by this error, nothing it staged was
+    /// written, and nothing is cached.
+    NotGuarded,
 }
 
 impl ErrorCode {
     /// Every code, in the order of `error-codes.json`.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::KeyReusedWithDifferentPayload,
         ErrorCode::KeyMalformed,
         ErrorCode::RequestInProgress,
@@ -85,6 +89,7 @@ impl ErrorCode {
         ErrorCode::StreamUnavailable,
         ErrorCode::RequestTooLarge,
         ErrorCode::ResponseTooLarge,
+        ErrorCode::NotGuarded,
     ];
 
     /// The numeric JSON-RPC `error.code`.
@@ -108,6 +113,7 @@ impl ErrorCode {
             Self::StreamUnavailable => -32603,
             Self::RequestTooLarge => -32600,
             Self::ResponseTooLarge => -32603,
+            Self::NotGuarded => -32603,
         }
     }
 
@@ -132,6 +138,7 @@ impl ErrorCode {
             Self::StreamUnavailable => "IDEMPOTENCY_STREAM_UNAVAILABLE",
             Self::RequestTooLarge => "IDEMPOTENCY_REQUEST_TOO_LARGE",
             Self::ResponseTooLarge => "IDEMPOTENCY_RESPONSE_TOO_LARGE",
+            Self::NotGuarded => "IDEMPOTENCY_METHOD_NOT_GUARDED",
         }
     }
 
@@ -156,7 +163,8 @@ impl ErrorCode {
             | Self::StreamInBatch
             | Self::ResultNotSerializable
             | Self::StreamUnavailable
-            | Self::ResponseTooLarge => 200,
+            | Self::ResponseTooLarge
+            | Self::NotGuarded => 200,
         }
     }
 
@@ -183,6 +191,9 @@ impl ErrorCode {
             Self::StreamUnavailable => "The event stream is not available",
             Self::RequestTooLarge => "Request body too large",
             Self::ResponseTooLarge => "The method's response exceeds the server's size limit",
+            Self::NotGuarded => {
+                "The method is governed by idempotency/v1 but not #[idempotent]; nothing it staged was stored"
+            }
         }
     }
 

@@ -14,6 +14,7 @@ use jsonrpsee::types::ErrorObjectOwned;
 use jsonrpsee::Extensions;
 
 use crate::error::{ErrorCode, IdempotencyError};
+use crate::layers::scope::GuardReach;
 use crate::store::{Store, StoreError};
 
 /// Why a staged write refused to commit: any error, `rusqlite::Error` included (so `?` works).
@@ -186,7 +187,20 @@ impl UnitOfWork {
     }
 
     /// The unit of work of the governed call whose `Extensions` these are.
+    ///
+    /// Refused (`IDEMPOTENCY_METHOD_NOT_GUARDED`) in a governed method that is not
+    /// `#[idempotent]`: no guard would commit what it stages.
     pub fn of(ext: &Extensions) -> Result<Self, ErrorObjectOwned> {
+        if ext
+            .get::<GuardReach>()
+            .is_some_and(|reach| !reach.reached())
+        {
+            tracing::error!(
+                "a unit of work asked for outside the guard: the governed method is not \
+                 #[idempotent], and nothing it stages would be committed"
+            );
+            return Err(IdempotencyError::new(ErrorCode::NotGuarded).into());
+        }
         ext.get::<Self>().cloned().ok_or_else(|| {
             tracing::error!(
                 "no unit of work: the method is not governed, the idempotency layers are \

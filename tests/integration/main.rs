@@ -8,6 +8,7 @@ mod example_server;
 mod faults;
 mod http_files;
 mod layers;
+mod misuse;
 mod operations;
 mod push;
 mod readme;

@@ -179,7 +179,7 @@ fn caller_from_header<B>(mut request: http::Request<B>) -> http::Request<B> {
 pub const EFFECTS: &str = "CREATE TABLE IF NOT EXISTS effects (name TEXT NOT NULL PRIMARY KEY)";
 
 /// Stages two rows, `before:NAME` then `NAME`: a failure of the second must undo the first.
-fn stage_effect(unit: &UnitOfWork, name: &str) -> RpcResult<()> {
+pub fn stage_effect(unit: &UnitOfWork, name: &str) -> RpcResult<()> {
     let name = name.to_owned();
     unit.stage(move |db| {
         db.execute(
@@ -201,6 +201,19 @@ pub struct TestServer {
 impl TestServer {
     /// Starts a server with the extension on `db`.
     pub async fn start(db: &Path, config: IdempotencyConfig, clock: Arc<ManualClock>) -> Self {
+        let (agent, executions) = Agent::counting();
+        Self::serve(db, config, clock, agent.into_rpc(), executions).await
+    }
+
+    /// Starts a server with the extension on `db` that serves `methods`, whose executions
+    /// `executions` counts.
+    pub async fn serve<C: Send + Sync + 'static>(
+        db: &Path,
+        config: IdempotencyConfig,
+        clock: Arc<ManualClock>,
+        methods: jsonrpsee::RpcModule<C>,
+        executions: Arc<AtomicUsize>,
+    ) -> Self {
         let idem = Idempotency::builder(config)
             .store(|config| SqliteStore::open_with_clock(db, config, clock))
             .expect("open store");
@@ -225,7 +238,7 @@ impl TestServer {
             .await
             .expect("bind 127.0.0.1");
         let addr = server.local_addr().unwrap();
-        Self::launch(idem, addr, |methods| server.start(methods))
+        Self::launch(idem, addr, server.start(methods), executions)
     }
 
     /// A server whose `#[idempotent]` method runs without the idempotency layers.
@@ -236,17 +249,16 @@ impl TestServer {
             .await
             .expect("bind 127.0.0.1");
         let addr = server.local_addr().unwrap();
-        Self::launch(idem, addr, |methods| server.start(methods))
+        let (agent, executions) = Agent::counting();
+        Self::launch(idem, addr, server.start(agent.into_rpc()), executions)
     }
 
-    /// Starts a counting agent with `start` (which knows the server's middleware types).
     fn launch(
         idem: Idempotency,
         addr: std::net::SocketAddr,
-        start: impl FnOnce(jsonrpsee::RpcModule<Agent>) -> ServerHandle,
+        handle: ServerHandle,
+        executions: Arc<AtomicUsize>,
     ) -> Self {
-        let (agent, executions) = Agent::counting();
-        let handle = start(agent.into_rpc());
         Self {
             url: format!("http://{addr}"),
             executions,

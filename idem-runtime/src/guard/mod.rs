@@ -25,7 +25,7 @@ use tracing::Instrument;
 use crate::claim::{Claim, Progress, Ticket, Waited};
 use crate::error::{ErrorCode, IdempotencyError};
 use crate::hash::{RequestHash, Spelling};
-use crate::layers::scope::{GovernedCall, HttpScope, Outcome, Undeduplicated};
+use crate::layers::scope::{CallId, GovernedCall, GuardReach, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, StoreError, StoredResponse};
 use crate::telemetry;
 use crate::unit_of_work::UnitOfWork;
@@ -63,6 +63,8 @@ pub struct CallContext {
     pub(crate) scope: Option<HttpScope>,
     /// The call's unit of work (none where the server has no database).
     pub(crate) unit: Option<UnitOfWork>,
+    /// The layers are installed, and the method is not among those they govern.
+    pub(crate) ungoverned: bool,
 }
 
 /// Wraps `body` (the user's method body) in the idempotency guard.
@@ -74,12 +76,12 @@ where
     F: Future + Send,
     F::Output: Guarded,
 {
+    if let Some(reach) = ext.get::<GuardReach>() {
+        reach.mark();
+    }
     let governed = ext.get::<GovernedCall>().cloned();
     let span = match &governed {
-        Some(call) => {
-            call.mark_reached();
-            telemetry::call_span(&call.method, call.key.as_str(), call.hash.as_str())
-        }
+        Some(call) => telemetry::call_span(&call.method, call.key.as_str(), call.hash.as_str()),
         None => tracing::Span::none(),
     };
     let ctx = CallContext {
@@ -87,6 +89,7 @@ where
         undeduplicated_id: ext.get::<Undeduplicated>().map(|u| u.0.clone()),
         scope: ext.get::<HttpScope>().cloned(),
         unit: ext.get::<UnitOfWork>().cloned(),
+        ungoverned: ext.get::<CallId>().is_some(),
     };
     F::Output::run(ctx, body).instrument(span)
 }
@@ -99,13 +102,23 @@ pub(crate) fn not_serializable(error: &serde_json::Error) -> ErrorObjectOwned {
         .into()
 }
 
-/// The error of a guarded method called on a server without the layers: loud, never silent.
-pub(crate) fn layer_missing() -> ErrorObjectOwned {
-    tracing::error!(
-        "#[idempotent] method called without the idempotency layers; \
-         install Idempotency::http_layer and Idempotency::rpc_layer"
-    );
-    IdempotencyError::new(ErrorCode::LayerMissing).into()
+/// The error of a guarded method called where the layers do not govern it: loud, never
+/// silent. The body does not run.
+pub(crate) fn layer_missing(ungoverned: bool) -> ErrorObjectOwned {
+    let reason = match ungoverned {
+        true => {
+            "the method is #[idempotent] but not governed: name it with \
+             IdempotencyBuilder::govern, or take #[idempotent] off"
+        }
+        false => {
+            "the idempotency layers are not both installed: Idempotency::http_layer in \
+             set_http_middleware, Idempotency::rpc_layer in set_rpc_middleware"
+        }
+    };
+    tracing::error!(reason, "#[idempotent] method refused");
+    IdempotencyError::new(ErrorCode::LayerMissing)
+        .with_detail("reason", reason)
+        .into()
 }
 
 /// What to do with a governed call, once the key is claimed or found taken.

@@ -88,7 +88,7 @@ impl<T> EventStream<T> {
         S: Stream<Item = Result<T, ErrorObjectOwned>> + Send + 'static,
     {
         let (Some(scope), Some(CallId(id))) = (ext.get::<HttpScope>(), ext.get::<CallId>()) else {
-            return Err(layer_missing());
+            return Err(layer_missing(false));
         };
         if scope.is_batch() {
             return Err(IdempotencyError::new(ErrorCode::StreamInBatch).into());
@@ -128,7 +128,7 @@ impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObje
         F: Future<Output = Self> + Send,
     {
         let Some(scope) = ctx.scope.clone() else {
-            return Err(layer_missing());
+            return Err(layer_missing(false));
         };
         if scope.is_batch() {
             return Err(IdempotencyError::new(ErrorCode::StreamInBatch).into());
@@ -144,7 +144,7 @@ impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObje
                 serve_undeduplicated(&scope, events, id);
                 Ok(EventStream::handed_over())
             }
-            (None, None) => Err(layer_missing()),
+            (None, None) => Err(layer_missing(ctx.ungoverned)),
         }
     }
 }

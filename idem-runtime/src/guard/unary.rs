@@ -27,7 +27,7 @@ impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjec
     {
         let Some(call) = ctx.governed else {
             return match (ctx.undeduplicated_id, ctx.unit) {
-                (None, _) => Err(layer_missing()),
+                (None, _) => Err(layer_missing(ctx.ungoverned)),
                 (Some(_), None) => body.await,
                 // Not deduplicated: the staged writes still commit, on their own.
                 (Some(_), Some(unit)) => {

@@ -19,7 +19,9 @@ use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::collision;
 use crate::hash::{hash_and_message_id, spelling, HashError, Spelling, MAX_DEPTH};
-use crate::layers::scope::{CallId, GovernedCall, HttpScope, Outcome, Undeduplicated, WebSocket};
+use crate::layers::scope::{
+    CallId, GovernedCall, GuardReach, HttpScope, Outcome, Undeduplicated, WebSocket,
+};
 use crate::message_id::MessageId;
 use crate::state::State;
 use crate::unit_of_work::UnitOfWork;
@@ -76,6 +78,11 @@ where
     ) -> impl Future<Output = MethodResponse> + Send + 'a {
         let checked = self.admit(&mut request, true);
         let governed = request.extensions().get::<GovernedCall>().cloned();
+        let reach = request.extensions().get::<GuardReach>().cloned();
+        let unguarded = reach.as_ref().map(|_| Unguarded {
+            id: request.id.clone().into_owned(),
+            method: request.method_name().to_owned(),
+        });
         let inner = self.inner.clone();
         async move {
             match checked {
@@ -90,11 +97,9 @@ where
                 Ok(None) => {}
             }
             let response = inner.call(request).await;
-            match governed {
-                // jsonrpsee refused the typed params before the guard saw the call; under a
-                // key held by another payload that is still the spec's 422 (§4.3).
-                Some(call) if response.is_error() && !call.reached_guard() => {
-                    collision_instead(&call, response).await
+            match (reach, unguarded) {
+                (Some(reach), Some(unguarded)) if !reach.reached() => {
+                    unguarded.answer(response, governed).await
                 }
                 _ => response,
             }
@@ -170,12 +175,15 @@ impl<S> RpcService<S> {
                 method = request.method_name(),
                 "idempotency RPC layer installed without its HTTP layer: refusing the governed call"
             );
-            return Err(IdempotencyError::new(ErrorCode::LayerMissing).to_error_object());
+            let error = IdempotencyError::new(ErrorCode::LayerMissing).with_detail(
+                "reason",
+                "the HTTP layer is not installed: Idempotency::http_layer in set_http_middleware",
+            );
+            return Err(error.to_error_object());
         };
         let undeduplicated = Undeduplicated(request.id.clone().into_owned());
         let Some(cache) = self.state.deduplicating() else {
-            self.give_unit_of_work(request);
-            request.extensions_mut().insert(undeduplicated);
+            self.pass_down(request, undeduplicated);
             return Ok(None);
         };
         if !scope.activated() {
@@ -188,8 +196,7 @@ impl<S> RpcService<S> {
                     .with_detail("extension", EXTENSION_URI);
                 return Err(error.to_error_object());
             }
-            self.give_unit_of_work(request);
-            request.extensions_mut().insert(undeduplicated);
+            self.pass_down(request, undeduplicated);
             return Ok(None);
         }
         let raw = request.params.as_ref().map_or("null", |p| p.get());
@@ -202,8 +209,7 @@ impl<S> RpcService<S> {
         }
         match self.governed_call(request, cache, &scope, spelling) {
             Ok(call) => {
-                self.give_unit_of_work(request);
-                request.extensions_mut().insert(call);
+                self.pass_down(request, call);
                 Ok(None)
             }
             Err(error) => {
@@ -213,12 +219,20 @@ impl<S> RpcService<S> {
         }
     }
 
-    /// The unit of work the method's body stages its writes in (where there is a store).
-    fn give_unit_of_work(&self, request: &mut Request<'_>) {
+    /// Hands a governed call to the method's guard with what it needs: how the call is
+    /// governed, the unit of work its body stages writes in (where there is a store), and
+    /// the mark that tells the guard took it.
+    fn pass_down<T: Clone + Send + Sync + 'static>(
+        &self,
+        request: &mut Request<'_>,
+        governance: T,
+    ) {
+        let extensions = request.extensions_mut();
         if let Some(cache) = &self.state.cache {
-            let unit = UnitOfWork::new(cache.store().clone());
-            request.extensions_mut().insert(unit);
+            extensions.insert(UnitOfWork::new(cache.store().clone()));
         }
+        extensions.insert(governance);
+        extensions.insert(GuardReach::default());
     }
 
     fn governed_call(
@@ -247,7 +261,6 @@ impl<S> RpcService<S> {
             key,
             hash,
             spelling,
-            reached: Default::default(),
         })
     }
 }
@@ -271,6 +284,39 @@ fn replay_spelled(cache: &IdempotencyCache, spelling: &Spelling, method: &str) -
         return None;
     }
     decode(&entry.response.body)
+}
+
+/// A governed call that its method's guard never took.
+struct Unguarded {
+    id: jsonrpsee::types::Id<'static>,
+    method: String,
+}
+
+impl Unguarded {
+    /// jsonrpsee refused the typed params before the guard saw the call: its error stands,
+    /// unless another payload holds the key, which is still the spec's 422 (§4.3). A success
+    /// came from a method without `#[idempotent]`: undeduplicated, its staged writes dropped,
+    /// so it is answered as the application's mistake, loudly, never as a success.
+    async fn answer(
+        self,
+        response: MethodResponse,
+        governed: Option<GovernedCall>,
+    ) -> MethodResponse {
+        if response.is_error() {
+            return match governed {
+                Some(call) => collision_instead(&call, response).await,
+                None => response,
+            };
+        }
+        tracing::error!(
+            method = %self.method,
+            "a governed method answered without its guard: put #[idempotent] on its \
+             implementation (in the `impl ...Server for ...` block: jsonrpsee drops the \
+             attributes of `#[rpc]` trait methods), or stop governing it"
+        );
+        let error = IdempotencyError::new(ErrorCode::NotGuarded).with_detail("method", self.method);
+        MethodResponse::error(self.id, error.to_error_object())
+    }
 }
 
 /// The 422 collision if another payload (or method) holds the call's key; else `response`.

@@ -150,21 +150,27 @@ pub(crate) struct GovernedCall {
     /// The raw params' spelling: once the call is answered, a resend of these very bytes
     /// is recognised without hashing.
     pub(crate) spelling: Spelling,
-    /// Set when the guard takes the call: jsonrpsee decoded its params.
-    pub(crate) reached: Arc<AtomicBool>,
 }
 
 impl GovernedCall {
     pub(crate) fn record(&self, outcome: Outcome) {
         self.scope.record(&self.method, outcome);
     }
+}
 
-    pub(crate) fn mark_reached(&self) {
-        self.reached.store(true, Ordering::Relaxed);
+/// Marked by the guard when it takes a governed call (deduplicated or not). A governed call
+/// answered without it had its params refused by jsonrpsee, or its method is not
+/// `#[idempotent]` (the attribute left off, or put on the `#[rpc]` trait, which drops it).
+#[derive(Clone, Default)]
+pub(crate) struct GuardReach(Arc<AtomicBool>);
+
+impl GuardReach {
+    pub(crate) fn mark(&self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 
-    pub(crate) fn reached_guard(&self) -> bool {
-        self.reached.load(Ordering::Relaxed)
+    pub(crate) fn reached(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
     }
 }
 

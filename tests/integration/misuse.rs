@@ -1,0 +1,146 @@
+//! An application's mistakes in wiring the extension: each answered loudly and naming the
+//! mistake, never as a silent, undeduplicated success.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use idem::{idempotent, Replayable, UnitOfWork};
+use jsonrpsee::core::{async_trait, RpcResult};
+use jsonrpsee::proc_macros::rpc;
+use jsonrpsee::Extensions;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// Typed, so that jsonrpsee's own decoding can refuse a number.
+type Metadata = serde_json::Map<String, Value>;
+
+#[rpc(server)]
+pub trait Careless {
+    /// Governed (`message/send` is), but its implementation lacks `#[idempotent]`.
+    #[method(name = "message/send", with_extensions)]
+    async fn send(&self, message: Value, metadata: Option<Metadata>) -> RpcResult<Value>;
+
+    /// Governed, without `#[idempotent]`, and staging nothing.
+    #[method(name = "SendMessage", with_extensions)]
+    async fn send_v1(&self, message: Value) -> RpcResult<Value>;
+
+    /// `#[idempotent]`, but not among the methods the handle governs.
+    #[method(name = "tasks/cancel", with_extensions)]
+    async fn cancel(&self, id: String) -> RpcResult<Replayable<Value>>;
+}
+
+struct CarelessAgent {
+    executions: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl CarelessServer for CarelessAgent {
+    async fn send(
+        &self,
+        ext: &Extensions,
+        _message: Value,
+        metadata: Option<Metadata>,
+    ) -> RpcResult<Value> {
+        self.executions.fetch_add(1, Ordering::SeqCst);
+        if let Some(name) = metadata.as_ref().and_then(|m| m.get("effect")?.as_str()) {
+            stage_effect(&UnitOfWork::of(ext)?, name)?;
+        }
+        Ok(json!({"kind": "task", "id": "t-1"}))
+    }
+
+    async fn send_v1(&self, _ext: &Extensions, _message: Value) -> RpcResult<Value> {
+        self.executions.fetch_add(1, Ordering::SeqCst);
+        Ok(json!({"kind": "task", "id": "t-2"}))
+    }
+
+    #[idempotent]
+    async fn cancel(&self, ext: &Extensions, id: String) -> RpcResult<Replayable<Value>> {
+        let _ = ext;
+        self.executions.fetch_add(1, Ordering::SeqCst);
+        Ok(json!({"id": id, "status": {"state": "canceled"}}).into())
+    }
+}
+
+async fn careless_server(db: &Db) -> TestServer {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let agent = CarelessAgent {
+        executions: executions.clone(),
+    };
+    let config = idem::IdempotencyConfig::default();
+    TestServer::serve(
+        &db.path,
+        config,
+        db.clock.clone(),
+        agent.into_rpc(),
+        executions,
+    )
+    .await
+}
+
+/// A governed method without `#[idempotent]` would run undeduplicated, and what it staged
+/// would never commit: it is refused, uncached, every time, with the method named.
+#[tokio::test]
+async fn a_governed_method_without_its_attribute_is_refused_not_run_undeduplicated() {
+    let db = Db::new();
+    let server = careless_server(&db).await;
+    let mid = new_id();
+    // It stages a write: UnitOfWork::of refuses, the body fails there.
+    let staging = send_with(1, "message/send", &mid, "x", json!({"effect": "e1"}));
+    for attempt in 1..=2 {
+        let reply = post_activated(&server.url, staging.clone()).await;
+        assert_eq!(reply.error_code(), -32603, "{}", reply.describe());
+        assert_eq!(reply.data_code(), "IDEMPOTENCY_METHOD_NOT_GUARDED");
+        assert!(!reply.replayed(), "attempt {attempt}: never cached");
+    }
+    assert_eq!(db.row(&mid), None, "nothing cached");
+    // It stages nothing: its success is replaced by the error, which names the method.
+    let plain = send_with(2, "SendMessage", &new_id(), "y", json!({}));
+    let reply = post_activated(&server.url, plain).await;
+    assert_eq!(reply.data_code(), "IDEMPOTENCY_METHOD_NOT_GUARDED");
+    assert_eq!(reply.json()["error"]["data"]["method"], "SendMessage");
+    assert_eq!(reply.json()["id"], 2);
+    // In a batch, a staging body fails at its unit of work all the same.
+    let batch = format!(
+        "[{}]",
+        send_with(3, "message/send", &new_id(), "z", json!({"effect": "e2"}))
+    );
+    let reply = post_activated(&server.url, batch).await;
+    assert_eq!(
+        reply.batch_answer(3)["error"]["data"]["code"],
+        "IDEMPOTENCY_METHOD_NOT_GUARDED"
+    );
+    // A governed call jsonrpsee refuses (params it cannot decode) keeps jsonrpsee's error.
+    let undecodable = format!(
+        r#"{{"jsonrpc":"2.0","id":4,"method":"message/send","params":{{"message":{{"kind":"message","messageId":"{}","role":"user","parts":[]}},"metadata":7}}}}"#,
+        new_id()
+    );
+    assert_eq!(
+        post_activated(&server.url, undecodable).await.error_code(),
+        -32602
+    );
+    assert_eq!(
+        server.executions(),
+        4,
+        "the bodies ran: the refusal comes after"
+    );
+    assert!(db.effects().is_empty(), "nothing staged was written");
+}
+
+/// `#[idempotent]` on a method the handle does not govern: the body never runs, and the
+/// error says to govern it rather than that the layers are missing.
+#[tokio::test]
+async fn an_attributed_method_that_is_not_governed_says_so() {
+    let db = Db::new();
+    let server = careless_server(&db).await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tasks/cancel","params":{"id":"t-1"}}"#;
+    let reply = post_activated(&server.url, body.to_owned()).await;
+    assert_eq!(reply.data_code(), "IDEMPOTENCY_LAYER_MISSING");
+    let reason = reply.json()["error"]["data"]["reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(reason.contains("not governed"), "{reason}");
+    assert!(reason.contains("IdempotencyBuilder::govern"), "{reason}");
+    assert_eq!(server.executions(), 0);
+}
