@@ -37,16 +37,24 @@ impl A2aServer for Agent {
     }
 
     #[idempotent]
-    async fn stream(&self, _ext: &Extensions, message: Value) -> RpcResult<EventStream<Value>> {
-        let events = (0..3).map(move |n| {
-            Ok(json!({"kind": "status-update", "seq": n, "message": message.clone()}))
-        });
+    async fn stream(&self, ext: &Extensions, message: Value) -> RpcResult<EventStream<Value>> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let task = json!({"kind": "task", "id": id, "status": {"state": "submitted"}, "history": [message]});
+        let row = id.clone();
+        UnitOfWork::of(ext)?.stage(move |db| {
+            // commits before the first event is sent, with the record that the stream runs
+            db.execute("INSERT INTO tasks (id) VALUES (?1)", [&row])?;
+            Ok(())
+        })?;
+        let done = json!({"kind": "status-update", "taskId": id, "status": {"state": "completed"}, "final": true});
+        let events = [Ok(task), Ok(done)]; // A2A: the Task first, then its updates
         Ok(EventStream::new(stream::iter(events))) // a Stream of RpcResult<Value>
     }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt().init(); // the extension says why a call failed in its logs only
     let idem = Idempotency::open("minimal.db", IdempotencyConfig::from_env()?)?;
     let db = idem.database().expect("the store is open");
     db.transact(|db| db.execute_batch("CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY)"))
@@ -56,7 +64,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))
         .build("127.0.0.1:8080")
         .await?;
-    // AgentCard: capabilities.extensions = [idem.agent_card_extension()] (None when off)
+    // The AgentCard (GET /.well-known/agent-card.json) is the application's to serve, with
+    // capabilities.extensions = [idem.agent_card_extension()] (None when off): see the
+    // example server's front.rs.
     let handle = server.start(Agent.into_rpc());
     handle.stopped().await;
     Ok(())

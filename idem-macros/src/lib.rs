@@ -14,8 +14,13 @@ use proc_macro::TokenStream;
 /// Put it on a method of an `impl ...Server for ...` block whose `#[method(...)]` has
 /// `with_extensions`; the method takes an `ext: &Extensions` parameter and returns
 /// `RpcResult<Replayable<T>>` (one answer, replayed byte for byte) or
-/// `RpcResult<EventStream<T>>` (an event stream, recorded and replayed). It works on a plain
-/// `async fn` and on a method already desugared by `#[async_trait]`.
+/// `RpcResult<EventStream<T>>` (an event stream, recorded and replayed). It works on an
+/// `async fn` of an `#[async_trait]` impl (jsonrpsee's async methods need one), whether it runs
+/// before or after `#[async_trait]` desugars the method.
+///
+/// Not in the `#[rpc]` trait: jsonrpsee drops the attributes of trait methods. A governed
+/// method that answers without this guard is refused at run time with
+/// `IDEMPOTENCY_METHOD_NOT_GUARDED`.
 ///
 /// The only argument is `crate = "path"`, for when `idem` is not reachable as `::idem`.
 #[proc_macro_attribute]

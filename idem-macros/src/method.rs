@@ -143,6 +143,16 @@ fn extensions_param(sig: &Signature) -> Result<Ident> {
         _ => None,
     });
     let Some(param) = param else {
+        if let Some(by_value) = sig.inputs.iter().find_map(|arg| match arg {
+            FnArg::Typed(typed) if is_extensions(&typed.ty) => Some(typed),
+            _ => None,
+        }) {
+            return Err(Error::new_spanned(
+                &by_value.ty,
+                "#[idempotent] takes the request's `Extensions` by reference, as jsonrpsee \
+                 passes them: write `&Extensions`",
+            ));
+        }
         return Err(Error::new_spanned(
             &sig.ident,
             "#[idempotent] needs the request's `Extensions`: add `with_extensions` to this \
@@ -160,12 +170,11 @@ fn extensions_param(sig: &Signature) -> Result<Ident> {
 }
 
 fn is_extensions_ref(ty: &Type) -> bool {
-    match peel(ty) {
-        Type::Reference(reference) => {
-            matches!(peel(&reference.elem), Type::Path(p) if last_ident_is(&p.path, "Extensions"))
-        }
-        _ => false,
-    }
+    matches!(peel(ty), Type::Reference(reference) if is_extensions(&reference.elem))
+}
+
+fn is_extensions(ty: &Type) -> bool {
+    matches!(peel(ty), Type::Path(p) if last_ident_is(&p.path, "Extensions"))
 }
 
 /// Types that went through a `macro_rules!` arrive wrapped in invisible groups.
