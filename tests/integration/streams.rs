@@ -265,6 +265,41 @@ async fn a_stream_past_the_recording_limit_ends_with_an_error_event_stored_as_se
     assert_eq!(server.executions(), 1);
 }
 
+/// A first event past the limit ends the stream before any event names what the body made:
+/// its outcome is the error alone, and its staged writes are discarded, as a unary error's
+/// are. A stream whose first event fits commits them.
+#[tokio::test]
+async fn a_first_event_past_the_recording_limit_discards_the_staged_writes() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let metadata = json!({"events": 2, "stepMs": 1, "padKiB": 8 * 1024 + 1, "effect": "big"});
+    let body = stream_request(1, &mid, "big", metadata);
+    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    let events = first.rest().await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        events[0]["error"]["data"]["code"],
+        "IDEMPOTENCY_STREAM_TOO_LARGE"
+    );
+    assert!(db.effects().is_empty(), "nothing staged was written");
+    let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
+    replay.rest().await;
+    assert!(replay.replayed());
+    assert_eq!(replay.raw(), first.raw());
+    assert_eq!(server.executions(), 1);
+
+    let fits = json!({"events": 2, "stepMs": 1, "effect": "small"});
+    let mut small = SseReply::open(
+        &server.url,
+        stream_request(2, &new_id(), "small", fits),
+        ACTIVATED,
+    )
+    .await;
+    assert_eq!(small.rest().await.len(), 2);
+    assert_eq!(db.effects(), ["before:small", "small"]);
+}
+
 #[tokio::test]
 async fn duplicates_of_a_stream_that_fails_before_streaming_all_get_its_json_error() {
     let db = Db::new();

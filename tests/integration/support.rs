@@ -101,7 +101,8 @@ impl TestAgentServer for Agent {
     }
 
     /// Streams `metadata.events` (default 4) events, `metadata.stepMs` (default 50) apart,
-    /// each padded with `metadata.padKiB` KiB, after `metadata.setupMs` of setup.
+    /// each padded with `metadata.padKiB` KiB, after `metadata.setupMs` of setup; stages the
+    /// effect `metadata.effect`, if named.
     /// Text `fail-early` fails before streaming; `fail-mid` sends an error as the third event.
     #[idempotent]
     async fn stream(
@@ -115,6 +116,9 @@ impl TestAgentServer for Agent {
         let count = metadata["events"].as_u64().unwrap_or(4);
         let step = Duration::from_millis(metadata["stepMs"].as_u64().unwrap_or(50));
         let pad_kib = metadata["padKiB"].as_u64().unwrap_or(0) as usize;
+        if let Some(name) = metadata["effect"].as_str() {
+            stage_effect(&UnitOfWork::of(ext)?, name)?;
+        }
         let text = message["parts"][0]["text"]
             .as_str()
             .unwrap_or_default()

@@ -210,8 +210,13 @@ where
     let recording = Arc::new(Recording::new());
     let stored = match next_frame(&mut events, &call.id, &recording).await {
         Next::Event(first) => open(call, ticket, events, first, writes, &recording).await,
-        // The first item already ended it: the whole outcome is known, stored in one go.
-        Next::Last(last) => store_whole(ticket, Some(last), writes, &recording).await,
+        // The first item already ended it (an error, a panic, or past the recording limit):
+        // the outcome is that error alone, and as with a unary call's error the staged writes
+        // are discarded: no event would name what they made.
+        Next::Last(last) => {
+            sealed = None;
+            store_whole(ticket, Some(last), Vec::new(), &recording).await
+        }
         Next::End => store_whole(ticket, None, writes, &recording).await,
     };
     stored.map_err(|e| store_failure(call, e))?;
@@ -246,7 +251,7 @@ async fn open<T: Serialize + Send + 'static>(
     Ok(())
 }
 
-/// Stores a stream that ended with its first item (`last`, if it sent one) with the writes.
+/// Stores a stream that ended with its first item (`last`, if it sent one) with `writes`.
 async fn store_whole(
     ticket: Ticket,
     last: Option<Bytes>,
