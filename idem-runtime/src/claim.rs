@@ -174,7 +174,9 @@ impl IdempotencyCache {
                     method: stream.method.clone(),
                     request_hash: stream.request_hash.clone(),
                     response: crate::guard::stream::interrupted(&stream, events),
-                    inserted_at: stream.started_at,
+                    // Completed now (spec §4.3: inserted on completion), so it is replayed a
+                    // whole TTL from here, as any entry is.
+                    inserted_at: store.now_seconds(),
                 });
                 ticket.lease = Some(lease);
                 store.close_stream(entry.clone(), ticket.lease()).await?;
@@ -226,7 +228,6 @@ impl IdempotencyCache {
             method: method.to_owned(),
             request_hash: hash.clone(),
             phase: phase_tx,
-            opened_at: None,
             lease: None,
         };
         Ok((ticket, unchanged))
@@ -309,8 +310,6 @@ pub struct Ticket {
     method: String,
     request_hash: RequestHash,
     phase: watch::Sender<Phase>,
-    /// When its stream was opened: the `inserted_at` of the entry the stream becomes.
-    opened_at: Option<u64>,
     /// The store's claim, once won; taken when the call's outcome ended it.
     lease: Option<Lease>,
 }
@@ -347,25 +346,22 @@ impl Ticket {
     /// Commits a stream's staged `writes` with the durable record that it runs and its first
     /// event. `jsonrpc_id` is the call's id as JSON text.
     pub async fn open_stream(
-        &mut self,
+        &self,
         jsonrpc_id: String,
         first_event: bytes::Bytes,
         writes: Vec<SqlWrite>,
     ) -> Result<(), StoreError> {
         let store = self.store()?;
-        let started_at = store.now_seconds();
         let stream = OpenStream {
             message_id: self.key.clone(),
             method: self.method.clone(),
             request_hash: self.request_hash.clone(),
             jsonrpc_id,
-            started_at,
+            started_at: store.now_seconds(),
         };
         store
             .open_stream(&stream, first_event, writes, self.lease())
-            .await?;
-        self.opened_at = Some(started_at);
-        Ok(())
+            .await
     }
 
     /// Records event `seq` of the open stream durably.
@@ -417,7 +413,8 @@ impl Ticket {
             method: self.method.clone(),
             request_hash: self.request_hash.clone(),
             response,
-            inserted_at: self.opened_at.unwrap_or_else(|| store.now_seconds()),
+            // On completion (spec §4.3), a stream's too: its TTL runs from its end.
+            inserted_at: store.now_seconds(),
         });
         Ok((store, entry))
     }

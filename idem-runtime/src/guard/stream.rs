@@ -232,7 +232,7 @@ where
 /// stream to a recorder of its own.
 async fn open<T: Serialize + Send + 'static>(
     call: &GovernedCall,
-    mut ticket: Ticket,
+    ticket: Ticket,
     events: Events<T>,
     first: Bytes,
     writes: Vec<SqlWrite>,

@@ -676,16 +676,30 @@ impl Store for PostgresStore {
                 break;
             }
         }
+        // An open stream whose claim is live is still running on some replica: never swept,
+        // so that its retries attach (or, after a crash, get its interrupted outcome).
         execute(
             &client,
-            "DELETE FROM idempotency_stream_events WHERE message_id IN
-               (SELECT message_id FROM idempotency_open_streams WHERE started_at + $1 < $2)",
+            concat!(
+                "DELETE FROM idempotency_stream_events WHERE message_id IN
+                   (SELECT message_id FROM idempotency_open_streams o WHERE started_at + $1 < $2
+                    AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
+                                    WHERE c.message_id = o.message_id AND c.lease_until > ",
+                now_ms!(),
+                "))"
+            ),
             &[&ttl, &now],
         )
         .await?;
         execute(
             &client,
-            "DELETE FROM idempotency_open_streams WHERE started_at + $1 < $2",
+            concat!(
+                "DELETE FROM idempotency_open_streams o WHERE started_at + $1 < $2
+                 AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
+                                 WHERE c.message_id = o.message_id AND c.lease_until > ",
+                now_ms!(),
+                ")"
+            ),
             &[&ttl, &now],
         )
         .await?;

@@ -109,6 +109,9 @@ const SWEEP_CHUNK: u64 = 100;
 pub struct SqliteStore {
     path: PathBuf,
     ttl_seconds: u64,
+    /// When this store opened the file, by its clock: an open stream started before it was
+    /// left by a process that is gone (one process serves a file), one started since is live.
+    opened_at: u64,
     clock: Arc<dyn Clock>,
     touches: Arc<Mutex<HashMap<String, u64>>>,
     tier: Arc<MemoryTier>,
@@ -170,6 +173,7 @@ impl SqliteStore {
         Ok(Self {
             path,
             ttl_seconds: config.ttl_seconds,
+            opened_at: clock.now_seconds(),
             clock,
             touches,
             tier,
@@ -404,12 +408,13 @@ impl Store for SqliteStore {
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
-        let ttl = self.ttl_seconds;
+        let (ttl, opened_at) = (self.ttl_seconds, self.opened_at);
         let mut total = 0;
         loop {
             let deleted = self
                 .write(true, move |conn, batch| {
-                    let n = sweep_chunk(conn, ttl, batch.now_ms / 1000, &mut batch.changes)?;
+                    let now = batch.now_ms / 1000;
+                    let n = sweep_chunk(conn, ttl, now, opened_at, &mut batch.changes)?;
                     batch.rows = match n < SWEEP_CHUNK {
                         // The sweep's last step counts the rows again: an operator's purge
                         // deletes rows the writer never counted out, and the LRU bound would
@@ -476,12 +481,15 @@ fn apply_writes(conn: &Connection, writes: &mut [SqlWrite]) -> Result<(), StoreE
     Ok(())
 }
 
-/// Deletes a chunk of expired entries, and open streams older than the TTL (whose retries
-/// are new requests by now); returns how many entries it deleted.
+/// Deletes a chunk of expired entries, and the open streams that a process gone before
+/// `opened_at` left more than a TTL ago (whose retries are new requests by now); returns how
+/// many entries it deleted. A stream still running is never swept: its retry must attach,
+/// and after a crash get its interrupted outcome, never run again.
 fn sweep_chunk(
     conn: &Connection,
     ttl: u64,
     now: u64,
+    opened_at: u64,
     changes: &mut Vec<Change>,
 ) -> rusqlite::Result<u64> {
     let deleted = entries::delete(
@@ -495,15 +503,18 @@ fn sweep_chunk(
     )?;
     let count = deleted.len() as u64;
     changes.extend(deleted);
+    let left = params![ttl as i64, now as i64, opened_at as i64];
     conn.prepare_cached(
         "DELETE FROM idempotency_stream_events WHERE message_id IN
-           (SELECT message_id FROM idempotency_open_streams WHERE started_at + ?1 < ?2)",
+           (SELECT message_id FROM idempotency_open_streams
+            WHERE started_at + ?1 < ?2 AND started_at < ?3)",
     )?
-    .execute(params![ttl as i64, now as i64])?;
+    .execute(left)?;
     let mut closed = conn.prepare_cached(
-        "DELETE FROM idempotency_open_streams WHERE started_at + ?1 < ?2 RETURNING message_id",
+        "DELETE FROM idempotency_open_streams WHERE started_at + ?1 < ?2 AND started_at < ?3
+         RETURNING message_id",
     )?;
-    let closed = closed.query_map(params![ttl as i64, now as i64], |row| {
+    let closed = closed.query_map(left, |row| {
         Ok(Change::Closed(MessageId::from_stored(row.get(0)?)))
     })?;
     changes.extend(closed.collect::<rusqlite::Result<Vec<_>>>()?);

@@ -10,6 +10,7 @@ use crate::hash::request_hash;
 
 use crate::store::tests::fixture::{Backend, Fixture, T0_MS};
 use crate::store::tests::support::*;
+use crate::store::StoredResponse;
 
 pub async fn round_trip_keeps_every_field(fx: Fixture) {
     let cache = fx.cache(&config(86_400, 100)).await;
@@ -323,8 +324,7 @@ pub async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_th
     let hash = request_hash(br#"{"s":1}"#).unwrap();
     {
         let cache = fx.cache(&config(86_400, 100)).await;
-        let Claim::Execute(mut ticket) =
-            cache.claim(&key(1), "message/stream", &hash).await.unwrap()
+        let Claim::Execute(ticket) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
         else {
             panic!()
         };
@@ -343,6 +343,7 @@ pub async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_th
         fx.execute("UPDATE idempotency_claims SET lease_until = 0")
             .await;
     }
+    fx.clock.advance(Duration::from_secs(5));
     let cache = fx.cache(&config(86_400, 100)).await;
     assert!(cache.store().get(&key(1)).await.unwrap().is_none());
     let Claim::Cached(entry) = cache.claim(&key(1), "message/stream", &hash).await.unwrap() else {
@@ -366,8 +367,8 @@ pub async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_th
     );
     assert_eq!(
         entry.inserted_at,
-        T0_MS / 1000,
-        "counted from the stream's start"
+        T0_MS / 1000 + 5,
+        "inserted when it was closed (spec §4.3: on completion), not when it started"
     );
     assert_eq!(
         entry.response.headers,
@@ -383,6 +384,76 @@ pub async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_th
         .count("SELECT COUNT(*) FROM idempotency_stream_events")
         .await;
     assert_eq!((open, events), (0, 0));
+}
+
+/// A stream's TTL runs from its end, and the sweep never takes a stream that still runs (its
+/// retries must attach, never run again); one a dead process left open past the TTL goes.
+pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(fx: Fixture) {
+    let config = config(10, 100);
+    let hash = request_hash(br#"{"s":1}"#).unwrap();
+    let open_streams = "SELECT COUNT(*) FROM idempotency_open_streams";
+    let event = |n: u32| {
+        bytes_of(&format!(
+            "data: {{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{n}}}\n\n"
+        ))
+    };
+    let cache = fx.cache(&config).await;
+    let Claim::Execute(running) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
+    else {
+        panic!()
+    };
+    running
+        .open_stream("5".into(), event(0), Vec::new())
+        .await
+        .unwrap();
+    fx.clock.advance(Duration::from_secs(11));
+    cache.store().sweep().await.unwrap();
+    assert_eq!(
+        fx.count(open_streams).await,
+        1,
+        "a running stream is never swept"
+    );
+    running.append_event(1, event(1)).await.unwrap();
+    running
+        .close_stream(StoredResponse {
+            status: 200,
+            headers: vec![("content-type".into(), "text/event-stream".into())],
+            body: [event(0), event(1)].concat(),
+        })
+        .await
+        .unwrap();
+    let stored = cache
+        .store()
+        .get(&key(1))
+        .await
+        .unwrap()
+        .expect("live a TTL from its end");
+    assert_eq!(stored.inserted_at, (T0_MS / 1000) + 11);
+
+    let Claim::Execute(left) = cache.claim(&key(2), "message/stream", &hash).await.unwrap() else {
+        panic!()
+    };
+    left.open_stream("5".into(), event(0), Vec::new())
+        .await
+        .unwrap();
+    std::mem::forget(left); // its process dies
+    drop(cache);
+    if fx.backend == Backend::Postgres {
+        fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+            .await;
+    }
+    fx.clock.advance(Duration::from_secs(11));
+    let cache = fx.cache(&config).await;
+    cache.store().sweep().await.unwrap();
+    assert_eq!(
+        fx.count(open_streams).await,
+        0,
+        "left open past the TTL: swept"
+    );
+    let events = fx
+        .count("SELECT COUNT(*) FROM idempotency_stream_events")
+        .await;
+    assert_eq!(events, 0, "with its events");
 }
 
 /// Each test above, once per backend.
@@ -425,4 +496,5 @@ on_both_backends!(
     quiesce_waits_for_executions_in_flight,
     staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone,
     a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_the_next_claim,
+    the_sweep_spares_running_streams_and_takes_those_left_by_the_dead,
 );

@@ -261,7 +261,7 @@ async fn a_completion_fenced_out_by_a_takeover_commits_nothing() {
     let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
     fx.create_effects(a.store()).await;
     let hash = request_hash(br#"{"s":1}"#).unwrap();
-    let mut paused = won(&a, &key(1), "message/stream", &hash).await;
+    let paused = won(&a, &key(1), "message/stream", &hash).await;
     let first = bytes_of("data: {}\n\n");
     paused
         .open_stream("1".into(), first, vec![fx.effect("a-opened")])
