@@ -2,6 +2,7 @@
 //! mission completes in the background with an artifact echoing the text it was given, and
 //! every assignment, completion and cancellation leaves one event in the outbox.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
@@ -10,6 +11,8 @@ use jsonrpsee::types::ErrorObjectOwned;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use idem::UnitOfWork;
@@ -125,12 +128,19 @@ pub struct Missions {
     store: TaskStore,
     /// Continuations of one task take turns (`task_locks.rs`).
     continuing: TaskLocks,
+    /// Bumped by each cancel here: a stream following a task looks again whether it ended.
+    cancels: Arc<watch::Sender<u64>>,
 }
 
 impl Missions {
     pub fn new(store: TaskStore) -> Self {
         let continuing = TaskLocks::default();
-        Self { store, continuing }
+        let cancels = Arc::new(watch::Sender::new(0));
+        Self {
+            store,
+            continuing,
+            cancels,
+        }
     }
 
     /// Assigns a mission, or continues the task the message names; the task and its event
@@ -156,7 +166,9 @@ impl Missions {
     /// Like [`send`](Self::send), then follows the mission to its end: the task, a status update
     /// halfway to the deadline, then the artifact and the final status update. A message that
     /// continues a task follows that task's mission the same way. The stream completes the
-    /// mission itself (the background completion, racing it, is a no-op).
+    /// mission itself (the background completion, racing it, is a no-op). A task canceled here
+    /// meanwhile ends it at once with its final status, as a task stream closes when its task
+    /// is terminal (a cancel on another replica shows at the deadline).
     pub async fn stream(
         &self,
         unit: &UnitOfWork,
@@ -165,26 +177,30 @@ impl Missions {
     ) -> RpcResult<(String, BoxStream<'static, RpcResult<Progress>>)> {
         let (task, due_at_ms) = self.begin(unit, message, orders).await?;
         let task_id = task.id.clone();
-        let halfway = Duration::from_millis(due_at_ms.saturating_sub(clock::now_ms()) / 2);
+        let until_due = Duration::from_millis(due_at_ms.saturating_sub(clock::now_ms()));
+        let now = Instant::now();
+        let (halfway, due) = (now + until_due / 2, now + until_due);
         let first = Progress::Task(task.clone());
         let working = Progress::Status {
             task: task.clone(),
             last: false,
         };
-        let missions = self.clone();
-        let end = async move {
-            tokio::time::sleep(Duration::from_millis(
-                due_at_ms.saturating_sub(clock::now_ms()),
-            ))
-            .await;
-            missions.complete(task.id).await
+        let (missions, mut cancels) = (self.clone(), self.cancels.subscribe());
+        let rest = async move {
+            if let Some(ended) = missions.ended_before(halfway, &task.id, &mut cancels).await {
+                return stream::iter(ending(Ok(ended))).boxed();
+            }
+            let end = async move {
+                match missions.ended_before(due, &task.id, &mut cancels).await {
+                    Some(ended) => Ok(ended),
+                    None => missions.complete(task.id).await,
+                }
+            };
+            stream::iter([Ok(working)])
+                .chain(stream::once(end).flat_map(|ended| stream::iter(ending(ended))))
+                .boxed()
         };
-        let events = stream::iter([Ok(first)])
-            .chain(stream::once(async move {
-                tokio::time::sleep(halfway).await;
-                Ok(working)
-            }))
-            .chain(stream::once(end).flat_map(|ended| stream::iter(ending(ended))));
+        let events = stream::iter([Ok(first)]).chain(stream::once(rest).flatten());
         Ok((task_id, events.boxed()))
     }
 
@@ -270,7 +286,8 @@ impl Missions {
 
     /// Cancels a working task; a terminal one is -32002.
     pub async fn cancel(&self, task_id: String) -> RpcResult<Task> {
-        self.store
+        let canceled = self
+            .store
             .update(task_id, |task| {
                 if task.state.is_terminal() {
                     return Err(errors::task_not_cancelable(&task.id, task.state.name()));
@@ -278,7 +295,31 @@ impl Missions {
                 task.cancel();
                 Ok(Some(event("mission.canceled", task, json!({}))))
             })
-            .await
+            .await?;
+        self.cancels.send_modify(|count| *count += 1);
+        Ok(canceled)
+    }
+
+    /// The task, if it is terminal before `deadline`: looked at again after each cancel here.
+    async fn ended_before(
+        &self,
+        deadline: Instant,
+        task_id: &str,
+        cancels: &mut watch::Receiver<u64>,
+    ) -> Option<Task> {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return None,
+                _ = cancels.changed() => {
+                    // A read that fails leaves the stream to its deadline, as before a cancel.
+                    if let Ok(task) = self.store.get(task_id.to_owned()).await {
+                        if task.state.is_terminal() {
+                            return Some(task);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Reschedules the missions a previous run left working; overdue ones complete at once.

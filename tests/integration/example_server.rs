@@ -664,6 +664,35 @@ async fn a_working_task_is_canceled_once() {
     assert_eq!(again.error_code(), -32002);
 }
 
+/// A task stream closes when its task is terminal: a cancel ends it at once with the final
+/// `canceled` status, never a `working` update after it (which a stream sent at halfway,
+/// then held open to the old deadline); the replay is that same stream.
+#[tokio::test]
+async fn a_streamed_task_canceled_mid_way_ends_its_stream_at_once() {
+    let server = ServerProcess::start(&[]);
+    let body = crate::support::stream_request(1, &new_id(), "long", json!({"durationMs": 20000}));
+    let started = Instant::now();
+    let mut stream = SseReply::open(&server.url, body.clone(), &[("A2A-Extensions", URI)]).await;
+    let task = stream.next_event().await.unwrap()["result"].clone();
+    let canceled = call(&server.url, "tasks/cancel", json!({"id": task["id"]})).await;
+    assert_eq!(canceled.json()["result"]["status"]["state"], "canceled");
+    let rest = stream.rest().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "ended at the cancel, not at the 10 s halfway or the 20 s deadline"
+    );
+    let states: Vec<_> = rest
+        .iter()
+        .map(|e| e["result"]["status"]["state"].clone())
+        .collect();
+    assert_eq!(states, [json!("canceled")], "{rest:?}");
+    assert_eq!(rest[0]["result"]["final"], true);
+    let mut replay = SseReply::open(&server.url, body, &[("A2A-Extensions", URI)]).await;
+    replay.rest().await;
+    assert!(replay.replayed());
+    assert_eq!(replay.raw(), stream.raw());
+}
+
 const V1_0: &[(&str, &str)] = &[("A2A-Extensions", URI), ("A2A-Version", "1.0")];
 
 #[tokio::test]
