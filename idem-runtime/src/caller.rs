@@ -81,6 +81,9 @@ impl CallerPolicy {
     /// The policy for the caller in `extensions` (none inserted: an unscoped, marked one).
     pub(crate) fn of(extensions: &http::Extensions, config: &IdempotencyConfig) -> Self {
         let caller = extensions.get::<Caller>();
+        if caller.is_none() && config.scope_keys_by_principal {
+            warn_once_of_no_caller();
+        }
         let key_scope = match caller {
             Some(Caller::Authenticated(principal)) if config.scope_keys_by_principal => {
                 Some(KeyScope::of(principal))
@@ -101,6 +104,20 @@ impl CallerPolicy {
             None => spelling,
         }
     }
+}
+
+/// With keys scoped, a request without any `Caller` is most often an auth layer installed
+/// after the HTTP layer, which silently puts every caller in the global keys: said once.
+fn warn_once_of_no_caller() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!(
+            "keys are scoped by principal, but a request reached the idempotency HTTP layer \
+             without a Caller, so it shares the global keys: install the layer that inserts \
+             Caller before Idempotency::http_layer, and have it insert \
+             Caller::Unauthenticated for anonymous callers (said once)"
+        );
+    });
 }
 
 impl Default for CallerPolicy {

@@ -631,6 +631,10 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
     match options.open(path) {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
+        // Named: "No such file or directory" alone does not say which.
+        Err(e) => Err(std::io::Error::new(
+            e.kind(),
+            format!("{}: {e}", path.display()),
+        )),
     }
 }

@@ -119,6 +119,10 @@ fn unusable_path_is_an_error_not_a_panic() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("No such file"), "{err}");
+    assert!(
+        err.to_string().contains("/nonexistent-dir/x/cache.db"),
+        "names the file: {err}"
+    );
 }
 
 #[tokio::test]
