@@ -111,10 +111,11 @@ fn sqlite_by_key(sql: &str) -> String {
     sql.replace("message_id = $1", subquery)
 }
 
+#[cfg(feature = "postgres")]
 const PURGE_EXPIRED: &str = "
 DELETE FROM idempotency_cache WHERE message_id IN (
     SELECT message_id FROM idempotency_cache WHERE inserted_at + $2 < $1 LIMIT $3)";
-/// [`PURGE_EXPIRED`] for SQLite: rows by rowid (no index of keys there), found through the
+/// `PURGE_EXPIRED` for SQLite: rows by rowid (no index of keys there), found through the
 /// index on `inserted_at`.
 const SQLITE_PURGE_EXPIRED: &str = "
 DELETE FROM idempotency_cache WHERE rowid IN (
