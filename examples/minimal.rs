@@ -59,14 +59,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = idem.database().expect("the store is open");
     db.transact(|db| db.execute_batch("CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY)"))
         .await?;
+    // The AgentCard, with the extension's entry in capabilities.extensions (spec §3.1).
+    let card = json!({"name": "Minimal agent", "url": "http://127.0.0.1:8080/", "version": "1.0.0",
+                      "capabilities": {"streaming": true}});
+    let http = tower::ServiceBuilder::new()
+        .layer(idem.agent_card_layer(card))
+        .layer(idem.http_layer());
     let server = Server::builder()
-        .set_http_middleware(tower::ServiceBuilder::new().layer(idem.http_layer()))
+        .set_http_middleware(http)
         .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))
         .build("127.0.0.1:8080")
         .await?;
-    // The AgentCard (GET /.well-known/agent-card.json) is the application's to serve, with
-    // capabilities.extensions = [idem.agent_card_extension()] (None when off): see the
-    // example server's front.rs.
     let handle = server.start(Agent.into_rpc());
     handle.stopped().await;
     Ok(())

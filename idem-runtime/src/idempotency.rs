@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::claim::IdempotencyCache;
 use crate::config::IdempotencyConfig;
+use crate::layers::agent_card::AgentCardLayer;
 use crate::layers::http::HttpLayer;
 use crate::layers::rpc::RpcLayer;
 use crate::state::State;
@@ -189,6 +190,15 @@ impl Idempotency {
     /// The RPC layer for `ServerBuilder::set_rpc_middleware`.
     pub fn rpc_layer(&self) -> RpcLayer {
         RpcLayer::new(self.state.clone())
+    }
+
+    /// A tower layer that serves `card` as the AgentCard (`GET` and `HEAD` of
+    /// `/.well-known/agent-card.json`), with this extension's entry
+    /// ([`agent_card_extension`](Self::agent_card_extension)) in its
+    /// `capabilities.extensions`, in place of any it had. Put it in `set_http_middleware`
+    /// before the HTTP layer.
+    pub fn agent_card_layer(&self, card: Value) -> AgentCardLayer {
+        AgentCardLayer::new(card, self.agent_card_extension())
     }
 
     /// The AgentCard `capabilities.extensions[]` entry, from the effective config; `None`

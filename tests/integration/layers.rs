@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use idem::IdempotencyConfig;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::support::*;
 
@@ -630,6 +630,40 @@ async fn a_panicking_body_is_cached_as_a_failure_and_the_server_lives() {
             .status,
         200
     );
+}
+
+/// The card layer serves the application's card with this extension's entry as the
+/// configuration makes it (spec §3.1), its headers alone to HEAD, and 405 to what it does
+/// not serve; JSON-RPC over POST on its path is jsonrpsee's, as on every path.
+#[tokio::test]
+async fn the_agent_card_layer_serves_the_card_with_the_extension_s_entry() {
+    let db = Db::new();
+    let server = db.server(config().with(|c| c.ttl_seconds = 600)).await;
+    let url = format!("{}/.well-known/agent-card.json", server.url);
+    let http = reqwest::Client::new();
+    let got = http.get(&url).send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.headers()["content-type"], "application/json");
+    let card: Value = got.json().await.unwrap();
+    assert_eq!(card["name"], "Test agent");
+    let entries = card["capabilities"]["extensions"].as_array().unwrap();
+    let ours: Vec<_> = entries.iter().filter(|e| e["uri"] == URI).collect();
+    assert_eq!(ours.len(), 1, "one entry of the extension: {entries:?}");
+    assert_eq!(*ours[0], server.idem.agent_card_extension().unwrap());
+    assert_eq!(ours[0]["params"]["ttl_seconds"], 600);
+    assert!(entries
+        .iter()
+        .any(|e| e["uri"] == "https://example.invalid/other/v1"));
+
+    let head = http.head(&url).send().await.unwrap();
+    assert_eq!(head.status(), 200);
+    let length = card.to_string().len().to_string();
+    assert_eq!(head.headers()["content-length"], length.as_str());
+    let put = http.put(&url).send().await.unwrap();
+    assert_eq!(put.status(), 405);
+    assert_eq!(put.headers()["allow"], "GET, HEAD, POST");
+    let rpc = post_activated(&url, send(1, &new_id(), "on the card's path")).await;
+    assert_eq!(rpc.json()["result"]["echo"], "on the card's path");
 }
 
 #[tokio::test]

@@ -178,6 +178,18 @@ fn caller_from_header<B>(mut request: http::Request<B>) -> http::Request<B> {
     request
 }
 
+/// The test agent's card as the application writes it: an entry of this extension from an
+/// earlier configuration (the layer replaces it), and another extension's (kept).
+pub fn card() -> Value {
+    json!({
+        "name": "Test agent",
+        "capabilities": {"extensions": [
+            {"uri": URI, "params": {"ttl_seconds": 1}},
+            {"uri": "https://example.invalid/other/v1"},
+        ]},
+    })
+}
+
 /// The table the test agent's side effects go to: `name` is unique, so a test can make a
 /// staged write fail by inserting the name first.
 pub const EFFECTS: &str = "CREATE TABLE IF NOT EXISTS effects (name TEXT NOT NULL PRIMARY KEY)";
@@ -234,6 +246,7 @@ impl TestServer {
             .set_config(limits)
             .set_http_middleware(
                 tower::ServiceBuilder::new()
+                    .layer(idem.agent_card_layer(card()))
                     .map_request(caller_from_header)
                     .layer(idem.http_layer()),
             )

@@ -3,7 +3,7 @@
 //! of the answer) and the RPC layer (`rpc.rs`: which calls are governed, the params' hash and
 //! key, the call's unit of work); `scope.rs` is what the first hands the second, `activation.rs`
 //! how a request activates the extension, `invalid_request.rs` the JSON-RPC 2.0 answers the
-//! HTTP layer gives where jsonrpsee's differ.
+//! HTTP layer gives where jsonrpsee's differ; `agent_card.rs` serves the AgentCard, in front.
 
 //!
 //! ```no_run
@@ -21,6 +21,7 @@
 //! ```
 
 pub(crate) mod activation;
+pub(crate) mod agent_card;
 pub(crate) mod http;
 pub(crate) mod invalid_request;
 pub(crate) mod rpc;
@@ -30,5 +31,6 @@ pub use crate::error::EXTENSION_URI;
 pub use crate::guard::sse::EVENT_STREAM;
 pub use crate::idempotency::DEFAULT_GOVERNED_METHODS;
 pub use activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
+pub use agent_card::{AgentCardLayer, AgentCardService, AGENT_CARD_PATH};
 pub use http::{HttpLayer, HttpService, IDEMPOTENT_REPLAYED};
 pub use rpc::{RpcLayer, RpcService};
