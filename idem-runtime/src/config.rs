@@ -152,7 +152,7 @@ impl IdempotencyConfig {
             None => Ok(None),
         };
         if let Some(lease) = millis(CLAIM_LEASE_ENV)? {
-            config.claim_lease = lease;
+            config.claim_lease = at_most_a_postgres_timeout(CLAIM_LEASE_ENV, lease)?;
         }
         if let Some(interval) = millis(SWEEP_INTERVAL_ENV)? {
             config.sweep_interval = interval;
@@ -189,6 +189,25 @@ fn positive_integer(variable: &'static str, value: &str) -> Result<u64, ConfigEr
             variable,
             value: value.to_owned(),
             reason: "expected a whole number from 1 to 9223372036854775807 (2^63 - 1)",
+        }),
+    }
+}
+
+/// The largest timeout PostgreSQL takes (a 32-bit count of milliseconds): the stores bound
+/// their sessions by the lease, and a larger value would stop a replica from connecting.
+pub(crate) const MAX_POSTGRES_TIMEOUT_MS: u64 = i32::MAX as u64;
+
+fn at_most_a_postgres_timeout(
+    variable: &'static str,
+    value: Duration,
+) -> Result<Duration, ConfigError> {
+    match value.as_millis() <= MAX_POSTGRES_TIMEOUT_MS as u128 {
+        true => Ok(value),
+        false => Err(ConfigError {
+            variable,
+            value: value.as_millis().to_string(),
+            reason: "expected a whole number of milliseconds from 1 to 2147483647 \
+                     (PostgreSQL's largest timeout)",
         }),
     }
 }
@@ -247,6 +266,12 @@ mod tests {
         assert_eq!(err.variable, MAX_ENTRIES_ENV);
         let err = from(&[(SWEEP_INTERVAL_ENV, "0")]).unwrap_err();
         assert_eq!(err.variable, SWEEP_INTERVAL_ENV);
+        // A lease PostgreSQL could not take as a timeout is refused here, by name.
+        let err = from(&[(CLAIM_LEASE_ENV, "2147483648")]).unwrap_err();
+        assert_eq!(err.variable, CLAIM_LEASE_ENV);
+        assert!(err.to_string().contains("to 2147483647"), "{err}");
+        let longest = from(&[(CLAIM_LEASE_ENV, "2147483647")]).unwrap();
+        assert_eq!(longest.claim_lease, Duration::from_millis(2_147_483_647));
         for bad in ["", "-1", "64MiB", "1e6"] {
             let err = from(&[(MEMORY_TIER_BYTES_ENV, bad)]).unwrap_err();
             assert_eq!(err.variable, MEMORY_TIER_BYTES_ENV, "{bad:?}");

@@ -445,7 +445,7 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    #[error("{backend}: {source}")]
+    #[error("{backend}: {}", causes(source.as_ref()))]
     /// The database refused an operation, or could not be reached.
     Backend {
         /// Which database: `sqlite` or `postgres`.
@@ -563,6 +563,21 @@ impl StoreError {
             Self::Corrupt { .. } => "corrupt",
         }
     }
+}
+
+/// An error and the errors under it, as one line: PostgreSQL's own words ("database \"a2a\"
+/// does not exist") are a source or two below the "db error" its client says at the top.
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        source = cause.source();
+    }
+    text
 }
 
 impl From<rusqlite::Error> for StoreError {

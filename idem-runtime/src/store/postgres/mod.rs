@@ -751,19 +751,33 @@ impl Store for PostgresStore {
 }
 
 /// A pool of `size` connections to the database `options` names, whose sessions the server
-/// ends when one of their transactions has been idle for `lease` (at least a second).
+/// ends when one of their transactions has been idle for `lease` (at least a second), and
+/// whose statements it cancels past two leases.
 ///
 /// A replica frozen mid-commit (SIGSTOP, a VM paused, a partition with the socket still up)
 /// holds the row lock of its claim; the replica taking the claim over waits on that lock, so
 /// without this bound a retry would hang until the frozen one came back. Once its lease has
 /// run out, a frozen holder's claim is another's to take anyway, and fencing keeps whatever
 /// it sends after waking from committing.
+///
+/// A statement that waits longer (a table another session holds locked) fails its call with
+/// `IDEMPOTENCY_STORE_UNAVAILABLE` instead of holding it for as long as the lock is held: by
+/// then the call's own lease has run out twice. A database host that stops answering (a
+/// partition) is given up by TCP after two leases too.
 fn pool_of(options: &PostgresOptions, size: usize, lease: Duration) -> Result<Pool, StoreError> {
-    let config: tokio_postgres::Config = options.url.parse()?;
-    // A `SET` once connected, not a startup option: poolers refuse startup options they do
+    let mut config: tokio_postgres::Config = options.url.parse()?;
+    let (idle, statement) = session_bounds(lease);
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(statement);
+    }
+    // `SET`s once connected, not startup options: poolers refuse startup options they do
     // not know.
-    let idle_ms = lease.max(Duration::from_secs(1)).as_millis();
-    let set: Arc<str> = format!("SET idle_in_transaction_session_timeout = {idle_ms}").into();
+    let set: Arc<str> = format!(
+        "SET idle_in_transaction_session_timeout = {}; SET statement_timeout = {}",
+        idle.as_millis(),
+        statement.as_millis()
+    )
+    .into();
     let set_idle_bound = Hook::async_fn(move |client, _| {
         let set = set.clone();
         Box::pin(async move { client.batch_execute(&set).await.map_err(HookError::Backend) })
@@ -789,6 +803,14 @@ fn pool_of(options: &PostgresOptions, size: usize, lease: Duration) -> Result<Po
             backend: "postgres",
             source: Box::new(error),
         })
+}
+
+/// The server's bounds on a session's idle transaction (the lease) and on its statements (two
+/// leases), each from a second to PostgreSQL's largest timeout.
+fn session_bounds(lease: Duration) -> (Duration, Duration) {
+    let largest = Duration::from_millis(crate::config::MAX_POSTGRES_TIMEOUT_MS);
+    let bound = |d: Duration| d.clamp(Duration::from_secs(1), largest);
+    (bound(lease), bound(lease.saturating_mul(2)))
 }
 
 /// The tables, and this replica's TTL recorded for the operator's tool.

@@ -513,3 +513,59 @@ async fn a_server_that_is_not_there_is_an_error_not_a_hang() {
     let bad = crate::store::PostgresStore::connect("not a url", &defaults);
     assert!(bad.await.is_err());
 }
+
+/// PostgreSQL's own words reach the error: "db error" alone does not say the database is
+/// missing.
+#[tokio::test]
+async fn a_missing_database_is_named_by_postgres_s_own_message() {
+    let Some(fx) = fixture().await else { return };
+    let url = fx.url.clone().unwrap();
+    let (base, _) = url.rsplit_once('/').unwrap();
+    let missing = format!("{base}/idem_no_such_database");
+    let defaults = IdempotencyConfig::default();
+    let Err(error) = crate::store::PostgresStore::connect(&missing, &defaults).await else {
+        panic!("a database that does not exist was served")
+    };
+    let text = error.to_string();
+    assert!(text.contains("idem_no_such_database"), "{text}");
+    assert!(text.contains("does not exist"), "{text}");
+}
+
+/// A table another session holds locked cancels the call's statement after two leases: the
+/// call fails with a store error instead of waiting for as long as the lock is held, and once
+/// the lock is gone the same key is claimed and stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_locked_by_another_session_fails_the_call_instead_of_hanging_it() {
+    let Some(fx) = fixture().await else { return };
+    let cache = fx.cache(&leased(Duration::from_millis(600))).await;
+    let hash = request_hash(b"{}").unwrap();
+    let locker = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE idempotency_cache IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let claimed = tokio::time::timeout(
+        Duration::from_secs(30),
+        cache.claim(&key(1), "message/send", &hash),
+    )
+    .await
+    .expect("the statement was cancelled, not left waiting on the lock");
+    match claimed {
+        Err(StoreError::Backend { .. }) => {}
+        Err(other) => panic!("another error: {other}"),
+        Ok(_) => panic!("claimed through the lock"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    locker.batch_execute("COMMIT").await.unwrap();
+    let ticket = won(&cache, &key(1), "message/send", &hash).await;
+    ticket.complete(response("after the lock")).await.unwrap();
+    assert_eq!(
+        cached_body(&cache, &key(1)).await.unwrap(),
+        b"after the lock"
+    );
+}
