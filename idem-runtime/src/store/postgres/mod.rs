@@ -98,6 +98,10 @@ const BOUND_LOCK: i64 = 0x1de3_0002;
 /// Most expired rows one sweep statement deletes: short transactions, no long-held locks.
 const SWEEP_CHUNK: i64 = 500;
 
+/// Most entries past the LRU bound one statement of the sweep evicts: well within the
+/// statement bound, and a table millions of rows past the bound drained in minutes.
+const EVICTION_CHUNK: i64 = 5_000;
+
 /// How long a lease may have been expired before the sweep deletes its row.
 const STALE_CLAIM_MS: i64 = 60_000;
 
@@ -288,9 +292,16 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// Evicts the least recently used entries past the bound, if this process is the one
-    /// doing it now (the others skip: no convoy, no entry counted twice).
-    async fn enforce_bound(&self, client: &impl GenericClient) -> Result<u64, StoreError> {
+    /// Evicts the least recently used entries past the bound, `at_most` of them, if this
+    /// process is the one doing it now (the others skip: no convoy, no entry counted twice).
+    /// Chunked: a table far past its bound (the bound lowered on a restart) evicted in one
+    /// statement outran the sessions' statement bound, was cancelled, and failed every call
+    /// that tried it again; a call's commit evicts [`SWEEP_CHUNK`], the sweep chunk after chunk.
+    async fn enforce_bound(
+        &self,
+        client: &impl GenericClient,
+        at_most: i64,
+    ) -> Result<u64, StoreError> {
         let locked: bool = query_one(
             client,
             "SELECT pg_try_advisory_xact_lock($1)",
@@ -307,8 +318,8 @@ impl PostgresStore {
             client,
             "DELETE FROM idempotency_cache WHERE message_id IN (
                SELECT message_id FROM idempotency_cache ORDER BY last_used_at, message_id
-               LIMIT GREATEST(0, (SELECT COUNT(*) FROM idempotency_cache) - $1))",
-            &[&max],
+               LIMIT LEAST($2, GREATEST(0, (SELECT COUNT(*) FROM idempotency_cache) - $1)))",
+            &[&max, &at_most],
         )
         .await?;
         crate::telemetry::evicted("lru", evicted);
@@ -524,7 +535,7 @@ impl Store for PostgresStore {
             // One statement, its own transaction; the bound, if due, in another.
             if self.store_entry(&client, &entry, lease.fence()).await? {
                 let tx = client.transaction().await?;
-                self.enforce_bound(&tx).await?;
+                self.enforce_bound(&tx, SWEEP_CHUNK).await?;
                 tx.commit().await?;
             }
             return Ok(());
@@ -534,7 +545,7 @@ impl Store for PostgresStore {
             apply_writes(&tx, writes).await?;
             // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
             if self.store_entry(&tx, &entry, lease.fence()).await? {
-                self.enforce_bound(&tx).await?;
+                self.enforce_bound(&tx, SWEEP_CHUNK).await?;
             }
             Ok(tx.commit().await?)
         };
@@ -625,7 +636,7 @@ impl Store for PostgresStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         if self.store_entry(&tx, &entry, lease.fence()).await? {
-            self.enforce_bound(&tx).await?;
+            self.enforce_bound(&tx, SWEEP_CHUNK).await?;
         }
         let id = entry.message_id.as_str();
         delete_events(&tx, id).await?;
@@ -677,28 +688,19 @@ impl Store for PostgresStore {
             }
         }
         // An open stream whose claim is live is still running on some replica: never swept,
-        // so that its retries attach (or, after a crash, get its interrupted outcome).
+        // so that its retries attach (or, after a crash, get its interrupted outcome). One
+        // statement: its record and events go together, or neither does.
         execute(
             &client,
             concat!(
-                "DELETE FROM idempotency_stream_events WHERE message_id IN
-                   (SELECT message_id FROM idempotency_open_streams o WHERE started_at + $1 < $2
-                    AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
-                                    WHERE c.message_id = o.message_id AND c.lease_until > ",
+                "WITH gone AS (
+                   DELETE FROM idempotency_open_streams o WHERE started_at + $1 < $2
+                   AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
+                                   WHERE c.message_id = o.message_id AND c.lease_until > ",
                 now_ms!(),
-                "))"
-            ),
-            &[&ttl, &now],
-        )
-        .await?;
-        execute(
-            &client,
-            concat!(
-                "DELETE FROM idempotency_open_streams o WHERE started_at + $1 < $2
-                 AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
-                                 WHERE c.message_id = o.message_id AND c.lease_until > ",
-                now_ms!(),
-                ")"
+                ") RETURNING message_id)
+                 DELETE FROM idempotency_stream_events e USING gone
+                 WHERE e.message_id = gone.message_id"
             ),
             &[&ttl, &now],
         )
@@ -713,11 +715,14 @@ impl Store for PostgresStore {
         )
         .await?;
         drop(client);
-        if self.count().await? > self.max_entries {
+        while self.count().await? > self.max_entries {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
-            self.enforce_bound(&tx).await?;
+            let evicted = self.enforce_bound(&tx, EVICTION_CHUNK).await?;
             tx.commit().await?;
+            if evicted == 0 {
+                break; // another replica holds the bound's lock: it evicts
+            }
         }
         Ok(total)
     }

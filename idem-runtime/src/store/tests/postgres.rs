@@ -9,7 +9,7 @@ use crate::hash::{request_hash, RequestHash};
 use crate::store::StoreError;
 use crate::IdempotencyConfig;
 
-use crate::store::tests::fixture::{Backend, Fixture};
+use crate::store::tests::fixture::{Backend, Fixture, T0_MS};
 use crate::store::tests::support::*;
 
 async fn fixture() -> Option<Fixture> {
@@ -567,5 +567,42 @@ async fn a_table_locked_by_another_session_fails_the_call_instead_of_hanging_it(
     assert_eq!(
         cached_body(&cache, &key(1)).await.unwrap(),
         b"after the lock"
+    );
+}
+
+/// A table far past its bound (the bound lowered on a restart) is evicted in chunks: a call's
+/// commit evicts one and stores its entry, and the sweep drains the rest to the bound exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_far_past_its_bound_is_evicted_in_chunks() {
+    let Some(fx) = fixture().await else { return };
+    drop(fx.cache(&config(86_400, 100)).await); // the schema
+    fx.execute(&format!(
+        "INSERT INTO idempotency_cache (message_id, request_hash, response_status,
+           response_headers, response_body, inserted_at, method, last_used_at)
+         SELECT 'old-' || n, '{}', 200, '', '', {now}, 'message/send', n
+         FROM generate_series(1, 12000) AS n",
+        "0".repeat(64),
+        now = T0_MS / 1000,
+    ))
+    .await;
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let count = "SELECT COUNT(*) FROM idempotency_cache";
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&cache, &key(1), "message/send", &hash).await;
+    ticket.complete(response("new")).await.unwrap();
+    assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"new");
+    assert!(
+        fx.count(count).await <= 12_001 - 500,
+        "the commit evicted a chunk"
+    );
+    cache.store().sweep().await.unwrap();
+    assert_eq!(
+        fx.count(count).await,
+        100,
+        "the sweep drained it to the bound"
+    );
+    assert!(
+        cached_body(&cache, &key(1)).await.is_some(),
+        "the newest entry kept"
     );
 }
