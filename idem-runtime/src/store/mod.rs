@@ -184,7 +184,8 @@ pub struct OpenStream {
     /// The call's JSON-RPC `id`, as JSON text: the terminal event of an interrupted stream
     /// carries it, as every recorded event does.
     pub jsonrpc_id: String,
-    /// Unix epoch seconds: the `inserted_at` of the entry it becomes.
+    /// Unix epoch seconds: when it started (the sweep takes a record left open a TTL after
+    /// it; the entry it becomes is inserted when it ends).
     pub started_at: u64,
 }
 

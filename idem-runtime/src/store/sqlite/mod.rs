@@ -109,9 +109,10 @@ const SWEEP_CHUNK: u64 = 100;
 pub struct SqliteStore {
     path: PathBuf,
     ttl_seconds: u64,
-    /// When this store opened the file, by its clock: an open stream started before it was
-    /// left by a process that is gone (one process serves a file), one started since is live.
-    opened_at: u64,
+    /// The keys whose stream this process records now: the sweep never takes their open
+    /// records (every other one was left by a process that is gone, or by a recording here
+    /// that failed and released its key).
+    recording: Recording,
     clock: Arc<dyn Clock>,
     touches: Arc<Mutex<HashMap<String, u64>>>,
     tier: Arc<MemoryTier>,
@@ -173,7 +174,7 @@ impl SqliteStore {
         Ok(Self {
             path,
             ttl_seconds: config.ttl_seconds,
-            opened_at: clock.now_seconds(),
+            recording: Recording::default(),
             clock,
             touches,
             tier,
@@ -356,6 +357,8 @@ impl Store for SqliteStore {
         _lease: &Lease,
     ) -> Result<(), StoreError> {
         let stream = stream.clone();
+        // Before the commit: a sweep right after it must already see the stream recorded.
+        self.recording.start(&stream.message_id);
         self.write(all_rerunnable(&writes), move |conn, batch| {
             apply_writes(conn, &mut writes)?;
             let may_exist = batch.may_hold(&stream.message_id);
@@ -379,16 +382,27 @@ impl Store for SqliteStore {
     }
 
     async fn close_stream(&self, entry: Arc<Entry>, _lease: &Lease) -> Result<(), StoreError> {
-        self.write(true, move |conn, batch| {
-            let key = entry.message_id.clone();
-            entries::store(conn, batch, entry.clone())?;
-            // After the entry: the key index never misses the key between the two changes.
-            if delete_open_stream(conn, key.as_str())? {
-                batch.changes.push(Change::Closed(key));
-            }
-            Ok(())
-        })
-        .await
+        let recorded = entry.message_id.clone();
+        let closed = self
+            .write(true, move |conn, batch| {
+                let key = entry.message_id.clone();
+                entries::store(conn, batch, entry.clone())?;
+                // After the entry: the key index never misses the key between the two changes.
+                if delete_open_stream(conn, key.as_str())? {
+                    batch.changes.push(Change::Closed(key));
+                }
+                Ok(())
+            })
+            .await;
+        if closed.is_ok() {
+            self.recording.stop(&recorded);
+        }
+        closed
+    }
+
+    /// A key given up without its outcome stored: a stream it recorded is no longer recorded.
+    fn release(&self, key: &MessageId, _lease: Lease) {
+        self.recording.stop(key);
     }
 
     async fn apply(&self, mut writes: Vec<SqlWrite>) -> Result<(), StoreError> {
@@ -408,13 +422,14 @@ impl Store for SqliteStore {
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
-        let (ttl, opened_at) = (self.ttl_seconds, self.opened_at);
+        let ttl = self.ttl_seconds;
         let mut total = 0;
         loop {
+            let recording = self.recording.clone();
             let deleted = self
                 .write(true, move |conn, batch| {
                     let now = batch.now_ms / 1000;
-                    let n = sweep_chunk(conn, ttl, now, opened_at, &mut batch.changes)?;
+                    let n = sweep_chunk(conn, ttl, now, &recording, &mut batch.changes)?;
                     batch.rows = match n < SWEEP_CHUNK {
                         // The sweep's last step counts the rows again: an operator's purge
                         // deletes rows the writer never counted out, and the LRU bound would
@@ -481,17 +496,17 @@ fn apply_writes(conn: &Connection, writes: &mut [SqlWrite]) -> Result<(), StoreE
     Ok(())
 }
 
-/// Deletes a chunk of expired entries, and the open streams that a process gone before
-/// `opened_at` left more than a TTL ago (whose retries are new requests by now); returns how
-/// many entries it deleted. A stream still running is never swept: its retry must attach,
+/// Deletes a chunk of expired entries, and the open streams started more than a TTL ago that
+/// nothing records any more (whose retries are new requests by now); returns how many
+/// entries it deleted. A stream still `recording` is never swept: its retry must attach,
 /// and after a crash get its interrupted outcome, never run again.
 fn sweep_chunk(
     conn: &Connection,
     ttl: u64,
     now: u64,
-    opened_at: u64,
+    recording: &Recording,
     changes: &mut Vec<Change>,
-) -> rusqlite::Result<u64> {
+) -> Result<u64, StoreError> {
     let deleted = entries::delete(
         conn,
         // `inserted_at + ttl < now` (spec §4.4), written so that the index on `inserted_at`
@@ -503,22 +518,42 @@ fn sweep_chunk(
     )?;
     let count = deleted.len() as u64;
     changes.extend(deleted);
-    let left = params![ttl as i64, now as i64, opened_at as i64];
-    conn.prepare_cached(
-        "DELETE FROM idempotency_stream_events WHERE message_id IN
-           (SELECT message_id FROM idempotency_open_streams
-            WHERE started_at + ?1 < ?2 AND started_at < ?3)",
-    )?
-    .execute(left)?;
-    let mut closed = conn.prepare_cached(
-        "DELETE FROM idempotency_open_streams WHERE started_at + ?1 < ?2 AND started_at < ?3
-         RETURNING message_id",
+    let mut old = conn.prepare_cached(
+        "SELECT message_id FROM idempotency_open_streams WHERE started_at + ?1 < ?2",
     )?;
-    let closed = closed.query_map(left, |row| {
-        Ok(Change::Closed(MessageId::from_stored(row.get(0)?)))
-    })?;
-    changes.extend(closed.collect::<rusqlite::Result<Vec<_>>>()?);
+    let old = old
+        .query_map(params![ttl as i64, now as i64], |row| {
+            row.get::<_, String>(0)
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    for key in old.into_iter().map(MessageId::from_stored) {
+        if !recording.holds(&key) && delete_open_stream(conn, key.as_str())? {
+            changes.push(Change::Closed(key));
+        }
+    }
     Ok(count)
+}
+
+/// The keys whose stream this process records (see [`SqliteStore`]'s field).
+#[derive(Clone, Default)]
+struct Recording(Arc<Mutex<std::collections::HashSet<MessageId>>>);
+
+impl Recording {
+    fn start(&self, key: &MessageId) {
+        self.keys().insert(key.clone());
+    }
+
+    fn stop(&self, key: &MessageId) {
+        self.keys().remove(key);
+    }
+
+    fn holds(&self, key: &MessageId) -> bool {
+        self.keys().contains(key)
+    }
+
+    fn keys(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<MessageId>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Returns whether the row is new. Unless `may_exist`, the key is known to have no row, and

@@ -430,6 +430,30 @@ pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(f
         .expect("live a TTL from its end");
     assert_eq!(stored.inserted_at, (T0_MS / 1000) + 11);
 
+    // A recording that gave its key up here (a failed append, say) is no longer running.
+    let Claim::Execute(given_up) = cache.claim(&key(3), "message/stream", &hash).await.unwrap()
+    else {
+        panic!()
+    };
+    given_up
+        .open_stream("5".into(), event(0), Vec::new())
+        .await
+        .unwrap();
+    drop(given_up);
+    if fx.backend == Backend::Postgres {
+        // The claim is released in the background: the sweep comes after it.
+        while fx.count("SELECT COUNT(*) FROM idempotency_claims").await > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    fx.clock.advance(Duration::from_secs(11));
+    cache.store().sweep().await.unwrap();
+    assert_eq!(
+        fx.count(open_streams).await,
+        0,
+        "given up past the TTL: swept"
+    );
+
     let Claim::Execute(left) = cache.claim(&key(2), "message/stream", &hash).await.unwrap() else {
         panic!()
     };
