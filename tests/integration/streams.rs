@@ -300,6 +300,28 @@ async fn a_first_event_past_the_recording_limit_discards_the_staged_writes() {
     assert_eq!(db.effects(), ["before:small", "small"]);
 }
 
+/// Not deduplicated (optional, not activated), the staged writes follow the same rule: a
+/// first event past the limit discards them, one that fits commits them.
+#[tokio::test]
+async fn without_deduplication_a_first_event_past_the_limit_discards_the_writes_too() {
+    let db = Db::new();
+    let server = db.server(config().with(|c| c.required = false)).await;
+    let big = json!({"events": 2, "stepMs": 1, "padKiB": 8 * 1024 + 1, "effect": "big"});
+    let body = stream_request(1, &new_id(), "big", big);
+    let events = SseReply::open(&server.url, body, &[]).await.rest().await;
+    assert_eq!(
+        events[0]["error"]["data"]["code"],
+        "IDEMPOTENCY_STREAM_TOO_LARGE"
+    );
+    assert!(db.effects().is_empty(), "nothing staged was written");
+    let fits = json!({"events": 2, "stepMs": 1, "effect": "small"});
+    let body = stream_request(2, &new_id(), "small", fits);
+    let events = SseReply::open(&server.url, body, &[]).await.rest().await;
+    assert_eq!(events.len(), 2);
+    assert_eq!(db.effects(), ["before:small", "small"]);
+    assert_eq!(db.row_count(), 0, "neither was cached");
+}
+
 #[tokio::test]
 async fn duplicates_of_a_stream_that_fails_before_streaming_all_get_its_json_error() {
     let db = Db::new();

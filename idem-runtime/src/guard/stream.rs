@@ -137,12 +137,7 @@ impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObje
             (Some(call), _) => run_governed(&call, body, ctx.unit).await,
             (None, Some(id)) => {
                 let events = body.await?.take().ok_or_else(consumed)?;
-                // Not deduplicated: the side effects still commit, on their own, at the start.
-                if let Some(unit) = ctx.unit {
-                    unit.commit_alone().await.map_err(undeduplicated_failure)?;
-                }
-                serve_undeduplicated(&scope, events, id);
-                Ok(EventStream::handed_over())
+                serve_alone(&scope, events, id, ctx.unit).await
             }
             (None, None) => Err(layer_missing(ctx.ungoverned)),
         }
@@ -158,6 +153,38 @@ fn serve_undeduplicated<T: Serialize + Send + 'static>(
     let recording = Arc::new(Recording::new());
     tokio::spawn(record(events, recording.clone(), id, None));
     scope.set_stream(recording, None);
+}
+
+/// A governed stream that is not deduplicated: its staged writes still commit, on their own,
+/// once its first event is known, and are discarded if its first item ends it, as a
+/// deduplicated stream's are (one code path for the application).
+async fn serve_alone<T: Serialize + Send + 'static>(
+    scope: &HttpScope,
+    mut events: Events<T>,
+    id: Id<'static>,
+    unit: Option<UnitOfWork>,
+) -> Result<EventStream<T>, ErrorObjectOwned> {
+    let recording = Arc::new(Recording::new());
+    let first = next_frame(&mut events, &id, &recording).await;
+    if let Some(unit) = unit {
+        match first {
+            Next::Last(_) => unit.discard(),
+            _ => unit.commit_alone().await.map_err(undeduplicated_failure)?,
+        }
+    }
+    match first {
+        Next::Event(frame) => {
+            recording.push(frame);
+            tokio::spawn(record(events, recording.clone(), id, None));
+        }
+        Next::Last(frame) => {
+            recording.push(frame);
+            recording.finish();
+        }
+        Next::End => recording.finish(),
+    }
+    scope.set_stream(recording, None);
+    Ok(EventStream::handed_over())
 }
 
 async fn run_governed<T, F>(
