@@ -309,7 +309,8 @@ impl Missions {
     ) -> Option<Task> {
         loop {
             tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => return None,
+                // A cancel first: one that came with the deadline still ends the stream.
+                biased;
                 _ = cancels.changed() => {
                     // A read that fails leaves the stream to its deadline, as before a cancel.
                     if let Ok(task) = self.store.get(task_id.to_owned()).await {
@@ -318,6 +319,7 @@ impl Missions {
                         }
                     }
                 }
+                _ = tokio::time::sleep_until(deadline) => return None,
             }
         }
     }

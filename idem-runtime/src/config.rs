@@ -193,8 +193,9 @@ fn positive_integer(variable: &'static str, value: &str) -> Result<u64, ConfigEr
     }
 }
 
-/// The largest timeout PostgreSQL takes (a 32-bit count of milliseconds): the stores bound
-/// their sessions by the lease, and a larger value would stop a replica from connecting.
+/// The largest timeout PostgreSQL takes (a 32-bit count of milliseconds): the PostgreSQL
+/// store bounds its sessions by the lease, so a longer one would not mean what it says
+/// (the store clamps a longer one set in code; from the environment it is refused).
 pub(crate) const MAX_POSTGRES_TIMEOUT_MS: u64 = i32::MAX as u64;
 
 fn at_most_a_postgres_timeout(

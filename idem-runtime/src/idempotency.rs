@@ -197,6 +197,15 @@ impl Idempotency {
     /// ([`agent_card_extension`](Self::agent_card_extension)) in its
     /// `capabilities.extensions`, in place of any it had. Put it in `set_http_middleware`
     /// before the HTTP layer.
+    ///
+    /// ```
+    /// use idem_runtime::Idempotency;
+    /// let idem = Idempotency::off();
+    /// let card = serde_json::json!({"name": "Echo agent", "capabilities": {"streaming": true}});
+    /// let http = tower::ServiceBuilder::new()
+    ///     .layer(idem.agent_card_layer(card))
+    ///     .layer(idem.http_layer());
+    /// ```
     pub fn agent_card_layer(&self, card: Value) -> AgentCardLayer {
         AgentCardLayer::new(card, self.agent_card_extension())
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use idem::{idempotent, Replayable, UnitOfWork};
 use jsonrpsee::core::{async_trait, RpcResult};
 use jsonrpsee::proc_macros::rpc;
+use jsonrpsee::types::ErrorObjectOwned;
 use jsonrpsee::Extensions;
 use serde_json::{json, Value};
 
@@ -49,8 +50,11 @@ impl CarelessServer for CarelessAgent {
         Ok(json!({"kind": "task", "id": "t-1"}))
     }
 
-    async fn send_v1(&self, _ext: &Extensions, _message: Value) -> RpcResult<Value> {
+    async fn send_v1(&self, _ext: &Extensions, message: Value) -> RpcResult<Value> {
         self.executions.fetch_add(1, Ordering::SeqCst);
+        if message["parts"][0]["text"] == "fail" {
+            return Err(ErrorObjectOwned::owned(-32000, "failed", None::<()>));
+        }
         Ok(json!({"kind": "task", "id": "t-2"}))
     }
 
@@ -100,6 +104,31 @@ async fn a_governed_method_without_its_attribute_is_refused_not_run_undeduplicat
     assert_eq!(reply.data_code(), "IDEMPOTENCY_METHOD_NOT_GUARDED");
     assert_eq!(reply.json()["error"]["data"]["method"], "SendMessage");
     assert_eq!(reply.json()["id"], 2);
+    // Its failure is not what the body said either: an error would run again on every retry.
+    let failing = send_with(5, "SendMessage", &new_id(), "fail", json!({}));
+    let reply = post_activated(&server.url, failing).await;
+    assert_eq!(reply.data_code(), "IDEMPOTENCY_METHOD_NOT_GUARDED");
+    // In a batch, each such answer is replaced, and the others kept as they were.
+    let mixed = format!(
+        "[{},{},{}]",
+        send_with(6, "SendMessage", &new_id(), "y", json!({})),
+        r#"{"jsonrpc":"2.0","id":7,"method":"tasks/cancel","params":{"id":"t-1"}}"#,
+        send_with(8, "SendMessage", &new_id(), "fail", json!({})),
+    );
+    let reply = post_activated(&server.url, mixed).await;
+    for id in [6, 8] {
+        let answer = reply.batch_answer(id);
+        assert_eq!(
+            answer["error"]["data"]["code"], "IDEMPOTENCY_METHOD_NOT_GUARDED",
+            "{answer}"
+        );
+        assert_eq!(answer["error"]["data"]["method"], "SendMessage");
+    }
+    assert_eq!(
+        reply.batch_answer(7)["error"]["data"]["code"],
+        "IDEMPOTENCY_LAYER_MISSING",
+        "an answer of another kind, kept"
+    );
     // In a batch, a staging body fails at its unit of work all the same.
     let batch = format!(
         "[{}]",
@@ -121,7 +150,7 @@ async fn a_governed_method_without_its_attribute_is_refused_not_run_undeduplicat
     );
     assert_eq!(
         server.executions(),
-        4,
+        7,
         "the bodies ran: the refusal comes after"
     );
     assert!(db.effects().is_empty(), "nothing staged was written");

@@ -36,19 +36,34 @@ pub struct AgentCardLayer {
 
 impl AgentCardLayer {
     /// `card` with `extension` as its entry of this extension (none: the extension is off).
+    /// A card that is not an object is served as given: it names no capabilities to add to.
     pub(crate) fn new(mut card: Value, extension: Option<Value>) -> Self {
-        if !card["capabilities"]["extensions"].is_array() {
-            card["capabilities"]["extensions"] = Value::Array(Vec::new());
+        if let Some(card) = card.as_object_mut() {
+            let capabilities = object_member(card, "capabilities");
+            let extensions = capabilities.entry("extensions").or_insert(Value::Null);
+            if !extensions.is_array() {
+                *extensions = Value::Array(Vec::new());
+            }
+            let entries = extensions.as_array_mut().expect("made an array above");
+            entries.retain(|entry| entry["uri"] != EXTENSION_URI);
+            entries.extend(extension);
         }
-        let entries = card["capabilities"]["extensions"]
-            .as_array_mut()
-            .expect("made an array above");
-        entries.retain(|entry| entry["uri"] != EXTENSION_URI);
-        entries.extend(extension);
         Self {
             card: card.to_string().into(),
         }
     }
+}
+
+/// `object[name]` as an object, made one if it was missing or something else.
+fn object_member<'a>(
+    object: &'a mut serde_json::Map<String, Value>,
+    name: &str,
+) -> &'a mut serde_json::Map<String, Value> {
+    let member = object.entry(name).or_insert(Value::Null);
+    if !member.is_object() {
+        *member = Value::Object(serde_json::Map::new());
+    }
+    member.as_object_mut().expect("made an object above")
 }
 
 impl<S> tower::Layer<S> for AgentCardLayer {
@@ -110,5 +125,49 @@ impl<S> AgentCardService<S> {
             headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD, POST"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn served(card: Value, extension: Option<Value>) -> Value {
+        serde_json::from_slice(&AgentCardLayer::new(card, extension).card).unwrap()
+    }
+
+    #[test]
+    fn the_entry_replaces_a_stale_one_and_keeps_the_others() {
+        let ours = json!({"uri": EXTENSION_URI, "params": {"ttl_seconds": 60}});
+        let card = json!({"name": "a", "capabilities": {"streaming": true, "extensions": [
+            {"uri": EXTENSION_URI, "params": {"ttl_seconds": 1}}, {"uri": "other"}]}});
+        let served = served(card, Some(ours.clone()));
+        assert_eq!(served["capabilities"]["streaming"], true);
+        assert_eq!(
+            served["capabilities"]["extensions"],
+            json!([{"uri": "other"}, ours])
+        );
+    }
+
+    #[test]
+    fn a_card_without_capabilities_or_of_odd_shapes_never_panics() {
+        let ours = json!({"uri": EXTENSION_URI});
+        for card in [
+            json!({}),
+            json!({"capabilities": 7}),
+            json!({"capabilities": {"extensions": "x"}}),
+        ] {
+            let served = served(card, Some(ours.clone()));
+            assert_eq!(served["capabilities"]["extensions"], json!([ours]));
+        }
+        assert_eq!(
+            served(json!([1]), Some(ours)),
+            json!([1]),
+            "not an object: as given"
+        );
+        // The extension off: a stale entry of it goes, and none is added.
+        let stale = json!({"capabilities": {"extensions": [{"uri": EXTENSION_URI}]}});
+        assert_eq!(served(stale, None)["capabilities"]["extensions"], json!([]));
     }
 }

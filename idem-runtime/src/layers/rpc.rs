@@ -12,7 +12,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use jsonrpsee::core::middleware::{Batch, BatchEntry, BatchEntryErr, Notification, RpcServiceT};
-use jsonrpsee::types::{ErrorObjectOwned, Request};
+use jsonrpsee::core::server::BatchResponseBuilder;
+use jsonrpsee::types::error::{INVALID_PARAMS_CODE, METHOD_NOT_FOUND_CODE};
+use jsonrpsee::types::{ErrorObjectOwned, Id, Request};
 use jsonrpsee::{MethodResponse, ResponsePayload};
 
 use crate::claim::IdempotencyCache;
@@ -78,11 +80,7 @@ where
     ) -> impl Future<Output = MethodResponse> + Send + 'a {
         let checked = self.admit(&mut request, true);
         let governed = request.extensions().get::<GovernedCall>().cloned();
-        let reach = request.extensions().get::<GuardReach>().cloned();
-        let unguarded = reach.as_ref().map(|_| Unguarded {
-            id: request.id.clone().into_owned(),
-            method: request.method_name().to_owned(),
-        });
+        let unguarded = Unguarded::of(&request);
         let inner = self.inner.clone();
         async move {
             match checked {
@@ -97,8 +95,8 @@ where
                 Ok(None) => {}
             }
             let response = inner.call(request).await;
-            match (reach, unguarded) {
-                (Some(reach), Some(unguarded)) if !reach.reached() => {
+            match unguarded {
+                Some((reach, unguarded)) if !reach.reached() => {
                     unguarded.answer(response, governed).await
                 }
                 _ => response,
@@ -127,18 +125,29 @@ where
         async move {
             // jsonrpsee may refuse an entry's typed params before the guard sees it, and a
             // batch's answers cannot be amended afterwards: find the collisions first.
+            let mut governed = Vec::new();
             for entry in batch.iter_mut() {
                 let Ok(BatchEntry::Call(request)) = entry else {
                     continue;
                 };
-                let Some(call) = request.extensions().get::<GovernedCall>().cloned() else {
-                    continue;
+                let held = match request.extensions().get::<GovernedCall>().cloned() {
+                    Some(call) => held_by_another(&call).await,
+                    None => None,
                 };
-                if let Some(error) = held_by_another(&call).await {
-                    *entry = Err(BatchEntryErr::new(call.id.clone(), error));
+                match held {
+                    Some(error) => {
+                        *entry = Err(BatchEntryErr::new(request.id.clone().into_owned(), error))
+                    }
+                    // What goes to the method: its guard should take it.
+                    None => governed.extend(Unguarded::of(request)),
                 }
             }
-            inner.batch(batch).await
+            let response = inner.batch(batch).await;
+            governed.retain(|(reach, _)| !reach.reached());
+            match governed.is_empty() {
+                true => response,
+                false => Unguarded::in_batch(response, governed),
+            }
         }
     }
 
@@ -286,37 +295,103 @@ fn replay_spelled(cache: &IdempotencyCache, spelling: &Spelling, method: &str) -
     decode(&entry.response.body)
 }
 
-/// A governed call that its method's guard never took.
+/// A governed call, to answer as the application's mistake if its method's guard never
+/// takes it.
 struct Unguarded {
-    id: jsonrpsee::types::Id<'static>,
+    id: Id<'static>,
     method: String,
 }
 
 impl Unguarded {
-    /// jsonrpsee refused the typed params before the guard saw the call: its error stands,
-    /// unless another payload holds the key, which is still the spec's 422 (§4.3). A success
-    /// came from a method without `#[idempotent]`: undeduplicated, its staged writes dropped,
-    /// so it is answered as the application's mistake, loudly, never as a success.
+    /// The mark the guard sets, and the call, for a governed call passed down.
+    fn of(request: &Request<'_>) -> Option<(GuardReach, Self)> {
+        let reach = request.extensions().get::<GuardReach>()?.clone();
+        let call = Self {
+            id: request.id.clone().into_owned(),
+            method: request.method_name().to_owned(),
+        };
+        Some((reach, call))
+    }
+
+    /// jsonrpsee refused the call before the guard saw it (its typed params, or no such
+    /// method): its error stands, unless another payload holds the key, which is still the
+    /// spec's 422 (§4.3). Any other answer came from a method without `#[idempotent]`, which
+    /// ran undeduplicated with its staged writes dropped: answered as the application's
+    /// mistake, loudly, never as what the body said.
     async fn answer(
         self,
         response: MethodResponse,
         governed: Option<GovernedCall>,
     ) -> MethodResponse {
-        if response.is_error() {
+        if refused_before_the_body(response.as_error_code()) {
             return match governed {
                 Some(call) => collision_instead(&call, response).await,
                 None => response,
             };
         }
+        MethodResponse::error(self.id.clone(), self.error())
+    }
+
+    /// A batch's answers, those of `unguarded` calls (by id) replaced as in [`answer`]:
+    /// rebuilt, since jsonrpsee's batch answer is one piece of JSON.
+    fn in_batch(response: MethodResponse, unguarded: Vec<(GuardReach, Self)>) -> MethodResponse {
+        let Ok(answers) = serde_json::from_str::<Vec<Answer<'_>>>(response.as_json().get()) else {
+            return response;
+        };
+        let mut rebuilt = BatchResponseBuilder::new_with_limit(usize::MAX);
+        for answer in answers {
+            let id = answer.id.clone().into_owned();
+            let mistake = unguarded.iter().find(|(_, call)| call.id == id);
+            let code = answer.error.as_ref().map(|e| e.code());
+            let one = match (mistake, answer) {
+                (Some((_, call)), _) if !refused_before_the_body(code) => {
+                    MethodResponse::error(id, call.error())
+                }
+                (
+                    _,
+                    Answer {
+                        error: Some(error), ..
+                    },
+                ) => MethodResponse::error(id, error),
+                (_, Answer { result, .. }) => {
+                    let result = ResponsePayload::success(result);
+                    MethodResponse::response(id, result, usize::MAX)
+                }
+            };
+            let _ = rebuilt.append(one);
+        }
+        let extensions = response.extensions().clone();
+        MethodResponse::from_batch(rebuilt.finish()).with_extensions(extensions)
+    }
+
+    fn error(&self) -> ErrorObjectOwned {
         tracing::error!(
             method = %self.method,
             "a governed method answered without its guard: put #[idempotent] on its \
              implementation (in the `impl ...Server for ...` block: jsonrpsee drops the \
              attributes of `#[rpc]` trait methods), or stop governing it"
         );
-        let error = IdempotencyError::new(ErrorCode::NotGuarded).with_detail("method", self.method);
-        MethodResponse::error(self.id, error.to_error_object())
+        let error = IdempotencyError::new(ErrorCode::NotGuarded);
+        error
+            .with_detail("method", self.method.as_str())
+            .to_error_object()
     }
+}
+
+/// Whether an answer with this error code is jsonrpsee's own, before any method body ran.
+fn refused_before_the_body(code: Option<i32>) -> bool {
+    matches!(code, Some(INVALID_PARAMS_CODE | METHOD_NOT_FOUND_CODE))
+}
+
+/// One answer of a batch, as jsonrpsee wrote it.
+#[derive(serde::Deserialize)]
+struct Answer<'a> {
+    #[serde(borrow)]
+    id: Id<'a>,
+    #[serde(borrow, default)]
+    result: Option<&'a serde_json::value::RawValue>,
+    #[serde(default)]
+    error: Option<ErrorObjectOwned>,
 }
 
 /// The 422 collision if another payload (or method) holds the call's key; else `response`.
