@@ -92,7 +92,7 @@ async fn renew(
             failing = false;
             continue;
         }
-        match renew_all(&pool, &owner, lease, &keys, &fences).await {
+        match renew_in_time(&pool, &owner, lease, &keys, &fences).await {
             Ok(gone) => {
                 if std::mem::take(&mut failing) {
                     tracing::info!(claims = fences.len(), "claim renewals resumed");
@@ -121,10 +121,11 @@ fn forget_lost(held: &Held, gone: Vec<i64>) {
     }
 }
 
-/// Extends the leases of the claims `keys`/`fences` that still carry this owner's fence;
-/// returns the fences whose claim is gone (ended, or taken over). A claim locked by another
-/// transaction is neither renewed nor gone: the next tick tries it again.
-async fn renew_all(
+/// [`renew_all`] within a third of a lease. One that takes longer hangs on a connection that
+/// no longer answers (a failover, a dropped NAT entry): that connection is closed, not put
+/// back, and the next try, soon, opens another; waiting on it for TCP to give up would let
+/// every claim of this replica lapse, and other replicas run its calls again.
+async fn renew_in_time(
     pool: &Pool,
     owner: &str,
     lease: Duration,
@@ -132,6 +133,29 @@ async fn renew_all(
     fences: &[i64],
 ) -> Result<Vec<i64>, StoreError> {
     let client = pool.get().await?;
+    match tokio::time::timeout(lease / 3, renew_all(&client, owner, lease, keys, fences)).await {
+        Ok(renewed) => renewed,
+        Err(_) => {
+            drop(deadpool_postgres::Object::take(client));
+            Err(StoreError::Backend {
+                backend: "postgres",
+                source: "the renewal took more than a third of a lease; its connection is closed"
+                    .into(),
+            })
+        }
+    }
+}
+
+/// Extends the leases of the claims `keys`/`fences` that still carry this owner's fence;
+/// returns the fences whose claim is gone (ended, or taken over). A claim locked by another
+/// transaction is neither renewed nor gone: the next tick tries it again.
+async fn renew_all(
+    client: &deadpool_postgres::Client,
+    owner: &str,
+    lease: Duration,
+    keys: &[String],
+    fences: &[i64],
+) -> Result<Vec<i64>, StoreError> {
     let lease_ms = lease.as_millis().min(i64::MAX as u128) as i64;
     let renewed = client
         .query(
