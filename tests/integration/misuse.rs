@@ -29,6 +29,10 @@ pub trait Careless {
     /// `#[idempotent]`, but not among the methods the handle governs.
     #[method(name = "tasks/cancel", with_extensions)]
     async fn cancel(&self, id: String) -> RpcResult<Replayable<Value>>;
+
+    /// Not governed, as it should be: an error whose `data` is `null`.
+    #[method(name = "tasks/get")]
+    async fn get(&self, id: String) -> RpcResult<Value>;
 }
 
 struct CarelessAgent {
@@ -63,6 +67,15 @@ impl CarelessServer for CarelessAgent {
         let _ = ext;
         self.executions.fetch_add(1, Ordering::SeqCst);
         Ok(json!({"id": id, "status": {"state": "canceled"}}).into())
+    }
+
+    async fn get(&self, id: String) -> RpcResult<Value> {
+        let data = Some(Value::Null);
+        Err(ErrorObjectOwned::owned(
+            -32001,
+            format!("Task not found: \"{id}\""),
+            data,
+        ))
     }
 }
 
@@ -154,6 +167,48 @@ async fn a_governed_method_without_its_attribute_is_refused_not_run_undeduplicat
         "the bodies ran: the refusal comes after"
     );
     assert!(db.effects().is_empty(), "nothing staged was written");
+}
+
+/// In a batch, only the answers in the places of unguarded calls are replaced: not another
+/// answer that shares their id, and the others are what jsonrpsee wrote, byte for byte.
+#[tokio::test]
+async fn in_a_batch_only_the_unguarded_answers_are_replaced_the_rest_kept_byte_for_byte() {
+    let db = Db::new();
+    let server = careless_server(&db).await;
+    let get = r#"{"jsonrpc":"2.0","id":5,"method":"tasks/get","params":{"id":"t-\u00e9"}}"#;
+    let alone = post_activated(&server.url, get.to_owned()).await;
+    let written = String::from_utf8_lossy(&alone.body).into_owned();
+    assert!(written.contains(r#""data":null"#), "{written}");
+    let unguarded = send_with(5, "SendMessage", &new_id(), "y", json!({}));
+    let reply = post_activated(&server.url, format!("[{unguarded},{get}]")).await;
+    let answers: Vec<Box<serde_json::value::RawValue>> =
+        serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(answers.len(), 2);
+    assert!(
+        answers[0].get().contains("IDEMPOTENCY_METHOD_NOT_GUARDED"),
+        "{}",
+        answers[0]
+    );
+    assert_eq!(
+        answers[1].get().as_bytes(),
+        &alone.body[..],
+        "the same id, kept as written"
+    );
+
+    // On a server whose methods are all guarded, a call jsonrpsee refuses keeps its -32602,
+    // and the guarded call under the same id its success.
+    let other = Db::new();
+    let guarded = other.server(idem::IdempotencyConfig::default()).await;
+    let bad = r#"{"jsonrpc":"2.0","id":6,"method":"message/send","params":{"message":{"kind":"message","messageId":"MID","role":"user","parts":[]},"configuration":{"historyLength":"x"}}}"#;
+    let batch = format!(
+        "[{},{}]",
+        bad.replace("MID", &new_id()),
+        send(6, &new_id(), "ok")
+    );
+    let reply = post_activated(&guarded.url, batch).await;
+    let answers: Vec<Value> = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(answers[0]["error"]["code"], -32602, "{answers:?}");
+    assert_eq!(answers[1]["result"]["echo"], "ok", "{answers:?}");
 }
 
 /// `#[idempotent]` on a method the handle does not govern: the body never runs, and the

@@ -14,8 +14,9 @@ use std::sync::Arc;
 use jsonrpsee::core::middleware::{Batch, BatchEntry, BatchEntryErr, Notification, RpcServiceT};
 use jsonrpsee::core::server::BatchResponseBuilder;
 use jsonrpsee::types::error::{INVALID_PARAMS_CODE, METHOD_NOT_FOUND_CODE};
-use jsonrpsee::types::{ErrorObjectOwned, Id, Request};
+use jsonrpsee::types::{ErrorObject, ErrorObjectOwned, Id, Request};
 use jsonrpsee::{MethodResponse, ResponsePayload};
+use serde_json::value::RawValue;
 
 use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
@@ -126,7 +127,11 @@ where
             // jsonrpsee may refuse an entry's typed params before the guard sees it, and a
             // batch's answers cannot be amended afterwards: find the collisions first.
             let mut governed = Vec::new();
-            for entry in batch.iter_mut() {
+            // jsonrpsee answers the entries in order, notifications aside: the answer's place.
+            let answered = batch
+                .iter_mut()
+                .filter(|e| !matches!(e, Ok(BatchEntry::Notification(_))));
+            for (place, entry) in answered.enumerate() {
                 let Ok(BatchEntry::Call(request)) = entry else {
                     continue;
                 };
@@ -139,14 +144,14 @@ where
                         *entry = Err(BatchEntryErr::new(request.id.clone().into_owned(), error))
                     }
                     // What goes to the method: its guard should take it.
-                    None => governed.extend(Unguarded::of(request)),
+                    None => governed.extend(Unguarded::of(request).map(|call| (place, call))),
                 }
             }
             let response = inner.batch(batch).await;
-            governed.retain(|(reach, _)| !reach.reached());
+            governed.retain(|(_, (reach, _))| !reach.reached());
             match governed.is_empty() {
                 true => response,
-                false => Unguarded::in_batch(response, governed),
+                false => Unguarded::in_batch(response, &governed),
             }
         }
     }
@@ -329,34 +334,30 @@ impl Unguarded {
                 None => response,
             };
         }
-        MethodResponse::error(self.id.clone(), self.error())
+        let extensions = response.extensions().clone();
+        MethodResponse::error(self.id.clone(), self.error()).with_extensions(extensions)
     }
 
-    /// A batch's answers, those of `unguarded` calls (by id) replaced as in [`answer`]:
-    /// rebuilt, since jsonrpsee's batch answer is one piece of JSON.
-    fn in_batch(response: MethodResponse, unguarded: Vec<(GuardReach, Self)>) -> MethodResponse {
+    /// A batch's answers, those in the places of `unguarded` calls replaced as in [`answer`],
+    /// the others written again as jsonrpsee wrote them (jsonrpsee's batch answer is one piece
+    /// of JSON, and it makes a batch only of answers it serializes). A replacement may take
+    /// the answer a little past jsonrpsee's size limit.
+    fn in_batch(
+        response: MethodResponse,
+        unguarded: &[(usize, (GuardReach, Self))],
+    ) -> MethodResponse {
         let Ok(answers) = serde_json::from_str::<Vec<Answer<'_>>>(response.as_json().get()) else {
-            return response;
+            return response; // one answer for the whole batch: none of a call's to replace
         };
         let mut rebuilt = BatchResponseBuilder::new_with_limit(usize::MAX);
-        for answer in answers {
-            let id = answer.id.clone().into_owned();
-            let mistake = unguarded.iter().find(|(_, call)| call.id == id);
-            let code = answer.error.as_ref().map(|e| e.code());
-            let one = match (mistake, answer) {
-                (Some((_, call)), _) if !refused_before_the_body(code) => {
-                    MethodResponse::error(id, call.error())
+        for (place, answer) in answers.into_iter().enumerate() {
+            let mistake = unguarded.iter().find(|(at, _)| *at == place);
+            let code = answer.error.as_ref().map(|e| e.code);
+            let one = match mistake {
+                Some((_, (_, call))) if !refused_before_the_body(code) => {
+                    MethodResponse::error(answer.id, call.error())
                 }
-                (
-                    _,
-                    Answer {
-                        error: Some(error), ..
-                    },
-                ) => MethodResponse::error(id, error),
-                (_, Answer { result, .. }) => {
-                    let result = ResponsePayload::success(result);
-                    MethodResponse::response(id, result, usize::MAX)
-                }
+                _ => answer.written_again(),
             };
             let _ = rebuilt.append(one);
         }
@@ -369,7 +370,8 @@ impl Unguarded {
             method = %self.method,
             "a governed method answered without its guard: put #[idempotent] on its \
              implementation (in the `impl ...Server for ...` block: jsonrpsee drops the \
-             attributes of `#[rpc]` trait methods), or stop governing it"
+             attributes of `#[rpc]` trait methods), or stop governing it; or an RPC \
+             middleware installed after Idempotency::rpc_layer answered it (put rpc_layer last)"
         );
         let error = IdempotencyError::new(ErrorCode::NotGuarded);
         error
@@ -383,15 +385,49 @@ fn refused_before_the_body(code: Option<i32>) -> bool {
     matches!(code, Some(INVALID_PARAMS_CODE | METHOD_NOT_FOUND_CODE))
 }
 
-/// One answer of a batch, as jsonrpsee wrote it.
+/// One answer of a batch, as jsonrpsee wrote it: each member kept as its JSON text, and a
+/// member's absence told from its `null`.
 #[derive(serde::Deserialize)]
 struct Answer<'a> {
     #[serde(borrow)]
     id: Id<'a>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    result: Option<&'a serde_json::value::RawValue>,
-    #[serde(default)]
-    error: Option<ErrorObjectOwned>,
+    error: Option<AnswerError<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct AnswerError<'a> {
+    code: i32,
+    #[serde(borrow)]
+    message: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    data: Option<&'a RawValue>,
+}
+
+impl Answer<'_> {
+    /// The answer, serialized as jsonrpsee serialized it.
+    fn written_again(self) -> MethodResponse {
+        match self.error {
+            Some(error) => {
+                let error = ErrorObject::owned(error.code, error.message, error.data);
+                MethodResponse::error(self.id, error)
+            }
+            // Neither member is not an answer jsonrpsee writes: `null` stands in.
+            None => {
+                let result = ResponsePayload::success(self.result);
+                MethodResponse::response(self.id, result, usize::MAX)
+            }
+        }
+    }
+}
+
+/// A member that is there, `null` included.
+fn present<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<&'de RawValue>, D::Error> {
+    serde::Deserialize::deserialize(deserializer).map(Some)
 }
 
 /// The 422 collision if another payload (or method) holds the call's key; else `response`.
