@@ -287,7 +287,11 @@ impl UnitOfWork {
 
     /// Commits the staged writes on their own, for a call that is not deduplicated.
     pub(crate) async fn commit_alone(&self) -> Result<(), StoreError> {
-        let mut sealed = self.seal();
+        self.commit_sealed(self.seal()).await
+    }
+
+    /// Commits on their own the writes [`seal`](Self::seal) took.
+    pub(crate) async fn commit_sealed(&self, mut sealed: Sealed) -> Result<(), StoreError> {
         let writes = sealed.take_writes();
         if !writes.is_empty() {
             self.inner.store.apply(writes).await?;

@@ -164,12 +164,18 @@ async fn serve_alone<T: Serialize + Send + 'static>(
     id: Id<'static>,
     unit: Option<UnitOfWork>,
 ) -> Result<EventStream<T>, ErrorObjectOwned> {
+    // Sealed before the first event, as a deduplicated stream's unit is: what the stream
+    // stages once it runs is refused the same way in both.
+    let sealed = unit.as_ref().map(UnitOfWork::seal);
     let recording = Arc::new(Recording::new());
     let first = next_frame(&mut events, &id, &recording).await;
-    if let Some(unit) = unit {
+    if let (Some(unit), Some(sealed)) = (unit, sealed) {
         match first {
-            Next::Last(_) => unit.discard(),
-            _ => unit.commit_alone().await.map_err(undeduplicated_failure)?,
+            Next::Last(_) => drop(sealed), // discarded: nothing of it is ever written
+            _ => unit
+                .commit_sealed(sealed)
+                .await
+                .map_err(undeduplicated_failure)?,
         }
     }
     match first {

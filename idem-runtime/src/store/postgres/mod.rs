@@ -715,13 +715,17 @@ impl Store for PostgresStore {
         )
         .await?;
         drop(client);
-        while self.count().await? > self.max_entries {
-            let mut client = self.client().await?;
-            let tx = client.transaction().await?;
-            let evicted = self.enforce_bound(&tx, EVICTION_CHUNK).await?;
-            tx.commit().await?;
-            if evicted == 0 {
-                break; // another replica holds the bound's lock: it evicts
+        if self.count().await? > self.max_entries {
+            // Chunk after chunk, each counting the table once, until one comes back short:
+            // the bound is met (or another replica holds its lock, and evicts).
+            loop {
+                let mut client = self.client().await?;
+                let tx = client.transaction().await?;
+                let evicted = self.enforce_bound(&tx, EVICTION_CHUNK).await?;
+                tx.commit().await?;
+                if evicted < EVICTION_CHUNK as u64 {
+                    break;
+                }
             }
         }
         Ok(total)

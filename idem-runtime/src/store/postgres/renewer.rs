@@ -121,10 +121,11 @@ fn forget_lost(held: &Held, gone: Vec<i64>) {
     }
 }
 
-/// [`renew_all`] within a third of a lease. One that takes longer hangs on a connection that
-/// no longer answers (a failover, a dropped NAT entry): that connection is closed, not put
-/// back, and the next try, soon, opens another; waiting on it for TCP to give up would let
-/// every claim of this replica lapse, and other replicas run its calls again.
+/// [`renew_all`], its connection taken from the pool included, within a third of a lease.
+/// One that takes longer hangs on a connection that no longer answers (a failover, a dropped
+/// NAT entry): that connection is closed, not put back, and the next try, soon, opens
+/// another; waiting on it for TCP to give up would let every claim of this replica lapse,
+/// and other replicas run its calls again.
 async fn renew_in_time(
     pool: &Pool,
     owner: &str,
@@ -132,16 +133,20 @@ async fn renew_in_time(
     keys: &[String],
     fences: &[i64],
 ) -> Result<Vec<i64>, StoreError> {
-    let client = pool.get().await?;
-    match tokio::time::timeout(lease / 3, renew_all(&client, owner, lease, keys, fences)).await {
+    let deadline = tokio::time::Instant::now() + lease / 3;
+    let late = || StoreError::Backend {
+        backend: "postgres",
+        source: "the renewal took more than a third of a lease".into(),
+    };
+    let client = match tokio::time::timeout_at(deadline, pool.get()).await {
+        Ok(client) => client?,
+        Err(_) => return Err(late()),
+    };
+    match tokio::time::timeout_at(deadline, renew_all(&client, owner, lease, keys, fences)).await {
         Ok(renewed) => renewed,
         Err(_) => {
-            drop(deadpool_postgres::Object::take(client));
-            Err(StoreError::Backend {
-                backend: "postgres",
-                source: "the renewal took more than a third of a lease; its connection is closed"
-                    .into(),
-            })
+            drop(deadpool_postgres::Object::take(client)); // closed, not put back
+            Err(late())
         }
     }
 }
