@@ -1,6 +1,7 @@
 //! The README's usage section as a program: `cargo run --example minimal`, then POST an A2A
 //! `message/send` with `A2A-Extensions: https://agentic-sandbox.aiwg.io/extensions/idempotency/v1`
-//! to http://127.0.0.1:8080 twice: the second answer is a replay.
+//! to http://127.0.0.1:8080 twice: the second answer is a replay. (Another address: its first
+//! argument.)
 use futures::stream;
 use idem::{idempotent, EventStream, Idempotency, IdempotencyConfig, Replayable, UnitOfWork};
 use jsonrpsee::core::{async_trait, RpcResult};
@@ -65,10 +66,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let http = tower::ServiceBuilder::new()
         .layer(idem.agent_card_layer(card))
         .layer(idem.http_layer());
+    let listen = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:8080".into());
     let server = Server::builder()
         .set_http_middleware(http)
         .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))
-        .build("127.0.0.1:8080")
+        .build(listen)
         .await?;
     let handle = server.start(Agent.into_rpc());
     handle.stopped().await;

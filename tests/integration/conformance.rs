@@ -39,6 +39,71 @@ fn target(server: &ServerProcess) -> Target {
     Target::new(&server.url, Some(server.side_effects_db()))
 }
 
+/// The README's program (`examples/minimal.rs`) as a child process in a directory of its own,
+/// killed when dropped.
+struct Minimal {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Minimal {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(example_binary("minimal"))
+            .arg(&listen)
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run examples/minimal");
+        let started = std::time::Instant::now();
+        while tokio::net::TcpStream::connect(&listen).await.is_err() {
+            assert!(
+                started.elapsed().as_secs() < 30,
+                "minimal never listened on {listen}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let url = format!("http://{listen}");
+        Self {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Minimal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the README says of its own program: every scenario it can run passes; those that
+/// need what it does not offer (a short TTL, a restart, A2A 1.0's card) are skipped.
+#[tokio::test]
+async fn the_readme_s_program_passes_the_harness() {
+    let minimal = Minimal::start().await;
+    let target = Target::new(&minimal.url, None);
+    let mut passed = 0;
+    for scenario in Scenario::ALL {
+        match check(scenario, &target, None).await {
+            Outcome::Pass => passed += 1,
+            Outcome::Skip(_) => {}
+            Outcome::Fail(reason) => panic!("{}: {reason}", scenario.name()),
+        }
+    }
+    assert_eq!(passed, 12, "of {}", Scenario::ALL.len());
+}
+
 #[tokio::test]
 async fn agent_card_declares_the_extension() {
     passes(Scenario::AgentCard, &[]).await;
