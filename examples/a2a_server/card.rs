@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 
 use serde_json::{json, Value};
 
-/// Where A2A clients look for the card.
-pub const CARD_PATH: &str = "/.well-known/agent-card.json";
+/// Where A2A clients look for the card (the front serves it itself: it answers the card's
+/// requests by the activation and version rules of its other answers).
+pub const CARD_PATH: &str = idem::layers::AGENT_CARD_PATH;
 
 /// The card of this agent at `addr`; `extensions` goes to `capabilities.extensions`.
 pub fn agent_card(addr: SocketAddr, extensions: Vec<Value>) -> Value {
