@@ -112,7 +112,7 @@ pub struct SqliteStore {
     /// The keys whose stream this process records now: the sweep never takes their open
     /// records (every other one was left by a process that is gone, or by a recording here
     /// that failed and released its key).
-    recording: Recording,
+    live_streams: LiveStreams,
     clock: Arc<dyn Clock>,
     touches: Arc<Mutex<HashMap<String, u64>>>,
     tier: Arc<MemoryTier>,
@@ -174,7 +174,7 @@ impl SqliteStore {
         Ok(Self {
             path,
             ttl_seconds: config.ttl_seconds,
-            recording: Recording::default(),
+            live_streams: LiveStreams::default(),
             clock,
             touches,
             tier,
@@ -358,7 +358,7 @@ impl Store for SqliteStore {
     ) -> Result<(), StoreError> {
         let stream = stream.clone();
         // Before the commit: a sweep right after it must already see the stream recorded.
-        self.recording.start(&stream.message_id);
+        self.live_streams.start(&stream.message_id);
         self.write(all_rerunnable(&writes), move |conn, batch| {
             apply_writes(conn, &mut writes)?;
             let may_exist = batch.may_hold(&stream.message_id);
@@ -395,14 +395,14 @@ impl Store for SqliteStore {
             })
             .await;
         if closed.is_ok() {
-            self.recording.stop(&recorded);
+            self.live_streams.stop(&recorded);
         }
         closed
     }
 
     /// A key given up without its outcome stored: a stream it recorded is no longer recorded.
     fn release(&self, key: &MessageId, _lease: Lease) {
-        self.recording.stop(key);
+        self.live_streams.stop(key);
     }
 
     async fn apply(&self, mut writes: Vec<SqlWrite>) -> Result<(), StoreError> {
@@ -425,11 +425,11 @@ impl Store for SqliteStore {
         let ttl = self.ttl_seconds;
         let mut total = 0;
         loop {
-            let recording = self.recording.clone();
+            let live = self.live_streams.clone();
             let deleted = self
                 .write(true, move |conn, batch| {
                     let now = batch.now_ms / 1000;
-                    let n = sweep_chunk(conn, ttl, now, &recording, &mut batch.changes)?;
+                    let n = sweep_chunk(conn, ttl, now, &live, &mut batch.changes)?;
                     batch.rows = match n < SWEEP_CHUNK {
                         // The sweep's last step counts the rows again: an operator's purge
                         // deletes rows the writer never counted out, and the LRU bound would
@@ -498,13 +498,13 @@ fn apply_writes(conn: &Connection, writes: &mut [SqlWrite]) -> Result<(), StoreE
 
 /// Deletes a chunk of expired entries, and the open streams started more than a TTL ago that
 /// nothing records any more (whose retries are new requests by now); returns how many
-/// entries it deleted. A stream still `recording` is never swept: its retry must attach,
+/// entries it deleted. A stream still `live` is never swept: its retry must attach,
 /// and after a crash get its interrupted outcome, never run again.
 fn sweep_chunk(
     conn: &Connection,
     ttl: u64,
     now: u64,
-    recording: &Recording,
+    live: &LiveStreams,
     changes: &mut Vec<Change>,
 ) -> Result<u64, StoreError> {
     let deleted = entries::delete(
@@ -527,7 +527,7 @@ fn sweep_chunk(
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     for key in old.into_iter().map(MessageId::from_stored) {
-        if !recording.holds(&key) && delete_open_stream(conn, key.as_str())? {
+        if !live.holds(&key) && delete_open_stream(conn, key.as_str())? {
             changes.push(Change::Closed(key));
         }
     }
@@ -536,9 +536,9 @@ fn sweep_chunk(
 
 /// The keys whose stream this process records (see [`SqliteStore`]'s field).
 #[derive(Clone, Default)]
-struct Recording(Arc<Mutex<std::collections::HashSet<MessageId>>>);
+struct LiveStreams(Arc<Mutex<std::collections::HashSet<MessageId>>>);
 
-impl Recording {
+impl LiveStreams {
     fn start(&self, key: &MessageId) {
         self.keys().insert(key.clone());
     }
