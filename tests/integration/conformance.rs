@@ -50,12 +50,7 @@ struct Minimal {
 impl Minimal {
     async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let listen = format!("127.0.0.1:{port}");
+        let listen = format!("127.0.0.1:{}", free_port());
         let child = Command::new(example_binary("minimal"))
             .arg(&listen)
             .current_dir(dir.path())
@@ -272,12 +267,8 @@ fn cli_reports_each_scenario_and_exits_zero() {
 
 #[test]
 fn cli_exits_non_zero_when_scenarios_fail() {
-    // A port that was free a moment ago: nothing answers, every scenario fails on the AgentCard.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port();
-    let output = run_cli(&["--url", &format!("http://127.0.0.1:{port}")]);
+    // Nothing answers on it: every scenario fails on the AgentCard.
+    let output = run_cli(&["--url", &format!("http://127.0.0.1:{}", free_port())]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
     assert!(
@@ -285,6 +276,14 @@ fn cli_exits_non_zero_when_scenarios_fail() {
         "{stdout}"
     );
     assert!(stdout.ends_with("0 passed, 16 failed\n"), "{stdout}");
+}
+
+/// A loopback port that was free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
 }
 
 fn run_cli(args: &[&str]) -> std::process::Output {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::claim::{Claim, Waited};
+use crate::claim::{Claim, IdempotencyCache, Waited};
 use crate::hash::request_hash;
 
 use crate::store::tests::fixture::{Backend, Fixture, T0_MS};
@@ -397,15 +397,20 @@ pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(f
             "data: {{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{n}}}\n\n"
         ))
     };
-    let cache = fx.cache(&config).await;
-    let Claim::Execute(running) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
-    else {
-        panic!()
+    // A won claim of key `n` whose stream has sent its first event.
+    let opened = |cache: &IdempotencyCache, n: u32| {
+        let (cache, hash, first) = (cache.clone(), hash.clone(), event(0));
+        async move {
+            let ticket = won(&cache, &key(n), "message/stream", &hash).await;
+            ticket
+                .open_stream("5".into(), first, Vec::new())
+                .await
+                .unwrap();
+            ticket
+        }
     };
-    running
-        .open_stream("5".into(), event(0), Vec::new())
-        .await
-        .unwrap();
+    let cache = fx.cache(&config).await;
+    let running = opened(&cache, 1).await;
     fx.clock.advance(Duration::from_secs(11));
     cache.store().sweep().await.unwrap();
     assert_eq!(
@@ -431,15 +436,7 @@ pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(f
     assert_eq!(stored.inserted_at, (T0_MS / 1000) + 11);
 
     // A recording that gave its key up here (a failed append, say) is no longer running.
-    let Claim::Execute(given_up) = cache.claim(&key(3), "message/stream", &hash).await.unwrap()
-    else {
-        panic!()
-    };
-    given_up
-        .open_stream("5".into(), event(0), Vec::new())
-        .await
-        .unwrap();
-    drop(given_up);
+    drop(opened(&cache, 3).await);
     if fx.backend == Backend::Postgres {
         // The claim is released in the background: the sweep comes after it.
         while fx.count("SELECT COUNT(*) FROM idempotency_claims").await > 0 {
@@ -454,13 +451,7 @@ pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(f
         "given up past the TTL: swept"
     );
 
-    let Claim::Execute(left) = cache.claim(&key(2), "message/stream", &hash).await.unwrap() else {
-        panic!()
-    };
-    left.open_stream("5".into(), event(0), Vec::new())
-        .await
-        .unwrap();
-    std::mem::forget(left); // its process dies
+    std::mem::forget(opened(&cache, 2).await); // its process dies
     drop(cache);
     if fx.backend == Backend::Postgres {
         fx.execute("UPDATE idempotency_claims SET lease_until = 0")
