@@ -2,7 +2,7 @@
 //! `message/send` with `A2A-Extensions: https://agentic-sandbox.aiwg.io/extensions/idempotency/v1`
 //! to http://127.0.0.1:8080 twice: the second answer is a replay. (Another address: its first
 //! argument.)
-use futures::stream;
+use futures::stream::{self, StreamExt};
 use idem::{idempotent, EventStream, Idempotency, IdempotencyConfig, Replayable, UnitOfWork};
 use jsonrpsee::core::{async_trait, RpcResult};
 use jsonrpsee::server::{middleware::rpc::RpcServiceBuilder, Server};
@@ -48,8 +48,13 @@ impl A2aServer for Agent {
             Ok(())
         })?;
         let done = json!({"kind": "status-update", "taskId": id, "status": {"state": "completed"}, "final": true});
-        let events = [Ok(task), Ok(done)]; // A2A: the Task first, then its updates
-        Ok(EventStream::new(stream::iter(events))) // a Stream of RpcResult<Value>
+        let work = async move {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await; // the task works
+            Ok(done)
+        };
+        // A2A: the Task first, then its updates; a retry meanwhile attaches to this stream.
+        let events = stream::iter([Ok(task)]).chain(stream::once(work));
+        Ok(EventStream::new(events)) // a Stream of RpcResult<Value>
     }
 }
 
