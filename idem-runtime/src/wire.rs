@@ -11,13 +11,29 @@ pub type Payload = Result<Box<RawValue>, ErrorObjectOwned>;
 /// The content type of a single JSON-RPC response.
 pub(crate) const JSON: &str = "application/json";
 
-/// A JSON-RPC response as jsonrpsee writes it.
+/// Bytes of a response's envelope around its `result` (`{"jsonrpc":"2.0","id":…,"result":}`),
+/// with room for an id: what a body is given beyond its result up front.
+const ENVELOPE_BYTES: usize = 128;
+
+/// A JSON-RPC response as jsonrpsee writes it, in an allocation of its own size: these bytes
+/// are what the store and its memory tier keep, and a `Vec` grown by doubling would hold up
+/// to twice them (a 1,254-byte body took 2,048), memory the tier's budget did not see.
 pub(crate) fn response_bytes(id: &Id<'_>, payload: &Payload) -> Vec<u8> {
-    let payload = match payload {
-        Ok(raw) => ResponsePayload::<&RawValue>::success(raw.as_ref()),
-        Err(error) => ResponsePayload::<&RawValue>::error(error.clone()),
+    let (payload, result_bytes) = match payload {
+        Ok(raw) => (
+            ResponsePayload::<&RawValue>::success(raw.as_ref()),
+            raw.get().len(),
+        ),
+        Err(error) => (ResponsePayload::<&RawValue>::error(error.clone()), 0),
     };
-    serde_json::to_vec(&Response::new(payload, id.clone())).expect("JSON-RPC response serializes")
+    let mut body = Vec::with_capacity(result_bytes + ENVELOPE_BYTES);
+    let response = Response::new(payload, id.clone());
+    serde_json::to_writer(&mut body, &response).expect("JSON-RPC response serializes");
+    match body.capacity() - body.len() > ENVELOPE_BYTES {
+        // A shrinking realloc may keep the block: a copy is what frees it.
+        true => body.as_slice().to_vec(),
+        false => body,
+    }
 }
 
 /// The `result` or `error` of a JSON-RPC response, as raw as it was written.
@@ -46,4 +62,35 @@ pub(crate) fn decode(body: &[u8]) -> Option<Payload> {
 /// Keeps a present `null` as `Some(null)`: absent and `null` are different bytes.
 fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
     Box::<RawValue>::deserialize(d).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_bytes_are_jsonrpsee_s_in_an_allocation_of_their_size() {
+        let text = format!(r#"{{"kind":"task","note":"{}"}}"#, "x".repeat(1_200));
+        let ids = [Id::Number(7), Id::Str("a \"quoted\" id".into()), Id::Null];
+        for id in ids {
+            let ok: Payload = Ok(RawValue::from_string(text.clone()).unwrap());
+            let error: Payload = Err(ErrorObjectOwned::owned(-32603, "failed", Some(&text)));
+            for payload in [ok, error] {
+                let body = response_bytes(&id, &payload);
+                let as_jsonrpsee = match &payload {
+                    Ok(raw) => serde_json::to_vec(&Response::new(
+                        ResponsePayload::<&RawValue>::success(raw.as_ref()),
+                        id.clone(),
+                    )),
+                    Err(e) => serde_json::to_vec(&Response::new(
+                        ResponsePayload::<&RawValue>::error(e.clone()),
+                        id.clone(),
+                    )),
+                };
+                assert_eq!(body, as_jsonrpsee.unwrap());
+                assert!(body.capacity() <= body.len() + ENVELOPE_BYTES, "{id:?}");
+                assert_eq!(decode(&body).map(|p| p.is_ok()), Some(payload.is_ok()));
+            }
+        }
+    }
 }

@@ -100,6 +100,8 @@ impl MemoryTier {
         if !std::ptr::eq(Arc::as_ptr(&resident.entry), answered) {
             return;
         }
+        // Exactly what is added: a `Vec` of digests left to grow would take four at once.
+        resident.spellings.reserve_exact(spellings.len());
         for &spelling in spellings {
             if resident.spellings.len() >= SPELLINGS_PER_ENTRY
                 || resident.spellings.contains(&spelling)
@@ -250,8 +252,10 @@ fn entry_bytes(entry: &Entry) -> usize {
     // The key is one shared allocation (the entry, the map, the hand and the spellings each
     // hold a pointer to it): its bytes and the Arc's counts once.
     let key = entry.message_id.as_str().len() + 16;
-    // Entry and Resident structs, the key, the map slot and the hand's pointer.
-    key + entry.method.len() + 64 + entry.response.body.len() + headers + 256
+    // What is allocated, not what is used: a body with spare capacity costs all of it.
+    let owned = entry.method.capacity() + entry.response.body.capacity();
+    // Entry and Resident structs, the request hash, the map slot and the hand's pointer.
+    key + owned + 64 + headers + 256
 }
 
 fn slot(key: &MessageId) -> usize {
@@ -297,6 +301,20 @@ mod tests {
             tier.get(&entry(99, 0).message_id, |_| true).is_some(),
             "newest: kept"
         );
+    }
+
+    #[test]
+    fn a_body_is_charged_what_it_holds_allocated_not_only_what_it_uses() {
+        let tier = MemoryTier::new(1 << 20);
+        let exact = entry(1, 1_000);
+        tier.insert(exact.clone());
+        let charged = tier.bytes();
+        tier.deleted([&exact.message_id]);
+        let mut spare = Arc::unwrap_or_clone(entry(1, 1_000));
+        spare.response.body.reserve_exact(1_000);
+        let spare_bytes = spare.response.body.capacity() - spare.response.body.len();
+        tier.insert(Arc::new(spare));
+        assert_eq!(tier.bytes(), charged + spare_bytes);
     }
 
     #[test]
