@@ -446,13 +446,17 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    #[error("{backend}: {}", causes(source.as_ref()))]
+    #[error("{backend}: {}", causes(cause.as_ref()))]
     /// The database refused an operation, or could not be reached.
+    ///
+    /// Its message carries the whole chain of what the database said (tokio-postgres says
+    /// `db error` and leaves the reason to its source), so it names no `source()`: a report
+    /// that walks the chain, as anyhow's `{:#}` does, would print each cause twice.
     Backend {
         /// Which database: `sqlite` or `postgres`.
         backend: &'static str,
-        /// What it said.
-        source: Box<dyn std::error::Error + Send + Sync>,
+        /// What it said: downcast it to the driver's error for its details.
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error(
         "the claim of {0} expired and another process took it over; nothing of this call was stored"
@@ -468,7 +472,7 @@ pub enum StoreError {
     #[error("commit failed: {0}")]
     /// A write transaction failed; nothing in it was stored.
     Commit(String),
-    #[error("a staged write failed: {0}")]
+    #[error("a staged write failed: {}", causes(.0.as_ref()))]
     /// A write the call staged refused; nothing of the call was stored.
     Write(WriteError),
     #[error(
@@ -585,7 +589,7 @@ impl From<rusqlite::Error> for StoreError {
     fn from(error: rusqlite::Error) -> Self {
         Self::Backend {
             backend: "sqlite",
-            source: Box::new(error),
+            cause: Box::new(error),
         }
     }
 }
@@ -595,7 +599,7 @@ impl From<tokio_postgres::Error> for StoreError {
     fn from(error: tokio_postgres::Error) -> Self {
         Self::Backend {
             backend: "postgres",
-            source: Box::new(error),
+            cause: Box::new(error),
         }
     }
 }
@@ -605,7 +609,7 @@ impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(error: deadpool_postgres::PoolError) -> Self {
         Self::Backend {
             backend: "postgres",
-            source: Box::new(error),
+            cause: Box::new(error),
         }
     }
 }

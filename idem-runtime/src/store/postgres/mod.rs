@@ -238,9 +238,9 @@ impl PostgresStore {
         match query_opt(&client, ours, &[&key.as_str(), &fence, &self.owner]).await {
             Ok(None) => StoreError::ClaimLost(key.to_string()),
             Ok(Some(_)) | Err(_) => match error {
-                StoreError::Write(source) => StoreError::Backend {
+                StoreError::Write(cause) => StoreError::Backend {
                     backend: "postgres",
-                    source,
+                    cause,
                 },
                 other => other,
             },
@@ -661,7 +661,7 @@ impl Store for PostgresStore {
     async fn read(&self, _job: ReadJob) -> Result<(), StoreError> {
         Err(StoreError::Backend {
             backend: "postgres",
-            source: "a read job is a SQLite closure; on PostgreSQL, use the pool \
+            cause: "a read job is a SQLite closure; on PostgreSQL, use the pool \
                      (Database::postgres)"
                 .into(),
         })
@@ -810,7 +810,7 @@ fn pool_of(options: &PostgresOptions, size: usize, lease: Duration) -> Result<Po
         .build()
         .map_err(|error| StoreError::Backend {
             backend: "postgres",
-            source: Box::new(error),
+            cause: Box::new(error),
         })
 }
 
@@ -934,7 +934,7 @@ async fn held(
 fn connection_lost(error: &StoreError) -> bool {
     let source: &(dyn std::error::Error + 'static) = match error {
         StoreError::Write(source) => source.as_ref(),
-        StoreError::Backend { source, .. } => source.as_ref(),
+        StoreError::Backend { cause, .. } => cause.as_ref(),
         _ => return false,
     };
     let Some(error) = source.downcast_ref::<tokio_postgres::Error>() else {

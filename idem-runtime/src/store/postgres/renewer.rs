@@ -136,7 +136,7 @@ async fn renew_in_time(
     let deadline = tokio::time::Instant::now() + lease / 3;
     let late = || StoreError::Backend {
         backend: "postgres",
-        source: "the renewal took more than a third of a lease".into(),
+        cause: "the renewal took more than a third of a lease".into(),
     };
     let client = match tokio::time::timeout_at(deadline, pool.get()).await {
         Ok(client) => client?,

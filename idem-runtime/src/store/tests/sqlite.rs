@@ -569,3 +569,18 @@ async fn a_purge_that_the_serving_process_does_not_confirm_says_so() {
         "deleted all the same"
     );
 }
+
+/// What the database said is in the error's message, once: a report that walks the chain of
+/// sources (anyhow's `{:#}`, say) finds nothing below it to print again.
+#[test]
+fn a_backend_error_says_what_the_database_said_once() {
+    let conn = rusqlite::Connection::open_in_memory().unwrap();
+    let refused = conn
+        .execute("INSERT INTO nowhere VALUES (1)", [])
+        .unwrap_err();
+    let error = crate::store::StoreError::from(refused);
+    let said = error.to_string();
+    assert_eq!(said.matches("no such table: nowhere").count(), 1, "{said}");
+    assert!(said.starts_with("sqlite: "), "{said}");
+    assert!(std::error::Error::source(&error).is_none());
+}
