@@ -189,6 +189,15 @@ pub struct OpenStream {
     pub started_at: u64,
 }
 
+impl OpenStream {
+    /// Whether the record was left open a TTL after it started: the sweep takes it, and a
+    /// claim that reaches it first takes it for gone too, so that its key runs again as any
+    /// expired key does (a stream this process still records is in flight, never claimed).
+    pub(crate) fn expired(&self, ttl_seconds: u64, now_seconds: u64) -> bool {
+        is_expired(self.started_at, ttl_seconds, now_seconds)
+    }
+}
+
 /// What holds a key, as seen by the call that has just claimed it.
 #[derive(Debug)]
 pub enum Found {

@@ -447,6 +447,8 @@ impl Store for PostgresStore {
                     true => select_open_stream(&client, key).await?,
                     false => None,
                 };
+                let now = self.clock.now_seconds();
+                let open = open.filter(|(stream, _)| !stream.expired(self.ttl_seconds, now));
                 return Ok(match open {
                     Some((stream, events)) => Acquired::Interrupted(lease, stream, events),
                     None => Acquired::Won(lease),

@@ -320,7 +320,8 @@ impl Store for SqliteStore {
                 // query.
                 let open = match &entry {
                     Some(e) if !is_expired(e.inserted_at, ttl, now) => None,
-                    _ => select_open_stream(conn, &id)?,
+                    _ => select_open_stream(conn, &id)?
+                        .filter(|(stream, _)| !stream.expired(ttl, now)),
                 };
                 Ok((entry, open))
             })

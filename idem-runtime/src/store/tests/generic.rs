@@ -386,6 +386,61 @@ pub async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_th
     assert_eq!((open, events), (0, 0));
 }
 
+/// A record a dead process left open past its TTL is expired before the sweep reaches it: the
+/// retry runs again, as the retry of any expired key does, and records a stream of its own.
+pub async fn a_stream_left_open_past_its_ttl_runs_again_before_any_sweep(fx: Fixture) {
+    let config = config(10, 100);
+    let hash = request_hash(br#"{"s":1}"#).unwrap();
+    let event = |n: u32| {
+        bytes_of(&format!(
+            "data: {{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{n}}}\n\n"
+        ))
+    };
+    {
+        let cache = fx.cache(&config).await;
+        let ticket = won(&cache, &key(1), "message/stream", &hash).await;
+        ticket
+            .open_stream("5".into(), event(0), Vec::new())
+            .await
+            .unwrap();
+        ticket.append_event(1, event(1)).await.unwrap();
+        std::mem::forget(ticket); // its process dies
+    }
+    if fx.backend == Backend::Postgres {
+        fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+            .await;
+    }
+    fx.clock.advance(Duration::from_secs(11));
+    let cache = fx.cache(&config).await;
+    let open_streams = "SELECT COUNT(*) FROM idempotency_open_streams";
+    assert_eq!(fx.count(open_streams).await, 1, "no sweep has run");
+    let retry = won(&cache, &key(1), "message/stream", &hash).await;
+    retry
+        .open_stream("5".into(), event(2), Vec::new())
+        .await
+        .unwrap();
+    let sse = vec![("content-type".into(), "text/event-stream".into())];
+    retry
+        .close_stream(StoredResponse {
+            status: 200,
+            headers: sse,
+            body: event(2).to_vec(),
+        })
+        .await
+        .unwrap();
+    let stored = cache.store().get(&key(1)).await.unwrap().unwrap();
+    assert_eq!(
+        stored.response.body,
+        event(2).to_vec(),
+        "the retry's own outcome"
+    );
+    assert_eq!(fx.count(open_streams).await, 0);
+    let events = fx
+        .count("SELECT COUNT(*) FROM idempotency_stream_events")
+        .await;
+    assert_eq!(events, 0, "the dead recording's events went with it");
+}
+
 /// A stream's TTL runs from its end, and the sweep never takes a stream that still runs (its
 /// retries must attach, never run again); one a dead process left open past the TTL goes.
 pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(fx: Fixture) {
@@ -512,4 +567,5 @@ on_both_backends!(
     staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone,
     a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_the_next_claim,
     the_sweep_spares_running_streams_and_takes_those_left_by_the_dead,
+    a_stream_left_open_past_its_ttl_runs_again_before_any_sweep,
 );
