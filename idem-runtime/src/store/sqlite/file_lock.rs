@@ -2,7 +2,9 @@
 //! second process on the same file would run concurrent duplicates twice. The store takes an
 //! OS lock on `<database>.lock` for as long as it is open; the kernel releases it when the
 //! process dies, however it dies, so a crash never leaves a stale lock behind. The file itself
-//! only names the holder, for the error a second process gets. The admin tool asks the lock,
+//! only names the holder, for the error a second process gets, and it stays when the store
+//! closes or fails to open: deleting it would let a process that opened it just before and one
+//! that creates a new one each hold a lock of its own. The admin tool asks the lock,
 //! not the file, whether a process serves the database ([`holder`]).
 //!
 //! The lock is the file's, not the name's: it sits beside the file that the name resolves to,
