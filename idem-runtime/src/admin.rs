@@ -460,7 +460,7 @@ async fn connect_postgres(url: &str) -> Result<(Db, Option<u64>), StoreError> {
 async fn connect_postgres(_url: &str) -> Result<(Db, Option<u64>), StoreError> {
     Err(StoreError::Backend {
         backend: "postgres",
-        source: "built without the postgres feature".into(),
+        cause: "built without the postgres feature".into(),
     })
 }
 
