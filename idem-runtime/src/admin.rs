@@ -60,8 +60,8 @@ pub enum EntryState {
     Live(u16),
     /// An entry past its TTL: a miss, deleted by the next sweep.
     Expired(u16),
-    /// A stream being recorded, or left open by a process that died (the next retry closes
-    /// it as interrupted); how many events it holds.
+    /// A stream being recorded, or left open by a process that died (a retry within a TTL of
+    /// its start closes it as interrupted; past that it is expired); how many events it holds.
     OpenStream(u64),
 }
 

@@ -24,7 +24,10 @@ pub(crate) fn response_bytes(id: &Id<'_>, payload: &Payload) -> Vec<u8> {
             ResponsePayload::<&RawValue>::success(raw.as_ref()),
             raw.get().len(),
         ),
-        Err(error) => (ResponsePayload::<&RawValue>::error(error.clone()), 0),
+        Err(error) => (
+            ResponsePayload::<&RawValue>::error(error.clone()),
+            error.message().len() + error.data().map_or(0, |data| data.get().len()),
+        ),
     };
     let mut body = Vec::with_capacity(result_bytes + ENVELOPE_BYTES);
     let response = Response::new(payload, id.clone());

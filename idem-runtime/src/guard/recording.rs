@@ -70,8 +70,9 @@ impl Recording {
     }
 
     /// Everything recorded, as one body.
-    pub(crate) fn concat(&self) -> Vec<u8> {
-        self.lock().frames.concat()
+    /// The frames, then `last`: the body the stream's entry stores.
+    pub(crate) fn joined(&self, last: &[u8]) -> Vec<u8> {
+        joined(&self.lock().frames, last)
     }
 
     /// The frames from the first, then live ones as they come, until the recording finishes.
@@ -102,6 +103,17 @@ impl Recording {
     }
 }
 
+/// `frames`, then `last`, in one allocation of their size: the store and its memory tier keep
+/// it (`concat` then a push would double it, memory the tier's budget does not see).
+pub(crate) fn joined(frames: &[Bytes], last: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(frames.iter().map(Bytes::len).sum::<usize>() + last.len());
+    frames
+        .iter()
+        .for_each(|frame| body.extend_from_slice(frame));
+    body.extend_from_slice(last);
+    body
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,7 +133,13 @@ mod tests {
         let expected: Vec<Bytes> = ["a", "b", "c"].iter().map(|s| Bytes::from(*s)).collect();
         assert_eq!(early.await.unwrap(), expected);
         assert_eq!(late.await.unwrap(), expected);
-        assert_eq!(rec.concat(), b"abc");
+        let body = rec.joined(b"d");
+        assert_eq!(body, b"abcd");
+        assert_eq!(
+            body.capacity(),
+            body.len(),
+            "what is stored holds no spare room"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use bytes::Bytes;
 
 use crate::claim::Ticket;
 use crate::error::{ErrorCode, IdempotencyError};
-use crate::guard::recording::Recording;
+use crate::guard::recording::{self, Recording};
 use crate::guard::sse;
 use crate::guard::{
     decide, key_failure, layer_missing, not_serializable, replay_json, run_catching, store_failure,
@@ -364,8 +364,7 @@ async fn record<T: Serialize>(
     };
     drop(events);
     if let Some(ticket) = ticket {
-        let mut body = recording.concat();
-        body.extend_from_slice(last.as_deref().unwrap_or_default());
+        let body = recording.joined(last.as_deref().unwrap_or_default());
         let (key, method) = (ticket.key().clone(), ticket.method().to_owned());
         if let Err(e) = ticket.close_stream(event_stream(body)).await {
             tracing::error!(
@@ -392,9 +391,7 @@ pub(crate) fn interrupted(stream: &OpenStream, events: Vec<Bytes>) -> StoredResp
     let error = IdempotencyError::new(ErrorCode::StreamInterrupted)
         .with_detail("message_id", stream.message_id.as_str())
         .into();
-    let mut body = events.concat();
-    body.extend_from_slice(&error_frame(&id, error));
-    event_stream(body)
+    event_stream(recording::joined(&events, &error_frame(&id, error)))
 }
 
 /// A recorded stream as a stored response.

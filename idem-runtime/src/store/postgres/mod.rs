@@ -444,11 +444,12 @@ impl Store for PostgresStore {
                     return Ok(Acquired::Entry(Arc::new(entry)));
                 }
                 let open = match open {
-                    true => select_open_stream(&client, key).await?,
+                    true => {
+                        let (ttl, now) = (self.ttl_seconds, self.clock.now_seconds());
+                        select_open_stream(&client, key, ttl, now).await?
+                    }
                     false => None,
                 };
-                let now = self.clock.now_seconds();
-                let open = open.filter(|(stream, _)| !stream.expired(self.ttl_seconds, now));
                 return Ok(match open {
                     Some((stream, events)) => Acquired::Interrupted(lease, stream, events),
                     None => Acquired::Won(lease),
@@ -1019,10 +1020,13 @@ async fn delete_events(client: &impl GenericClient, key: &str) -> Result<(), Sto
     Ok(())
 }
 
-/// An open stream and its recorded events, in order.
+/// An open stream and its recorded events, in order; none for a record past its TTL, whose
+/// events are not read (see [`OpenStream::expired`]).
 async fn select_open_stream(
     client: &impl GenericClient,
     id: &MessageId,
+    ttl: u64,
+    now: u64,
 ) -> Result<Option<(OpenStream, Vec<Bytes>)>, StoreError> {
     let row = query_opt(
         client,
@@ -1039,6 +1043,9 @@ async fn select_open_stream(
         started_at: row.get(3),
     }
     .decode(id)?;
+    if stream.expired(ttl, now) {
+        return Ok(None);
+    }
     let statement = client
         .prepare_cached(
             "SELECT event FROM idempotency_stream_events WHERE message_id = $1 ORDER BY seq",

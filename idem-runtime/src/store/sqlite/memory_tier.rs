@@ -100,14 +100,15 @@ impl MemoryTier {
         if !std::ptr::eq(Arc::as_ptr(&resident.entry), answered) {
             return;
         }
+        let room = SPELLINGS_PER_ENTRY.saturating_sub(resident.spellings.len());
+        let new = (spellings.iter().enumerate())
+            .filter(|&(n, s)| !resident.spellings.contains(s) && !spellings[..n].contains(s))
+            .map(|(_, &s)| s)
+            .take(room)
+            .collect::<Vec<_>>();
         // Exactly what is added: a `Vec` of digests left to grow would take four at once.
-        resident.spellings.reserve_exact(spellings.len());
-        for &spelling in spellings {
-            if resident.spellings.len() >= SPELLINGS_PER_ENTRY
-                || resident.spellings.contains(&spelling)
-            {
-                continue;
-            }
+        resident.spellings.reserve_exact(new.len());
+        for spelling in new {
             resident.spellings.push(spelling);
             resident.bytes += SPELLING_BYTES;
             *bytes += SPELLING_BYTES;
@@ -343,16 +344,20 @@ mod tests {
         let e = entry(1, 10);
         tier.insert(e.clone());
         let alone = tier.bytes();
+        // What the resident holds allocated for its spellings, in digests.
+        let room = || tier.state().residents[&e.message_id].spellings.capacity();
         tier.add_spellings(&e, &[[1; 32], [1; 32]]);
         assert_eq!(
             tier.bytes(),
             alone + SPELLING_BYTES,
             "a repeated spelling once"
         );
+        assert_eq!(room(), 1, "and allocated once");
         let more: Vec<Spelling> = (2..=6).map(|n| [n; 32]).collect();
         tier.add_spellings(&e, &more);
         let kept = SPELLINGS_PER_ENTRY;
         assert_eq!(tier.bytes(), alone + kept * SPELLING_BYTES);
+        assert_eq!(room(), kept, "none allocated past the bound");
         assert!(tier.get_spelled(&[4; 32], |_| true).is_some());
         assert!(
             tier.get_spelled(&[5; 32], |_| true).is_none(),

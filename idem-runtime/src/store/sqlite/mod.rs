@@ -320,8 +320,7 @@ impl Store for SqliteStore {
                 // query.
                 let open = match &entry {
                     Some(e) if !is_expired(e.inserted_at, ttl, now) => None,
-                    _ => select_open_stream(conn, &id)?
-                        .filter(|(stream, _)| !stream.expired(ttl, now)),
+                    _ => select_open_stream(conn, &id, ttl, now)?,
                 };
                 Ok((entry, open))
             })
@@ -609,10 +608,13 @@ fn delete_open_stream(conn: &Connection, key: &str) -> Result<bool, StoreError> 
     Ok(deleted > 0)
 }
 
-/// An open stream and its recorded events, in order.
+/// An open stream and its recorded events, in order; none for a record past its TTL, whose
+/// events are not read (see [`OpenStream::expired`]).
 fn select_open_stream(
     conn: &Connection,
     id: &MessageId,
+    ttl: u64,
+    now: u64,
 ) -> Result<Option<(OpenStream, Vec<Bytes>)>, StoreError> {
     let row = conn
         .prepare_cached(
@@ -632,6 +634,9 @@ fn select_open_stream(
         return Ok(None);
     };
     let stream = row.decode(id)?;
+    if stream.expired(ttl, now) {
+        return Ok(None);
+    }
     let events = conn
         .prepare_cached(
             "SELECT event FROM idempotency_stream_events WHERE message_id = ?1 ORDER BY seq",

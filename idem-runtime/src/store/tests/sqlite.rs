@@ -571,9 +571,10 @@ async fn a_purge_that_the_serving_process_does_not_confirm_says_so() {
 }
 
 /// What the database said is in the error's message, once: a report that walks the chain of
-/// sources (anyhow's `{:#}`, say) finds nothing below it to print again.
+/// sources (anyhow's `{:#}`, say) finds nothing below it to print again. A staged write's
+/// error says its causes too: tokio-postgres's says only "db error" at the top.
 #[test]
-fn a_backend_error_says_what_the_database_said_once() {
+fn a_store_error_says_what_the_database_said_once() {
     let conn = rusqlite::Connection::open_in_memory().unwrap();
     let refused = conn
         .execute("INSERT INTO nowhere VALUES (1)", [])
@@ -583,4 +584,23 @@ fn a_backend_error_says_what_the_database_said_once() {
     assert_eq!(said.matches("no such table: nowhere").count(), 1, "{said}");
     assert!(said.starts_with("sqlite: "), "{said}");
     assert!(std::error::Error::source(&error).is_none());
+
+    #[derive(Debug)]
+    struct DbError(std::io::Error);
+    impl std::fmt::Display for DbError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("db error")
+        }
+    }
+    impl std::error::Error for DbError {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+    let write = DbError(std::io::Error::other("disk full"));
+    let error = crate::store::StoreError::Write(Box::new(write));
+    assert_eq!(
+        error.to_string(),
+        "a staged write failed: db error: disk full"
+    );
 }
