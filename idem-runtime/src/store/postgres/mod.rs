@@ -19,6 +19,7 @@
 mod listener;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -141,6 +142,13 @@ impl PostgresOptions {
 // After `now_ms!`, which it uses.
 mod renewer;
 
+/// How many claim leases a call's store operation may go unanswered: one past the sessions'
+/// own statement bound (two leases). A database process stopped while its host still answers
+/// TCP (SIGSTOP, a paused container) ends no statement, and neither `statement_timeout` nor
+/// `tcp_user_timeout` fires: without this its calls would wait until it ran again. What such
+/// a call committed, if anything, is the database's to say: its retry reads it there.
+const UNANSWERED_LEASES: u32 = 3;
+
 /// The PostgreSQL store: several processes may serve one database.
 ///
 /// ```no_run
@@ -219,6 +227,33 @@ impl PostgresStore {
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         Ok(self.pool.get().await?)
+    }
+
+    /// `operation`, or the error that the database did not answer within
+    /// [`UNANSWERED_LEASES`] claim leases.
+    async fn in_time<T>(
+        &self,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.within(Duration::ZERO, operation).await
+    }
+
+    /// [`in_time`](Self::in_time), for an operation that may also wait `wait` on purpose.
+    async fn within<T>(
+        &self,
+        wait: Duration,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let bound = wait + self.lease * UNANSWERED_LEASES;
+        tokio::time::timeout(bound, operation)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Backend {
+                    backend: "postgres",
+                    cause: format!("no answer from the database in {} ms", bound.as_millis())
+                        .into(),
+                })
+            })
     }
 
     /// What a call's transaction that failed with `error` answers. One whose connection was
@@ -390,8 +425,11 @@ impl PostgresStore {
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     async fn get(&self, key: &MessageId) -> Result<Option<Entry>, StoreError> {
-        let client = self.client().await?;
-        self.live_entry(&client, key).await
+        self.in_time(async {
+            let client = self.client().await?;
+            self.live_entry(&client, key).await
+        })
+        .await
     }
 
     /// The live entry, or nothing: a stream left open is found by [`acquire`](Store::acquire),
@@ -410,59 +448,62 @@ impl Store for PostgresStore {
         hash: &RequestHash,
         _read_holds: bool,
     ) -> Result<Acquired, StoreError> {
-        let client = self.client().await?;
-        let lease_ms = self.lease.as_millis().min(i64::MAX as u128) as i64;
-        let (id, hash_hex) = (key.as_str(), hash.as_str());
-        loop {
-            let won = query_opt(
-                &client,
-                concat!(
-                    "INSERT INTO idempotency_claims AS c
-                       (message_id, method, request_hash, owner, fence, lease_until)
-                     VALUES ($1, $2, $3, $4, nextval('idempotency_fence'), ",
-                    now_ms!(),
-                    " + $5)
-                     ON CONFLICT (message_id) DO UPDATE SET
-                       method = EXCLUDED.method, request_hash = EXCLUDED.request_hash,
-                       owner = EXCLUDED.owner, fence = EXCLUDED.fence,
-                       lease_until = EXCLUDED.lease_until
-                     WHERE c.lease_until < ",
-                    now_ms!(),
-                    // This process's own claim is stale: its table gave the key to this call,
-                    // so the call that held it has ended (its release may not have run yet).
-                    " OR c.owner = $4 RETURNING fence"
-                ),
-                &[&id, &method, &hash_hex, &self.owner, &lease_ms],
-            )
-            .await?;
-            if let Some(row) = won {
-                let lease = self.renewer.lease(key, row.get(0));
-                // The entry may have been committed before the claim was won.
-                let (entry, open) = select_after_claim(&client, key).await?;
-                if let Some(entry) = self.used(entry) {
-                    end_claim(&client, id, lease.fence(), &self.owner).await?;
-                    return Ok(Acquired::Entry(Arc::new(entry)));
-                }
-                let open = match open {
-                    true => {
-                        let (ttl, now) = (self.ttl_seconds, self.clock.now_seconds());
-                        select_open_stream(&client, key, ttl, now).await?
+        self.in_time(async {
+            let client = self.client().await?;
+            let lease_ms = self.lease.as_millis().min(i64::MAX as u128) as i64;
+            let (id, hash_hex) = (key.as_str(), hash.as_str());
+            loop {
+                let won = query_opt(
+                    &client,
+                    concat!(
+                        "INSERT INTO idempotency_claims AS c
+                           (message_id, method, request_hash, owner, fence, lease_until)
+                         VALUES ($1, $2, $3, $4, nextval('idempotency_fence'), ",
+                        now_ms!(),
+                        " + $5)
+                         ON CONFLICT (message_id) DO UPDATE SET
+                           method = EXCLUDED.method, request_hash = EXCLUDED.request_hash,
+                           owner = EXCLUDED.owner, fence = EXCLUDED.fence,
+                           lease_until = EXCLUDED.lease_until
+                         WHERE c.lease_until < ",
+                        now_ms!(),
+                        // This process's own claim is stale: its table gave the key to this call,
+                        // so the call that held it has ended (its release may not have run yet).
+                        " OR c.owner = $4 RETURNING fence"
+                    ),
+                    &[&id, &method, &hash_hex, &self.owner, &lease_ms],
+                )
+                .await?;
+                if let Some(row) = won {
+                    let lease = self.renewer.lease(key, row.get(0));
+                    // The entry may have been committed before the claim was won.
+                    let (entry, open) = select_after_claim(&client, key).await?;
+                    if let Some(entry) = self.used(entry) {
+                        end_claim(&client, id, lease.fence(), &self.owner).await?;
+                        return Ok(Acquired::Entry(Arc::new(entry)));
                     }
-                    false => None,
-                };
-                return Ok(match open {
-                    Some((stream, events)) => Acquired::Interrupted(lease, stream, events),
-                    None => Acquired::Won(lease),
-                });
+                    let open = match open {
+                        true => {
+                            let (ttl, now) = (self.ttl_seconds, self.clock.now_seconds());
+                            select_open_stream(&client, key, ttl, now).await?
+                        }
+                        false => None,
+                    };
+                    return Ok(match open {
+                        Some((stream, events)) => Acquired::Interrupted(lease, stream, events),
+                        None => Acquired::Won(lease),
+                    });
+                }
+                if let Some((method, request_hash, _)) = held(&client, key).await? {
+                    return Ok(Acquired::Held {
+                        method,
+                        request_hash,
+                    });
+                }
+                // The claim ended between the two statements: claim again.
             }
-            if let Some((method, request_hash, _)) = held(&client, key).await? {
-                return Ok(Acquired::Held {
-                    method,
-                    request_hash,
-                });
-            }
-            // The claim ended between the two statements: claim again.
-        }
+        })
+        .await
     }
 
     fn release(&self, key: &MessageId, lease: Lease) {
@@ -488,42 +529,48 @@ impl Store for PostgresStore {
         key: &MessageId,
         bound: Duration,
     ) -> Result<Elsewhere, StoreError> {
-        let deadline = tokio::time::Instant::now() + bound;
-        // Subscribed before the first read: an end announced after it is never missed.
-        let mut ends = self.listener.subscribe(key.as_str());
-        loop {
-            let client = self.client().await?;
-            // The claim first: its end commits with the entry, so once it is gone the entry,
-            // if any, is there to read.
-            let left_ms = match held(&client, key).await? {
-                Some((_, _, left_ms)) if left_ms >= 0 => left_ms,
-                _ => {
-                    return Ok(match self.live_entry(&client, key).await? {
-                        Some(entry) => Elsewhere::Done(Arc::new(entry)),
-                        None => Elsewhere::Released,
-                    })
+        self.within(bound, async {
+            let deadline = tokio::time::Instant::now() + bound;
+            // Subscribed before the first read: an end announced after it is never missed.
+            let mut ends = self.listener.subscribe(key.as_str());
+            loop {
+                let client = self.client().await?;
+                // The claim first: its end commits with the entry, so once it is gone the entry,
+                // if any, is there to read.
+                let left_ms = match held(&client, key).await? {
+                    Some((_, _, left_ms)) if left_ms >= 0 => left_ms,
+                    _ => {
+                        return Ok(match self.live_entry(&client, key).await? {
+                            Some(entry) => Elsewhere::Done(Arc::new(entry)),
+                            None => Elsewhere::Released,
+                        })
+                    }
+                };
+                drop(client);
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return Ok(Elsewhere::StillRunning);
                 }
-            };
-            drop(client);
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(Elsewhere::StillRunning);
+                // Never past the lease: a holder that died sends no notification.
+                let nap = (deadline - now).min(Duration::from_millis(left_ms as u64 + 10));
+                ends.next(nap).await;
             }
-            // Never past the lease: a holder that died sends no notification.
-            let nap = (deadline - now).min(Duration::from_millis(left_ms as u64 + 10));
-            ends.next(nap).await;
-        }
+        })
+        .await
     }
 
     async fn held_elsewhere(
         &self,
         key: &MessageId,
     ) -> Result<Option<(String, RequestHash)>, StoreError> {
-        let client = self.client().await?;
-        Ok(held(&client, key)
-            .await?
-            .filter(|(_, _, left_ms)| *left_ms >= 0)
-            .map(|(method, hash, _)| (method, hash)))
+        self.in_time(async {
+            let client = self.client().await?;
+            Ok(held(&client, key)
+                .await?
+                .filter(|(_, _, left_ms)| *left_ms >= 0)
+                .map(|(method, hash, _)| (method, hash)))
+        })
+        .await
     }
 
     async fn put(
@@ -532,31 +579,34 @@ impl Store for PostgresStore {
         writes: Vec<SqlWrite>,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        lease.end();
-        let mut client = self.client().await?;
-        if writes.is_empty() {
-            // One statement, its own transaction; the bound, if due, in another.
-            if self.store_entry(&client, &entry, lease.fence()).await? {
+        self.in_time(async {
+            lease.end();
+            let mut client = self.client().await?;
+            if writes.is_empty() {
+                // One statement, its own transaction; the bound, if due, in another.
+                if self.store_entry(&client, &entry, lease.fence()).await? {
+                    let tx = client.transaction().await?;
+                    self.enforce_bound(&tx, SWEEP_CHUNK).await?;
+                    tx.commit().await?;
+                }
+                return Ok(());
+            }
+            let committed = async {
                 let tx = client.transaction().await?;
-                self.enforce_bound(&tx, SWEEP_CHUNK).await?;
-                tx.commit().await?;
+                apply_writes(&tx, writes).await?;
+                // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
+                if self.store_entry(&tx, &entry, lease.fence()).await? {
+                    self.enforce_bound(&tx, SWEEP_CHUNK).await?;
+                }
+                Ok(tx.commit().await?)
+            };
+            let fence = lease.fence();
+            match committed.await {
+                Ok(()) => Ok(()),
+                Err(error) => Err(self.cut_off(&entry.message_id, fence, error).await),
             }
-            return Ok(());
-        }
-        let committed = async {
-            let tx = client.transaction().await?;
-            apply_writes(&tx, writes).await?;
-            // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
-            if self.store_entry(&tx, &entry, lease.fence()).await? {
-                self.enforce_bound(&tx, SWEEP_CHUNK).await?;
-            }
-            Ok(tx.commit().await?)
-        };
-        let fence = lease.fence();
-        match committed.await {
-            Ok(()) => Ok(()),
-            Err(error) => Err(self.cut_off(&entry.message_id, fence, error).await),
-        }
+        })
+        .await
     }
 
     async fn open_stream(
@@ -566,43 +616,46 @@ impl Store for PostgresStore {
         writes: Vec<SqlWrite>,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        let mut client = self.client().await?;
-        let opened = async {
-            let tx = client.transaction().await?;
-            fenced(&tx, &stream.message_id, lease, &self.owner).await?;
-            apply_writes(&tx, writes).await?;
-            let id = stream.message_id.as_str();
-            execute(
-                &tx,
-                "INSERT INTO idempotency_open_streams
-                   (message_id, method, request_hash, jsonrpc_id, started_at)
-                 VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (message_id) DO UPDATE SET method = EXCLUDED.method,
-                   request_hash = EXCLUDED.request_hash, jsonrpc_id = EXCLUDED.jsonrpc_id,
-                   started_at = EXCLUDED.started_at",
-                &[
-                    &id,
-                    &stream.method,
-                    &stream.request_hash.as_str(),
-                    &stream.jsonrpc_id,
-                    &(stream.started_at as i64),
-                ],
-            )
-            .await?;
-            // Events of an earlier recording under this key (one past its TTL) are not this one's.
-            delete_events(&tx, id).await?;
-            execute(
-                &tx,
-                "INSERT INTO idempotency_stream_events (message_id, seq, event) VALUES ($1, 0, $2)",
-                &[&id, &first_event.as_ref()],
-            )
-            .await?;
-            Ok(tx.commit().await?)
-        };
-        match opened.await {
-            Ok(()) => Ok(()),
-            Err(error) => Err(self.cut_off(&stream.message_id, lease.fence(), error).await),
-        }
+        self.in_time(async {
+            let mut client = self.client().await?;
+            let opened = async {
+                let tx = client.transaction().await?;
+                fenced(&tx, &stream.message_id, lease, &self.owner).await?;
+                apply_writes(&tx, writes).await?;
+                let id = stream.message_id.as_str();
+                execute(
+                    &tx,
+                    "INSERT INTO idempotency_open_streams
+                       (message_id, method, request_hash, jsonrpc_id, started_at)
+                     VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (message_id) DO UPDATE SET method = EXCLUDED.method,
+                       request_hash = EXCLUDED.request_hash, jsonrpc_id = EXCLUDED.jsonrpc_id,
+                       started_at = EXCLUDED.started_at",
+                    &[
+                        &id,
+                        &stream.method,
+                        &stream.request_hash.as_str(),
+                        &stream.jsonrpc_id,
+                        &(stream.started_at as i64),
+                    ],
+                )
+                .await?;
+                // Events of an earlier recording under this key (one past its TTL) are not this one's.
+                delete_events(&tx, id).await?;
+                execute(
+                    &tx,
+                    "INSERT INTO idempotency_stream_events (message_id, seq, event) VALUES ($1, 0, $2)",
+                    &[&id, &first_event.as_ref()],
+                )
+                .await?;
+                Ok(tx.commit().await?)
+            };
+            match opened.await {
+                Ok(()) => Ok(()),
+                Err(error) => Err(self.cut_off(&stream.message_id, lease.fence(), error).await),
+            }
+        })
+        .await
     }
 
     async fn append_event(
@@ -612,53 +665,62 @@ impl Store for PostgresStore {
         event: Bytes,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        let client = self.client().await?;
-        let appended = execute(
-            &client,
-            "INSERT INTO idempotency_stream_events (message_id, seq, event)
-             SELECT $1, $2, $3 WHERE EXISTS
-               (SELECT 1 FROM idempotency_claims
-                WHERE message_id = $1 AND fence = $4 AND owner = $5)",
-            &[
-                &key.as_str(),
-                &(seq as i32),
-                &event.as_ref(),
-                &lease.fence(),
-                &self.owner,
-            ],
-        )
-        .await?;
-        match appended {
-            1 => Ok(()),
-            _ => Err(StoreError::ClaimLost(key.to_string())),
-        }
+        self.in_time(async {
+            let client = self.client().await?;
+            let appended = execute(
+                &client,
+                "INSERT INTO idempotency_stream_events (message_id, seq, event)
+                 SELECT $1, $2, $3 WHERE EXISTS
+                   (SELECT 1 FROM idempotency_claims
+                    WHERE message_id = $1 AND fence = $4 AND owner = $5)",
+                &[
+                    &key.as_str(),
+                    &(seq as i32),
+                    &event.as_ref(),
+                    &lease.fence(),
+                    &self.owner,
+                ],
+            )
+            .await?;
+            match appended {
+                1 => Ok(()),
+                _ => Err(StoreError::ClaimLost(key.to_string())),
+            }
+        })
+        .await
     }
 
     async fn close_stream(&self, entry: Arc<Entry>, lease: &Lease) -> Result<(), StoreError> {
-        lease.end();
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        if self.store_entry(&tx, &entry, lease.fence()).await? {
-            self.enforce_bound(&tx, SWEEP_CHUNK).await?;
-        }
-        let id = entry.message_id.as_str();
-        delete_events(&tx, id).await?;
-        execute(
-            &tx,
-            "DELETE FROM idempotency_open_streams WHERE message_id = $1",
-            &[&id],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        self.in_time(async {
+            lease.end();
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            if self.store_entry(&tx, &entry, lease.fence()).await? {
+                self.enforce_bound(&tx, SWEEP_CHUNK).await?;
+            }
+            let id = entry.message_id.as_str();
+            delete_events(&tx, id).await?;
+            execute(
+                &tx,
+                "DELETE FROM idempotency_open_streams WHERE message_id = $1",
+                &[&id],
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn apply(&self, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        apply_writes(&tx, writes).await?;
-        tx.commit().await?;
-        Ok(())
+        self.in_time(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            apply_writes(&tx, writes).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn read(&self, _job: ReadJob) -> Result<(), StoreError> {

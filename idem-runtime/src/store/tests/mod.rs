@@ -7,4 +7,6 @@ mod generic;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
+#[cfg(feature = "postgres")]
+mod stalling_proxy;
 mod support;

@@ -10,7 +10,9 @@ use crate::store::StoreError;
 use crate::IdempotencyConfig;
 
 use crate::store::tests::fixture::{Backend, Fixture, T0_MS};
+use crate::store::tests::stalling_proxy::StallingProxy;
 use crate::store::tests::support::*;
+use crate::store::{PostgresOptions, PostgresStore};
 
 async fn fixture() -> Option<Fixture> {
     Fixture::new(Backend::Postgres).await
@@ -573,6 +575,81 @@ async fn a_table_locked_by_another_session_fails_the_call_instead_of_hanging_it(
         cached_body(&cache, &key(1)).await.unwrap(),
         b"after the lock"
     );
+}
+
+/// A database process stopped while its host still answers TCP (SIGSTOP; here, a proxy that
+/// holds every byte) ends no statement, and no TCP timeout fires: the call fails after three
+/// leases instead of waiting until the database runs again, and once it does, the retry runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_stops_answering_fails_the_call_in_bounded_time() {
+    let Some(fx) = fixture().await else { return };
+    let proxy = StallingProxy::start(fx.url.as_ref().unwrap()).await;
+    let options = PostgresOptions::new(proxy.url.clone());
+    let config = leased(Duration::from_millis(600));
+    let store = PostgresStore::connect_with(options, &config, fx.clock.clone());
+    let cache = IdempotencyCache::from_arc(std::sync::Arc::new(store.await.unwrap()));
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&cache, &key(1), "message/send", &hash).await;
+    ticket
+        .complete(response("through the proxy"))
+        .await
+        .unwrap();
+
+    proxy.stall(true);
+    let started = std::time::Instant::now();
+    let claimed = tokio::time::timeout(
+        Duration::from_secs(30),
+        cache.claim(&key(2), "message/send", &hash),
+    )
+    .await
+    .expect("the call failed in bounded time, not left waiting on the database");
+    match claimed {
+        Err(StoreError::Backend { cause, .. }) => {
+            assert!(cause.to_string().contains("no answer"), "{cause}")
+        }
+        Err(other) => panic!("another error: {other}"),
+        Ok(_) => panic!("claimed from a database that answers nothing"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    proxy.stall(false);
+    let ticket = won_once_released(&cache, &key(2), "message/send", &hash).await;
+    ticket.complete(response("once it answers")).await.unwrap();
+    assert_eq!(
+        cached_body(&cache, &key(2)).await.unwrap(),
+        b"once it answers"
+    );
+
+    // A call whose commit the database never answered: its staged writes were still
+    // uncommitted when it gave up, so they roll back, and its retry runs them once.
+    fx.create_effects(cache.store()).await;
+    let ticket = won(&cache, &key(3), "message/send", &hash).await;
+    proxy.stall(true);
+    let stored = tokio::time::timeout(
+        Duration::from_secs(30),
+        ticket.complete_with(response("first"), vec![fx.effect("first")]),
+    )
+    .await
+    .expect("the commit failed in bounded time");
+    assert!(
+        matches!(stored, Err(StoreError::Backend { .. })),
+        "{stored:?}"
+    );
+    proxy.stall(false);
+    let ticket = won_once_released(&cache, &key(3), "message/send", &hash).await;
+    let second = vec![fx.effect("second")];
+    ticket
+        .complete_with(response("second"), second)
+        .await
+        .unwrap();
+    // What the first attempt had sent reaches the database once the proxy passes it on.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fx.effects().await, vec!["second".to_owned()]);
+    assert_eq!(cached_body(&cache, &key(3)).await.unwrap(), b"second");
 }
 
 /// A table far past its bound (the bound lowered on a restart) is evicted in chunks: a call's
