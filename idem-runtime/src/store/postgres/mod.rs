@@ -142,13 +142,6 @@ impl PostgresOptions {
 // After `now_ms!`, which it uses.
 mod renewer;
 
-/// How many claim leases a call's store operation may go unanswered: one past the sessions'
-/// own statement bound (two leases). A database process stopped while its host still answers
-/// TCP (SIGSTOP, a paused container) ends no statement, and neither `statement_timeout` nor
-/// `tcp_user_timeout` fires: without this its calls would wait until it ran again. What such
-/// a call committed, if anything, is the database's to say: its retry reads it there.
-const UNANSWERED_LEASES: u32 = 3;
-
 /// The PostgreSQL store: several processes may serve one database.
 ///
 /// ```no_run
@@ -229,8 +222,14 @@ impl PostgresStore {
         Ok(self.pool.get().await?)
     }
 
-    /// `operation`, or the error that the database did not answer within
-    /// [`UNANSWERED_LEASES`] claim leases.
+    /// `operation`, or the error that the database did not answer it in time: within the
+    /// sessions' statement bound and their idle bound together (three leases, at least 3 s).
+    ///
+    /// A database process stopped while its host still answers TCP (SIGSTOP, a paused
+    /// container) ends no statement, and neither `statement_timeout` nor `tcp_user_timeout`
+    /// fires: without this a call would wait until it ran again. What such a call had sent is
+    /// the database's to decide once it runs: an uncommitted transaction rolls back, a commit
+    /// that lands is fenced as any is, and the retry reads the outcome there.
     async fn in_time<T>(
         &self,
         operation: impl Future<Output = Result<T, StoreError>>,
@@ -244,16 +243,18 @@ impl PostgresStore {
         wait: Duration,
         operation: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let bound = wait + self.lease * UNANSWERED_LEASES;
-        tokio::time::timeout(bound, operation)
-            .await
-            .unwrap_or_else(|_| {
-                Err(StoreError::Backend {
-                    backend: "postgres",
-                    cause: format!("no answer from the database in {} ms", bound.as_millis())
-                        .into(),
-                })
+        let (idle, statement) = session_bounds(self.lease);
+        let bound = wait + statement + idle;
+        let answered = tokio::time::timeout(bound, operation).await;
+        answered.unwrap_or_else(|_| {
+            // The operation dropped its connection back into the pool, its statement still
+            // unanswered: none of the idle ones is to be trusted with the next call.
+            drop(self.pool.retain(|_, _| false));
+            Err(StoreError::Backend {
+                backend: "postgres",
+                cause: format!("no answer from the database in {} ms", bound.as_millis()).into(),
             })
+        })
     }
 
     /// What a call's transaction that failed with `error` answers. One whose connection was

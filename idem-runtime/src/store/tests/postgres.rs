@@ -587,7 +587,8 @@ async fn a_database_that_stops_answering_fails_the_call_in_bounded_time() {
     let options = PostgresOptions::new(proxy.url.clone());
     let config = leased(Duration::from_millis(600));
     let store = PostgresStore::connect_with(options, &config, fx.clock.clone());
-    let cache = IdempotencyCache::from_arc(std::sync::Arc::new(store.await.unwrap()));
+    let store = std::sync::Arc::new(store.await.unwrap());
+    let cache = IdempotencyCache::from_arc(store.clone());
     let hash = request_hash(b"{}").unwrap();
     let ticket = won(&cache, &key(1), "message/send", &hash).await;
     ticket
@@ -614,6 +615,11 @@ async fn a_database_that_stops_answering_fails_the_call_in_bounded_time() {
         started.elapsed() < Duration::from_secs(10),
         "{:?}",
         started.elapsed()
+    );
+    let pooled = store.pool().status().size;
+    assert_eq!(
+        pooled, 0,
+        "no connection that went unanswered serves another call"
     );
 
     proxy.stall(false);
