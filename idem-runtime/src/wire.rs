@@ -19,23 +19,29 @@ const ENVELOPE_BYTES: usize = 128;
 /// are what the store and its memory tier keep, and a `Vec` grown by doubling would hold up
 /// to twice them (a 1,254-byte body took 2,048), memory the tier's budget did not see.
 pub(crate) fn response_bytes(id: &Id<'_>, payload: &Payload) -> Vec<u8> {
-    let (payload, result_bytes) = match payload {
-        Ok(raw) => (
-            ResponsePayload::<&RawValue>::success(raw.as_ref()),
-            raw.get().len(),
-        ),
-        Err(error) => (
-            ResponsePayload::<&RawValue>::error(error.clone()),
-            error.message().len() + error.data().map_or(0, |data| data.get().len()),
-        ),
-    };
-    let mut body = Vec::with_capacity(result_bytes + ENVELOPE_BYTES);
-    let response = Response::new(payload, id.clone());
+    let mut body = Vec::with_capacity(payload_bytes(payload) + ENVELOPE_BYTES);
+    let response = Response::new(response_payload(payload), id.clone());
     serde_json::to_writer(&mut body, &response).expect("JSON-RPC response serializes");
     match body.capacity() - body.len() > ENVELOPE_BYTES {
         // A shrinking realloc may keep the block: a copy is what frees it.
         true => body.as_slice().to_vec(),
         false => body,
+    }
+}
+
+/// The `result` or `error` member of the response `payload` makes.
+fn response_payload(payload: &Payload) -> ResponsePayload<'_, &RawValue> {
+    match payload {
+        Ok(raw) => ResponsePayload::success(raw.as_ref()),
+        Err(error) => ResponsePayload::error(error.clone()),
+    }
+}
+
+/// About how many bytes `payload` takes written: its result, or its error's message and data.
+fn payload_bytes(payload: &Payload) -> usize {
+    match payload {
+        Ok(raw) => raw.get().len(),
+        Err(error) => error.message().len() + error.data().map_or(0, |data| data.get().len()),
     }
 }
 
@@ -80,17 +86,8 @@ mod tests {
             let error: Payload = Err(ErrorObjectOwned::owned(-32603, "failed", Some(&text)));
             for payload in [ok, error] {
                 let body = response_bytes(&id, &payload);
-                let as_jsonrpsee = match &payload {
-                    Ok(raw) => serde_json::to_vec(&Response::new(
-                        ResponsePayload::<&RawValue>::success(raw.as_ref()),
-                        id.clone(),
-                    )),
-                    Err(e) => serde_json::to_vec(&Response::new(
-                        ResponsePayload::<&RawValue>::error(e.clone()),
-                        id.clone(),
-                    )),
-                };
-                assert_eq!(body, as_jsonrpsee.unwrap());
+                let response = Response::new(response_payload(&payload), id.clone());
+                assert_eq!(body, serde_json::to_vec(&response).unwrap());
                 assert!(body.capacity() <= body.len() + ENVELOPE_BYTES, "{id:?}");
                 assert_eq!(decode(&body).map(|p| p.is_ok()), Some(payload.is_ok()));
             }

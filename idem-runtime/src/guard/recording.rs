@@ -69,8 +69,7 @@ impl Recording {
         self.changed.send_modify(|n| *n += 1);
     }
 
-    /// Everything recorded, as one body.
-    /// The frames, then `last`: the body the stream's entry stores.
+    /// Everything recorded, then `last`, as one body: what the stream's entry stores.
     pub(crate) fn joined(&self, last: &[u8]) -> Vec<u8> {
         joined(&self.lock().frames, last)
     }

@@ -100,15 +100,14 @@ impl MemoryTier {
         if !std::ptr::eq(Arc::as_ptr(&resident.entry), answered) {
             return;
         }
-        let room = SPELLINGS_PER_ENTRY.saturating_sub(resident.spellings.len());
-        let new = (spellings.iter().enumerate())
-            .filter(|&(n, s)| !resident.spellings.contains(s) && !spellings[..n].contains(s))
-            .map(|(_, &s)| s)
-            .take(room)
-            .collect::<Vec<_>>();
-        // Exactly what is added: a `Vec` of digests left to grow would take four at once.
-        resident.spellings.reserve_exact(new.len());
-        for spelling in new {
+        for &spelling in spellings {
+            if resident.spellings.len() >= SPELLINGS_PER_ENTRY
+                || resident.spellings.contains(&spelling)
+            {
+                continue;
+            }
+            // Room for this one alone: a `Vec` of digests left to grow takes four at once.
+            resident.spellings.reserve_exact(1);
             resident.spellings.push(spelling);
             resident.bytes += SPELLING_BYTES;
             *bytes += SPELLING_BYTES;
