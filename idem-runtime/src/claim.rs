@@ -18,7 +18,8 @@ use tokio::sync::watch;
 use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::{
-    Acquired, Elsewhere, Entry, Found, Lease, OpenStream, Store, StoreError, StoredResponse,
+    Acquired, Elsewhere, Entry, Found, Lease, OpenStream, Settling, Store, StoreError,
+    StoredResponse,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -422,19 +423,57 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if let Some(cache) = self.cache.upgrade() {
-            if let Some(lease) = self.lease.take() {
-                cache.store.release(&self.key, lease);
-            }
-            let mut table = cache.in_flight.lock().expect("in-flight lock");
-            table.flights.remove(&self.key);
-            table.releases[slot(&self.key)] += 1;
-            drop(table);
-            cache.running.send_if_modified(|n| {
-                *n -= 1;
-                *n == 0
-            });
-        }
+        let Some(cache) = self.cache.upgrade() else {
+            return;
+        };
+        let lease = self.lease.take();
+        // Nothing stored: a write the store gave up waiting for may still commit. Until it
+        // settles the key stays held, and its waiters wait, or a retry would run it again.
+        let unsettled = match &lease {
+            Some(_) => cache.store.unsettled(&self.key),
+            None => None,
+        };
+        let Some(settling) = unsettled else {
+            return release(&cache, &self.key, lease);
+        };
+        let key = self.key.clone();
+        let phase = std::mem::replace(&mut self.phase, watch::Sender::new(Phase::Running));
+        tracing::warn!(message_id = %key, "the key stays held until the store answers its write");
+        after(settling, move || {
+            release(&cache, &key, lease);
+            // Last: the waiters claim again once the key is free.
+            drop(phase);
+        });
+    }
+}
+
+/// Ends an execution of `key`: the store's claim, then this process's.
+fn release(cache: &Inner, key: &MessageId, lease: Option<Lease>) {
+    if let Some(lease) = lease {
+        cache.store.release(key, lease);
+    }
+    let mut table = cache.in_flight.lock().expect("in-flight lock");
+    table.flights.remove(key);
+    table.releases[slot(key)] += 1;
+    drop(table);
+    cache.running.send_if_modified(|n| {
+        *n -= 1;
+        *n == 0
+    });
+}
+
+/// Runs `then` once `settling` has settled, on the runtime if there is one (a ticket dropped
+/// outside one, at shutdown, waits on a thread of its own).
+fn after(settling: Settling, then: impl FnOnce() + Send + 'static) {
+    let wait = async move {
+        settling.await;
+        then();
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(wait)),
+        Err(_) => drop(std::thread::spawn(move || {
+            futures::executor::block_on(wait)
+        })),
     }
 }
 

@@ -26,6 +26,8 @@ pub const SWEEP_INTERVAL_ENV: &str = "AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS";
 pub const IN_FLIGHT_WAIT_ENV: &str = "AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS";
 /// Environment variable for [`IdempotencyConfig::memory_tier_bytes`] (0 turns the tier off).
 pub const MEMORY_TIER_BYTES_ENV: &str = "AIWG_IDEMPOTENCY_MEMORY_TIER_BYTES";
+/// Environment variable for [`IdempotencyConfig::disk_timeout`], in milliseconds.
+pub const DISK_TIMEOUT_ENV: &str = "AIWG_IDEMPOTENCY_DISK_TIMEOUT_MS";
 
 /// How the extension behaves on a server.
 ///
@@ -59,6 +61,12 @@ pub struct IdempotencyConfig {
     /// (PostgreSQL): the executor renews it every third of this while it runs; a process
     /// that dies leaves a claim that the next retry takes over once this has passed.
     pub claim_lease: Duration,
+    /// How long a call waits for the SQLite file's disk to answer a read or commit its writes
+    /// (a hung disk, a frozen file system): past it the call answers
+    /// `IDEMPOTENCY_STORE_UNAVAILABLE`, uncached, and a key whose writes may still commit stays
+    /// held until they have landed or failed, so that no retry runs meanwhile. PostgreSQL
+    /// bounds its operations by the lease instead.
+    pub disk_timeout: Duration,
     /// Largest request body the HTTP layer takes: a larger one (by `Content-Length`) is read
     /// and dropped, and answered with HTTP 413 and `IDEMPOTENCY_REQUEST_TOO_LARGE`, never a
     /// reset connection. Set jsonrpsee's `max_request_body_size` to the same value (both
@@ -94,6 +102,7 @@ impl Default for IdempotencyConfig {
             sweep_interval: Duration::from_secs(60),
             memory_tier_bytes: 64 << 20,
             claim_lease: Duration::from_secs(10),
+            disk_timeout: Duration::from_secs(30),
             max_request_body_bytes: 10 * 1024 * 1024,
             max_response_body_bytes: 10 * 1024 * 1024,
             scope_keys_by_principal: false,
@@ -130,7 +139,8 @@ impl IdempotencyConfig {
 
     /// Defaults overridden by `AIWG_IDEMPOTENCY_TTL`, `AIWG_IDEMPOTENCY_MAX_ENTRIES`,
     /// `AIWG_IDEMPOTENCY_CLAIM_LEASE_MS`, `AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS`,
-    /// `AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS` and `AIWG_IDEMPOTENCY_MEMORY_TIER_BYTES`.
+    /// `AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS`, `AIWG_IDEMPOTENCY_MEMORY_TIER_BYTES` and
+    /// `AIWG_IDEMPOTENCY_DISK_TIMEOUT_MS`.
     /// A malformed value is an error, never a silent default.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
@@ -159,6 +169,9 @@ impl IdempotencyConfig {
         }
         if let Some(wait) = millis(IN_FLIGHT_WAIT_ENV)? {
             config.in_flight_wait = wait;
+        }
+        if let Some(timeout) = millis(DISK_TIMEOUT_ENV)? {
+            config.disk_timeout = timeout;
         }
         if let Some(value) = lookup(MEMORY_TIER_BYTES_ENV) {
             config.memory_tier_bytes = byte_count(MEMORY_TIER_BYTES_ENV, &value)?;
@@ -289,8 +302,16 @@ mod tests {
 
     #[test]
     fn reads_the_durations_in_milliseconds() {
-        let config = from(&[(SWEEP_INTERVAL_ENV, "250"), (IN_FLIGHT_WAIT_ENV, "1500")]).unwrap();
+        let config = from(&[
+            (SWEEP_INTERVAL_ENV, "250"),
+            (IN_FLIGHT_WAIT_ENV, "1500"),
+            (DISK_TIMEOUT_ENV, "2000"),
+        ])
+        .unwrap();
         assert_eq!(config.sweep_interval, Duration::from_millis(250));
         assert_eq!(config.in_flight_wait, Duration::from_millis(1500));
+        assert_eq!(config.disk_timeout, Duration::from_secs(2));
+        let err = from(&[(DISK_TIMEOUT_ENV, "0")]).unwrap_err();
+        assert_eq!(err.variable, DISK_TIMEOUT_ENV);
     }
 }

@@ -13,7 +13,7 @@ use std::process::Command;
 use idem_conformance::server_process::ServerProcess;
 use idem_conformance::side_effects::{Counts, SideEffects};
 
-use crate::support::{new_id, post_activated, send, Reply};
+use crate::support::{new_id, post, post_activated, send, Reply};
 
 /// A small ext4 file system, mounted on a temporary directory; unmounted on drop.
 struct SmallFs {
@@ -61,6 +61,23 @@ impl SmallFs {
             .is_ok()
         {}
         filler
+    }
+}
+
+/// The small file system frozen (`fsfreeze`, as a snapshot or a hung disk holds one): every
+/// write to it waits until it thaws, on drop.
+struct Frozen<'a>(&'a SmallFs);
+
+impl<'a> Frozen<'a> {
+    fn freeze(fs: &'a SmallFs) -> Self {
+        run(&["fsfreeze", "-f", path(&fs.mount)]).expect("fsfreeze on ext4");
+        Self(fs)
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let _ = run(&["fsfreeze", "-u", path(&self.0.mount)]);
     }
 }
 
@@ -250,4 +267,72 @@ async fn a_deleted_database_file_is_never_written_to_again() {
     assert!(retry.json()["result"].is_object(), "{}", retry.describe());
     assert!(post_activated(&url, after).await.replayed());
     assert_eq!(counts(&server).tasks, 1);
+}
+
+/// A disk that stops answering (its file system frozen): a governed call is answered with the
+/// store's error once the disk timeout has passed, not whenever the disk comes back, and its
+/// key stays held while its writes may still commit, so that its retry gets 409 meanwhile and
+/// never runs it again. Thawed, the writes land and the retry replays them. An undeduplicated
+/// call is answered in bounded time too, and a replay that the memory tier holds as ever.
+#[tokio::test]
+async fn a_frozen_disk_fails_calls_in_bounded_time_and_no_retry_runs_them_again() {
+    let Some(fs) = SmallFs::mount("the frozen-disk test") else {
+        return;
+    };
+    let db = fs.file("a2a.db");
+    let env = [
+        ("AIWG_IDEMPOTENCY_DISK_TIMEOUT_MS", "1000"),
+        ("AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS", "200"),
+    ];
+    let args = ["--idempotency", "optional"];
+    let mut server = ServerProcess::start_on(Some(path(&db)), &args, &env);
+    let in_memory = send(1, &new_id(), "stored and in the memory tier");
+    let answered = post_activated(&server.url, in_memory.clone()).await;
+    let before = counts(&server);
+
+    let frozen = Frozen::freeze(&fs);
+    let started = std::time::Instant::now();
+    let call = send(2, &new_id(), "during the freeze");
+    assert_store_error(&post_activated(&server.url, call.clone()).await);
+    let undeduplicated = post(&server.url, send(3, &new_id(), "not deduplicated"), &[]).await;
+    assert_store_error(&undeduplicated);
+    let waited = started.elapsed();
+    assert!(waited < std::time::Duration::from_secs(8), "{waited:?}");
+    let retry = post_activated(&server.url, call.clone()).await;
+    assert_eq!(retry.status, 409, "{}", retry.describe());
+    let code = &retry.json()["error"]["data"]["code"];
+    assert_eq!(code, "IDEMPOTENCY_REQUEST_IN_PROGRESS");
+    let replay = post_activated(&server.url, in_memory).await;
+    assert_eq!(
+        replay.body, answered.body,
+        "a replay from memory needs no disk"
+    );
+    logged(&server, "no answer from the disk in 1000 ms").await;
+
+    drop(frozen);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let landed = loop {
+        let retry = post_activated(&server.url, call.clone()).await;
+        if retry.status != 409 || std::time::Instant::now() > deadline {
+            break retry;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(landed.replayed(), "{}", landed.describe());
+    assert!(landed.json()["result"].is_object(), "{}", landed.describe());
+    // Both calls' writes land once the disk answers (the second may commit a batch later):
+    // the governed one ran once, and the undeduplicated one, answered with an error, committed
+    // as a lost answer would have.
+    let expected = Counts {
+        tasks: before.tasks + 2,
+        assigned: before.assigned + 2,
+    };
+    while counts(&server) != expected && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(counts(&server), expected);
+    let url = server.restart();
+    let replay = post_activated(&url, call).await;
+    assert_eq!(replay.body, landed.body, "durable, byte for byte");
+    assert_eq!(counts(&server), expected);
 }

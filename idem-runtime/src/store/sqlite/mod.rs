@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -42,8 +43,8 @@ use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::readers::Readers;
 use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{
-    is_expired, Entry, Found, Lease, OpenStream, OpenStreamRow, ReadJob, Store, StoreError,
-    StoreStats,
+    is_expired, Entry, Found, Lease, OpenStream, OpenStreamRow, ReadJob, Settling, Store,
+    StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -109,6 +110,11 @@ const SWEEP_CHUNK: u64 = 100;
 pub struct SqliteStore {
     path: PathBuf,
     ttl_seconds: u64,
+    /// How long a write waits for the disk (see [`IdempotencyConfig::disk_timeout`]).
+    disk_timeout: Duration,
+    /// The writes of calls that stopped waiting for the disk, by key, until the calls give
+    /// their keys up ([`Store::unsettled`]).
+    unsettled: Mutex<HashMap<MessageId, Settling>>,
     /// The keys whose stream this process records now: the sweep never takes their open
     /// records (every other one was left by a process that is gone, or by a recording here
     /// that failed and released its key).
@@ -166,7 +172,7 @@ impl SqliteStore {
             tier: tier.clone(),
             index: index.clone(),
         };
-        let readers = Readers::start(&path, connect)?;
+        let readers = Readers::start(&path, connect, config.disk_timeout)?;
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
@@ -174,6 +180,8 @@ impl SqliteStore {
         Ok(Self {
             path,
             ttl_seconds: config.ttl_seconds,
+            disk_timeout: config.disk_timeout,
+            unsettled: Mutex::new(HashMap::new()),
             live_streams: LiveStreams::default(),
             clock,
             touches,
@@ -209,12 +217,17 @@ impl SqliteStore {
     /// Queues `work` for the writer's next batch; its value arrives once the batch committed.
     /// `rerunnable`: `work` only writes through the connection, so a rolled-back attempt may
     /// be followed by another (see `writer.rs`).
+    ///
+    /// A disk that does not answer within `disk_timeout` (hung, or its file system frozen)
+    /// fails the write while it stays queued: it may still commit. A write of a call's `key`
+    /// is then left for the call's ticket to wait out before it gives the key up.
     async fn write<T: Send + 'static>(
         &self,
+        key: Option<&MessageId>,
         rerunnable: bool,
         work: impl FnMut(&Connection, &mut Batch) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (call, done) = Call::new(rerunnable, work);
+        let (call, mut done) = Call::new(rerunnable, work);
         self.writer
             .lock()
             .expect("writer lock")
@@ -222,7 +235,20 @@ impl SqliteStore {
             .ok_or(StoreError::Closed)?
             .send(Box::new(call))
             .map_err(|_| StoreError::Closed)?;
-        done.await.map_err(|_| StoreError::Closed)?
+        match tokio::time::timeout(self.disk_timeout, &mut done).await {
+            Ok(answer) => answer.map_err(|_| StoreError::Closed)?,
+            Err(_elapsed) => {
+                if let Some(key) = key {
+                    let settling = Box::pin(async move { drop(done.await) });
+                    self.unsettled().insert(key.clone(), settling);
+                }
+                Err(no_answer(self.disk_timeout))
+            }
+        }
+    }
+
+    fn unsettled(&self) -> std::sync::MutexGuard<'_, HashMap<MessageId, Settling>> {
+        self.unsettled.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Spec §4.4's TTL, by this store's clock.
@@ -342,7 +368,8 @@ impl Store for SqliteStore {
         mut writes: Vec<SqlWrite>,
         _lease: &Lease,
     ) -> Result<(), StoreError> {
-        self.write(all_rerunnable(&writes), move |conn, batch| {
+        let key = entry.message_id.clone();
+        self.write(Some(&key), all_rerunnable(&writes), move |conn, batch| {
             apply_writes(conn, &mut writes)?;
             entries::store(conn, batch, entry.clone())
         })
@@ -359,7 +386,8 @@ impl Store for SqliteStore {
         let stream = stream.clone();
         // Before the commit: a sweep right after it must already see the stream recorded.
         self.live_streams.start(&stream.message_id);
-        self.write(all_rerunnable(&writes), move |conn, batch| {
+        let key = stream.message_id.clone();
+        self.write(Some(&key), all_rerunnable(&writes), move |conn, batch| {
             apply_writes(conn, &mut writes)?;
             let may_exist = batch.may_hold(&stream.message_id);
             let new = insert_open_stream(conn, &stream, may_exist)?;
@@ -376,15 +404,17 @@ impl Store for SqliteStore {
         event: Bytes,
         _lease: &Lease,
     ) -> Result<(), StoreError> {
-        let key = key.clone();
-        self.write(true, move |conn, _| insert_event(conn, &key, seq, &event))
-            .await
+        let id = key.clone();
+        self.write(Some(key), true, move |conn, _| {
+            insert_event(conn, &id, seq, &event)
+        })
+        .await
     }
 
     async fn close_stream(&self, entry: Arc<Entry>, _lease: &Lease) -> Result<(), StoreError> {
         let recorded = entry.message_id.clone();
         let closed = self
-            .write(true, move |conn, batch| {
+            .write(Some(&recorded), true, move |conn, batch| {
                 let key = entry.message_id.clone();
                 entries::store(conn, batch, entry.clone())?;
                 // After the entry: the key index never misses the key between the two changes.
@@ -405,8 +435,16 @@ impl Store for SqliteStore {
         self.live_streams.stop(key);
     }
 
+    fn unsettled(&self, key: &MessageId) -> Option<Settling> {
+        let mut unsettled = self.unsettled();
+        match unsettled.is_empty() {
+            true => None,
+            false => unsettled.remove(key),
+        }
+    }
+
     async fn apply(&self, mut writes: Vec<SqlWrite>) -> Result<(), StoreError> {
-        self.write(all_rerunnable(&writes), move |conn, _| {
+        self.write(None, all_rerunnable(&writes), move |conn, _| {
             apply_writes(conn, &mut writes)
         })
         .await
@@ -427,7 +465,7 @@ impl Store for SqliteStore {
         loop {
             let live = self.live_streams.clone();
             let deleted = self
-                .write(true, move |conn, batch| {
+                .write(None, true, move |conn, batch| {
                     let now = batch.now_ms / 1000;
                     let n = sweep_chunk(conn, ttl, now, &live, &mut batch.changes)?;
                     batch.rows = match n < SWEEP_CHUNK {
@@ -645,6 +683,14 @@ fn select_open_stream(
         .map(|event| event.map(Bytes::from))
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(Some((stream, events)))
+}
+
+/// A disk that has not answered within `bound`.
+pub(crate) fn no_answer(bound: Duration) -> StoreError {
+    StoreError::Backend {
+        backend: "sqlite",
+        cause: format!("no answer from the disk in {} ms", bound.as_millis()).into(),
+    }
 }
 
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {

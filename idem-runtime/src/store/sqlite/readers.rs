@@ -6,10 +6,12 @@
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use crate::store::sqlite::no_answer;
 use crate::store::{ReadJob, StoreError};
 
 /// Reader threads (the machine's cores are few; reads are short).
@@ -17,6 +19,9 @@ const READER_THREADS: usize = 4;
 
 pub(crate) struct Readers {
     jobs: Mutex<Option<mpsc::Sender<ReadJob>>>,
+    /// How long a read waits for the disk: a read changes nothing, so one the disk does not
+    /// answer is simply failed (it stays queued, and its answer is dropped).
+    disk_timeout: Duration,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -25,6 +30,7 @@ impl Readers {
     pub(crate) fn start(
         path: &Path,
         connect: fn(&Path) -> Result<Connection, StoreError>,
+        disk_timeout: Duration,
     ) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel::<ReadJob>();
         let rx = Arc::new(Mutex::new(rx));
@@ -39,6 +45,7 @@ impl Readers {
         }
         Ok(Self {
             jobs: Mutex::new(Some(tx)),
+            disk_timeout,
             threads: Mutex::new(threads),
         })
     }
@@ -57,7 +64,10 @@ impl Readers {
             .ok_or(StoreError::Closed)?
             .send(job)
             .map_err(|_| StoreError::Closed)?;
-        done.await.map_err(|_| StoreError::Closed)?
+        match tokio::time::timeout(self.disk_timeout, done).await {
+            Ok(answer) => answer.map_err(|_| StoreError::Closed)?,
+            Err(_elapsed) => Err(no_answer(self.disk_timeout)),
+        }
     }
 
     /// Lets the threads finish the queued reads, then joins them.

@@ -604,3 +604,163 @@ fn a_store_error_says_what_the_database_said_once() {
         "a staged write failed: db error: disk full"
     );
 }
+
+/// A disk that does not answer (here: the writer held inside a call's staged write, as a
+/// hung `fsync` would hold it) fails the call within `disk_timeout`, and its key stays held
+/// until the write settles: a retry meanwhile finds the call still running, never a free key.
+/// Once the write lands the retry replays it; once it fails instead the retry runs. Either
+/// way the call's writes commit once at most.
+#[tokio::test]
+async fn a_write_the_disk_does_not_answer_fails_in_time_and_holds_its_key_until_it_settles() {
+    let fx = Fixture::sqlite();
+    let cache = impatient(&fx).await;
+    let hash = request_hash(b"{}").unwrap();
+    for (n, lands) in [(1, true), (2, false)] {
+        let Claim::Execute(ticket) = cache.claim(&key(n), "message/send", &hash).await.unwrap()
+        else {
+            panic!("a fresh key is won")
+        };
+        let (disk, held) = held_write(n, lands);
+        let started = std::time::Instant::now();
+        let failed = ticket.complete_with(response("landed"), vec![held]).await;
+        assert_unanswered(failed, started);
+        assert_still_held(&cache, n, "message/send", &hash).await;
+        drop(disk);
+        match (lands, settled(&cache, n, "message/send", &hash).await) {
+            (true, Claim::Cached(entry)) => assert_eq!(entry.response.body, b"landed"),
+            (false, Claim::Execute(_)) => {}
+            (_, _) => panic!("landed: replayed; failed: runs (lands = {lands})"),
+        }
+    }
+    assert_eq!(fx.effects().await, vec!["effect 1".to_owned()]);
+}
+
+/// The same for a stream whose start the disk does not answer: once it lands, the retry gets
+/// the interrupted outcome (its first event, then the interruption), never a second run.
+#[tokio::test]
+async fn a_stream_start_the_disk_does_not_answer_is_never_run_again() {
+    let fx = Fixture::sqlite();
+    let cache = impatient(&fx).await;
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::Execute(ticket) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
+    else {
+        panic!("a fresh key is won")
+    };
+    let (disk, held) = held_write(1, true);
+    let first = bytes_of("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":0}\n\n");
+    let started = std::time::Instant::now();
+    assert_unanswered(
+        ticket.open_stream("5".into(), first, vec![held]).await,
+        started,
+    );
+    drop(ticket);
+    assert_still_held(&cache, 1, "message/stream", &hash).await;
+    drop(disk);
+    let Claim::Cached(entry) = settled(&cache, 1, "message/stream", &hash).await else {
+        panic!("a stream whose start landed never runs again")
+    };
+    let body = String::from_utf8(entry.response.body.clone()).unwrap();
+    assert!(body.starts_with("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":0}\n\n"));
+    assert!(body.contains("IDEMPOTENCY_STREAM_INTERRUPTED"), "{body}");
+    assert_eq!(fx.effects().await, vec!["effect 1".to_owned()]);
+}
+
+/// How long the tests below give the disk.
+const DISK_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// A cache on `fx` that waits `DISK_TIMEOUT` for the disk, with the `effects` table.
+async fn impatient(fx: &Fixture) -> crate::claim::IdempotencyCache {
+    let cache = fx
+        .cache(&config(86_400, 100).with(|c| c.disk_timeout = DISK_TIMEOUT))
+        .await;
+    fx.create_effects(cache.store()).await;
+    cache
+}
+
+/// A staged write that holds the writer (as a hung `fsync` would) until the returned sender
+/// is dropped, then inserts `effect {n}` and, unless it `lands`, fails.
+fn held_write(n: u32, lands: bool) -> (std::sync::mpsc::Sender<()>, crate::store::SqlWrite) {
+    let (disk, answers) = std::sync::mpsc::channel::<()>();
+    let name = format!("effect {n}");
+    let held = crate::store::SqlWrite::rerunnable(move |db| {
+        let _ = answers.recv();
+        db.execute("INSERT INTO effects (name) VALUES (?1)", [&name])?;
+        match lands {
+            true => Ok(()),
+            false => Err("the write fails once the disk answers".into()),
+        }
+    });
+    (disk, held)
+}
+
+fn assert_unanswered<T: std::fmt::Debug>(
+    outcome: Result<T, crate::store::StoreError>,
+    started: std::time::Instant,
+) {
+    let error = outcome.expect_err("the disk did not answer");
+    let said = error.to_string();
+    assert!(said.contains("no answer from the disk in 200 ms"), "{said}");
+    assert!(started.elapsed() < Duration::from_secs(5), "bounded");
+}
+
+/// A retry of key `n` finds the call still running, not a free key.
+async fn assert_still_held(
+    cache: &crate::claim::IdempotencyCache,
+    n: u32,
+    method: &str,
+    hash: &crate::hash::RequestHash,
+) {
+    let Claim::InFlight(retry) = cache.claim(&key(n), method, hash).await.unwrap() else {
+        panic!("the key stays held while the write may still commit")
+    };
+    let waited = retry.wait(Duration::from_millis(100), false).await;
+    assert!(matches!(waited, crate::claim::Waited::StillRunning));
+}
+
+/// The claim of key `n` once the call that held it gave it up.
+async fn settled(
+    cache: &crate::claim::IdempotencyCache,
+    n: u32,
+    method: &str,
+    hash: &crate::hash::RequestHash,
+) -> Claim {
+    loop {
+        match cache.claim(&key(n), method, hash).await.unwrap() {
+            Claim::InFlight(flight) => drop(flight.wait(Duration::from_secs(10), false).await),
+            claimed => return claimed,
+        }
+    }
+}
+
+/// A read the disk does not answer (here: every reader thread held, as a hung read would
+/// hold it) fails within `disk_timeout` too; a read changes nothing, so nothing waits for it
+/// after. Once the disk answers, the same read succeeds.
+#[tokio::test]
+async fn a_read_the_disk_does_not_answer_fails_in_time() {
+    let fx = Fixture::sqlite();
+    let config = config(86_400, 100).with(|c| {
+        c.disk_timeout = DISK_TIMEOUT;
+        // Every read of an entry goes to the file.
+        c.memory_tier_bytes = 0;
+    });
+    let store = SqliteStore::open(&fx.path, &config).unwrap();
+    put(&store, 1, "stored").await;
+    let (disk, answers) = std::sync::mpsc::channel::<()>();
+    let answers = Arc::new(std::sync::Mutex::new(answers));
+    // More than there are reader threads: each holds one, the rest wait in the queue.
+    let held = (0..16).map(|_| {
+        let answers = answers.clone();
+        store.read(Box::new(move |_| {
+            let _ = answers.lock().unwrap().recv();
+        }))
+    });
+    let started = std::time::Instant::now();
+    let stored = key(1);
+    let (held, read) = tokio::join!(futures::future::join_all(held), store.get(&stored));
+    for outcome in held {
+        assert_unanswered(outcome, started);
+    }
+    assert_unanswered(read, started);
+    drop(disk);
+    assert_eq!(body_of(&store, 1).await, Some(b"stored".to_vec()));
+}
