@@ -75,8 +75,11 @@ CREATE TABLE IF NOT EXISTS idempotency_claims (
     request_hash TEXT NOT NULL,
     owner        TEXT NOT NULL,
     fence        BIGINT NOT NULL,
-    lease_until  BIGINT NOT NULL
+    lease_until  BIGINT NOT NULL,
+    -- The owner's count of its claims when it sent this one (see `acquire`).
+    attempt      BIGINT NOT NULL DEFAULT 0
 );
+ALTER TABLE idempotency_claims ADD COLUMN IF NOT EXISTS attempt BIGINT NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS idempotency_open_streams (
     message_id   TEXT NOT NULL PRIMARY KEY,
     method       TEXT NOT NULL,
@@ -171,6 +174,8 @@ pub struct PostgresStore {
     rows: AtomicU64,
     /// Renews the leases of the claims this process holds.
     renewer: Renewer,
+    /// How many claims this process has sent: a claim carries its number (see `acquire`).
+    attempts: AtomicU64,
 }
 
 impl PostgresStore {
@@ -204,6 +209,7 @@ impl PostgresStore {
             clock,
             touches: Mutex::default(),
             rows: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
             pool,
         };
         store.count().await?;
@@ -449,6 +455,10 @@ impl Store for PostgresStore {
         hash: &RequestHash,
         _read_holds: bool,
     ) -> Result<Acquired, StoreError> {
+        // Numbered as this process's table gave the key out: a claim whose statement the
+        // database takes late (sent by a call that gave up waiting) carries a smaller number
+        // than a retry's, and never replaces its claim.
+        let attempt = self.attempts.fetch_add(1, Ordering::Relaxed) as i64 + 1;
         self.in_time(async {
             let client = self.client().await?;
             let lease_ms = self.lease.as_millis().min(i64::MAX as u128) as i64;
@@ -458,21 +468,22 @@ impl Store for PostgresStore {
                     &client,
                     concat!(
                         "INSERT INTO idempotency_claims AS c
-                           (message_id, method, request_hash, owner, fence, lease_until)
+                           (message_id, method, request_hash, owner, fence, lease_until, attempt)
                          VALUES ($1, $2, $3, $4, nextval('idempotency_fence'), ",
                         now_ms!(),
-                        " + $5)
+                        " + $5, $6)
                          ON CONFLICT (message_id) DO UPDATE SET
                            method = EXCLUDED.method, request_hash = EXCLUDED.request_hash,
                            owner = EXCLUDED.owner, fence = EXCLUDED.fence,
-                           lease_until = EXCLUDED.lease_until
+                           lease_until = EXCLUDED.lease_until, attempt = EXCLUDED.attempt
                          WHERE c.lease_until < ",
                         now_ms!(),
-                        // This process's own claim is stale: its table gave the key to this call,
-                        // so the call that held it has ended (its release may not have run yet).
-                        " OR c.owner = $4 RETURNING fence"
+                        // An earlier claim of this process is stale: its table gave the key to
+                        // this call, so the call that held it has ended (its release may not
+                        // have run yet).
+                        " OR (c.owner = $4 AND c.attempt < $6) RETURNING fence"
                     ),
-                    &[&id, &method, &hash_hex, &self.owner, &lease_ms],
+                    &[&id, &method, &hash_hex, &self.owner, &lease_ms, &attempt],
                 )
                 .await?;
                 if let Some(row) = won {

@@ -12,7 +12,7 @@ use crate::IdempotencyConfig;
 use crate::store::tests::fixture::{Backend, Fixture, T0_MS};
 use crate::store::tests::stalling_proxy::StallingProxy;
 use crate::store::tests::support::*;
-use crate::store::{PostgresOptions, PostgresStore};
+use crate::store::{Acquired, PostgresOptions, PostgresStore, Store};
 
 async fn fixture() -> Option<Fixture> {
     Fixture::new(Backend::Postgres).await
@@ -577,17 +577,23 @@ async fn a_table_locked_by_another_session_fails_the_call_instead_of_hanging_it(
     );
 }
 
+/// A store with a short lease (600 ms) on `fx`'s database through a [`StallingProxy`].
+async fn behind_a_proxy(fx: &Fixture) -> (StallingProxy, PostgresStore) {
+    let proxy = StallingProxy::start(fx.url.as_ref().unwrap()).await;
+    let options = PostgresOptions::new(proxy.url.clone());
+    let config = leased(Duration::from_millis(600));
+    let store = PostgresStore::connect_with(options, &config, fx.clock.clone());
+    (proxy, store.await.unwrap())
+}
+
 /// A database process stopped while its host still answers TCP (SIGSTOP; here, a proxy that
 /// holds every byte) ends no statement, and no TCP timeout fires: the call fails after three
 /// leases instead of waiting until the database runs again, and once it does, the retry runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_that_stops_answering_fails_the_call_in_bounded_time() {
     let Some(fx) = fixture().await else { return };
-    let proxy = StallingProxy::start(fx.url.as_ref().unwrap()).await;
-    let options = PostgresOptions::new(proxy.url.clone());
-    let config = leased(Duration::from_millis(600));
-    let store = PostgresStore::connect_with(options, &config, fx.clock.clone());
-    let store = std::sync::Arc::new(store.await.unwrap());
+    let (proxy, store) = behind_a_proxy(&fx).await;
+    let store = std::sync::Arc::new(store);
     let cache = IdempotencyCache::from_arc(store.clone());
     let hash = request_hash(b"{}").unwrap();
     let ticket = won(&cache, &key(1), "message/send", &hash).await;
@@ -656,6 +662,86 @@ async fn a_database_that_stops_answering_fails_the_call_in_bounded_time() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(fx.effects().await, vec!["second".to_owned()]);
     assert_eq!(cached_body(&cache, &key(3)).await.unwrap(), b"second");
+}
+
+/// A claim that the stopped database takes late (its statement was sent before the call gave
+/// up) never replaces the claim a retry in the same process won meanwhile: the retry commits,
+/// instead of answering `IDEMPOTENCY_CLAIM_LOST` because its own process's earlier attempt
+/// landed over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_claim_of_an_earlier_attempt_never_replaces_a_retry_s() {
+    let Some(fx) = fixture().await else { return };
+    let (proxy, store) = behind_a_proxy(&fx).await;
+    let hash = request_hash(b"{}").unwrap();
+    // A claim and its end on the pool's connection: the claim's statement is prepared there,
+    // so the next claim on it sends its INSERT at once.
+    let lease = acquired(&store, 0, &hash).await;
+    let entry = |n: u32, body: &str| {
+        std::sync::Arc::new(crate::store::Entry {
+            message_id: key(n),
+            method: "message/send".into(),
+            request_hash: hash.clone(),
+            response: response(body),
+            inserted_at: store.now_seconds(),
+        })
+    };
+    store
+        .put(entry(0, "warm"), Vec::new(), &lease)
+        .await
+        .unwrap();
+
+    proxy.stall(true);
+    let first = store.acquire(&key(1), "message/send", &hash, false).await;
+    assert!(
+        matches!(first, Err(StoreError::Backend { .. })),
+        "{first:?}"
+    );
+    proxy.pass_new_connections();
+    // The retry wins the key: the first claim has not reached the database.
+    let retry = acquired(&store, 1, &hash).await;
+    // The first attempt's INSERT reaches the database now, over the retry's claim.
+    proxy.stall(false);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stored = store.put(entry(1, "the retry's"), Vec::new(), &retry).await;
+    stored.expect("the retry's claim stands");
+    let found = store.get(&key(1)).await.unwrap().expect("stored");
+    assert_eq!(found.response.body, b"the retry's");
+}
+
+/// The store's claim of key `n`, straight (no lookup first); panics unless it is won.
+async fn acquired(store: &PostgresStore, n: u32, hash: &RequestHash) -> crate::store::Lease {
+    match store.acquire(&key(n), "message/send", hash, false).await {
+        Ok(Acquired::Won(lease)) => lease,
+        _ => panic!("a free key is won"),
+    }
+}
+
+/// A database whose claims table predates the `attempt` column (an earlier version made it)
+/// is served: the column is added at connect, and a claim left in it by that version still
+/// holds its key against every other process until its lease runs out.
+#[tokio::test]
+async fn a_claims_table_of_an_earlier_version_is_served() {
+    let Some(fx) = fixture().await else { return };
+    fx.execute(
+        "CREATE TABLE idempotency_claims (
+             message_id TEXT NOT NULL PRIMARY KEY, method TEXT NOT NULL,
+             request_hash TEXT NOT NULL, owner TEXT NOT NULL, fence BIGINT NOT NULL,
+             lease_until BIGINT NOT NULL);
+         INSERT INTO idempotency_claims VALUES
+             ('9b2e7c1a-3f4d-4e5a-8b6c-000000000001', 'message/send',
+              '44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a',
+              'an earlier process', 1, 9223372036854775807)",
+    )
+    .await;
+    let cache = fx.cache(&leased(Duration::from_secs(10))).await;
+    let hash = request_hash(b"{}").unwrap();
+    let Claim::InFlight(held) = cache.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!("the earlier process's claim holds the key")
+    };
+    assert!(held.matches("message/send", &hash));
+    let ticket = won(&cache, &key(2), "message/send", &hash).await;
+    ticket.complete(response("served")).await.unwrap();
+    assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"served");
 }
 
 /// A table far past its bound (the bound lowered on a restart) is evicted in chunks: a call's

@@ -3,7 +3,7 @@
 //! (SIGSTOP, a paused container) while its host's kernel still answers TCP.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -13,7 +13,10 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct StallingProxy {
     /// The database's URL, through the proxy.
     pub url: String,
-    stalled: Arc<AtomicBool>,
+    /// Whether a new connection starts stalled.
+    stall_new: Arc<AtomicBool>,
+    /// Each connection's own flag.
+    connections: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
 }
 
 impl StallingProxy {
@@ -23,28 +26,42 @@ impl StallingProxy {
         let (upstream, database) = rest.split_once('/').expect("a URL that names a database");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let stalled = Arc::new(AtomicBool::new(false));
-        let (upstream, flag) = (upstream.to_owned(), stalled.clone());
+        let stall_new = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(Mutex::new(Vec::new()));
+        let upstream = upstream.to_owned();
+        let (new, all) = (stall_new.clone(), connections.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(&upstream).await else {
                     continue;
                 };
+                let flag = Arc::new(AtomicBool::new(new.load(Ordering::SeqCst)));
+                all.lock().unwrap().push(flag.clone());
                 let ((client_reads, client_writes), (server_reads, server_writes)) =
                     (client.into_split(), server.into_split());
                 tokio::spawn(pass(client_reads, server_writes, flag.clone()));
-                tokio::spawn(pass(server_reads, client_writes, flag.clone()));
+                tokio::spawn(pass(server_reads, client_writes, flag));
             }
         });
         Self {
             url: format!("{user}@127.0.0.1:{port}/{database}"),
-            stalled,
+            stall_new,
+            connections,
         }
     }
 
     /// Holds every byte from now on (the sender's writes still succeed), or passes them on.
     pub fn stall(&self, stalled: bool) {
-        self.stalled.store(stalled, Ordering::SeqCst);
+        self.stall_new.store(stalled, Ordering::SeqCst);
+        for flag in self.connections.lock().unwrap().iter() {
+            flag.store(stalled, Ordering::SeqCst);
+        }
+    }
+
+    /// Passes the bytes of connections opened from now on, while those open now stay as
+    /// they are: a database that answers again, except on the sessions it left hanging.
+    pub fn pass_new_connections(&self) {
+        self.stall_new.store(false, Ordering::SeqCst);
     }
 }
 
