@@ -72,7 +72,10 @@ impl Database {
     }
 
     /// Runs `work` in the writer's next transaction, under a savepoint of its own; returns its
-    /// value once the transaction has committed.
+    /// value once the transaction has committed. A disk that has not answered within
+    /// [`IdempotencyConfig::disk_timeout`](crate::IdempotencyConfig::disk_timeout) fails it
+    /// with [`TransactError::Store`] while the transaction stays queued: `work` may still
+    /// commit once the disk answers, as a write whose answer was lost.
     pub async fn transact<T, E>(
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> Result<T, E> + Send + 'static,
@@ -104,7 +107,9 @@ impl Database {
         }
     }
 
-    /// Runs `work` on one of the store's read connections.
+    /// Runs `work` on one of the store's read connections; past
+    /// [`IdempotencyConfig::disk_timeout`](crate::IdempotencyConfig::disk_timeout) without an
+    /// answer from the disk, fails with [`TransactError::Store`].
     pub async fn read<T, E>(
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> Result<T, E> + Send + 'static,
