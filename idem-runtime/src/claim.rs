@@ -21,7 +21,7 @@ use crate::store::{
     Acquired, Elsewhere, Entry, Found, Lease, OpenStream, Settling, Store, StoreError,
     StoredResponse,
 };
-use crate::unit_of_work::SqlWrite;
+use crate::unit_of_work::{Sealed, SqlWrite};
 
 /// The idempotency cache: a durable [`Store`] plus the executions in flight.
 #[derive(Clone)]
@@ -230,6 +230,7 @@ impl IdempotencyCache {
             request_hash: hash.clone(),
             phase: phase_tx,
             lease: None,
+            after_commit: Mutex::new(None),
         };
         Ok((ticket, unchanged))
     }
@@ -313,9 +314,26 @@ pub struct Ticket {
     phase: watch::Sender<Phase>,
     /// The store's claim, once won; taken when the call's outcome ended it.
     lease: Option<Lease>,
+    /// What the call's unit of work runs once its staged writes are durable: run by what
+    /// sees them commit (the call itself, or the drop that waits out a write the store gave
+    /// up waiting for and that lands after all). In a mutex only so that a `&Ticket` is `Send`
+    /// (the recorder awaits with one); `&mut self` reaches it without locking.
+    after_commit: Mutex<Option<Sealed>>,
 }
 
 impl Ticket {
+    /// `sealed`'s hooks run once the writes of this call's next commit (its entry, or its
+    /// stream's start) are durable; never if they are not.
+    pub(crate) fn after_commit(&mut self, sealed: Sealed) {
+        *self.hooks() = Some(sealed);
+    }
+
+    fn hooks(&mut self) -> &mut Option<Sealed> {
+        self.after_commit
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Shares live progress with the calls waiting on this one, and wakes those that attach.
     pub fn set_progress(&self, progress: Progress) {
         self.phase.send_replace(Phase::Progressing(progress));
@@ -341,14 +359,19 @@ impl Ticket {
         store.put(entry.clone(), writes, self.lease()).await?;
         self.stored();
         self.phase.send_replace(Phase::Done(entry.clone()));
+        let hooks = self.hooks().take();
+        // Removes the key from the in-flight table, after the commit.
+        drop(self);
+        if let Some(hooks) = hooks {
+            hooks.committed();
+        }
         Ok(entry)
-        // Drop removes the key from the in-flight table, after the commit.
     }
 
     /// Commits a stream's staged `writes` with the durable record that it runs and its first
     /// event. `jsonrpc_id` is the call's id as JSON text.
     pub async fn open_stream(
-        &self,
+        &mut self,
         jsonrpc_id: String,
         first_event: bytes::Bytes,
         writes: Vec<SqlWrite>,
@@ -363,7 +386,11 @@ impl Ticket {
         };
         store
             .open_stream(&stream, first_event, writes, self.lease())
-            .await
+            .await?;
+        if let Some(hooks) = self.hooks().take() {
+            hooks.committed();
+        }
+        Ok(())
     }
 
     /// Records event `seq` of the open stream durably.
@@ -437,14 +464,17 @@ impl Drop for Ticket {
         let Some(settling) = unsettled else {
             return release(&cache, &self.key, lease);
         };
-        let key = self.key.clone();
-        let phase = std::mem::replace(&mut self.phase, watch::Sender::new(Phase::Running));
-        tracing::warn!(message_id = %key, "the key stays held until the store answers its write");
-        after(settling, move || {
-            release(&cache, &key, lease);
-            // Last: the waiters claim again once the key is free.
-            drop(phase);
-        });
+        // A stream's recording ended with the failure: retries wait, not attach to it.
+        self.phase.send_replace(Phase::Running);
+        let held = Held {
+            cache,
+            key: self.key.clone(),
+            lease,
+            after_commit: self.hooks().take(),
+            _phase: std::mem::replace(&mut self.phase, watch::Sender::new(Phase::Running)),
+        };
+        tracing::warn!(message_id = %held.key, "the key stays held until the store answers its write");
+        after(settling, move |landed| held.settled(landed));
     }
 }
 
@@ -463,13 +493,38 @@ fn release(cache: &Inner, key: &MessageId, lease: Option<Lease>) {
     });
 }
 
-/// Runs `then` once `settling` has settled, on the runtime if there is one (a ticket dropped
-/// outside one, at shutdown, waits on a thread of its own).
-fn after(settling: Settling, then: impl FnOnce() + Send + 'static) {
-    let wait = async move {
-        settling.await;
-        then();
-    };
+/// A key kept held after its call ended, while a write of it may still commit. Dropped (the
+/// write settled, or the wait was cancelled at shutdown), it releases the key, and then its
+/// waiters, which claim again.
+struct Held {
+    cache: Arc<Inner>,
+    key: MessageId,
+    lease: Option<Lease>,
+    after_commit: Option<Sealed>,
+    /// Kept only to be dropped last: its waiters wake once the key is free.
+    _phase: watch::Sender<Phase>,
+}
+
+impl Held {
+    fn settled(mut self, landed: bool) {
+        match self.after_commit.take() {
+            Some(hooks) if landed => hooks.committed(),
+            _ => {}
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        release(&self.cache, &self.key, self.lease.take());
+    }
+}
+
+/// Runs `then` with the outcome of `settling`, on the runtime if there is one (a ticket
+/// dropped outside one, at shutdown, waits on a thread of its own, which keeps the store
+/// open until the disk answers).
+fn after(settling: Settling, then: impl FnOnce(bool) + Send + 'static) {
+    let wait = async move { then(settling.await) };
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => drop(runtime.spawn(wait)),
         Err(_) => drop(std::thread::spawn(move || {

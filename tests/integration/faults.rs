@@ -13,7 +13,7 @@ use std::process::Command;
 use idem_conformance::server_process::ServerProcess;
 use idem_conformance::side_effects::{Counts, SideEffects};
 
-use crate::support::{new_id, post, post_activated, send, Reply};
+use crate::support::{new_id, post, post_activated, send, until_completed, Reply};
 
 /// A small ext4 file system, mounted on a temporary directory; unmounted on drop.
 struct SmallFs {
@@ -272,7 +272,8 @@ async fn a_deleted_database_file_is_never_written_to_again() {
 /// A disk that stops answering (its file system frozen): a governed call is answered with the
 /// store's error once the disk timeout has passed, not whenever the disk comes back, and its
 /// key stays held while its writes may still commit, so that its retry gets 409 meanwhile and
-/// never runs it again. Thawed, the writes land and the retry replays them. An undeduplicated
+/// never runs it again. Thawed, the writes land (and what waited for their commit runs), and
+/// the retry replays them. An undeduplicated
 /// call is answered in bounded time too, and a replay that the memory tier holds as ever.
 #[tokio::test]
 async fn a_frozen_disk_fails_calls_in_bounded_time_and_no_retry_runs_them_again() {
@@ -307,7 +308,7 @@ async fn a_frozen_disk_fails_calls_in_bounded_time_and_no_retry_runs_them_again(
         replay.body, answered.body,
         "a replay from memory needs no disk"
     );
-    logged(&server, "no answer from the disk in 1000 ms").await;
+    logged(&server, "no answer from the database file in 1000 ms").await;
 
     drop(frozen);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -320,6 +321,10 @@ async fn a_frozen_disk_fails_calls_in_bounded_time_and_no_retry_runs_them_again(
     };
     assert!(landed.replayed(), "{}", landed.describe());
     assert!(landed.json()["result"].is_object(), "{}", landed.describe());
+    // The call's after-commit hook ran once its writes landed: its mission started, and the
+    // task completes without a restart.
+    let task = landed.json()["result"]["id"].as_str().unwrap().to_owned();
+    until_completed(&server.url, &task, std::time::Duration::from_secs(20)).await;
     // Both calls' writes land once the disk answers (the second may commit a batch later):
     // the governed one ran once, and the undeduplicated one, answered with an error, committed
     // as a lost answer would have.

@@ -191,7 +191,7 @@ pub(crate) async fn run_catching<F: Future>(
 /// (never with an outcome that is not stored).
 pub(crate) async fn store_json(
     call: &GovernedCall,
-    ticket: Ticket,
+    mut ticket: Ticket,
     payload: Payload,
     unit: Option<&UnitOfWork>,
 ) -> Payload {
@@ -201,8 +201,14 @@ pub(crate) async fn store_json(
         headers: vec![("content-type".into(), JSON.into())],
         body,
     };
-    let mut sealed = unit.map(UnitOfWork::seal).filter(|_| payload.is_ok());
-    let writes = sealed.as_mut().map(|s| s.take_writes()).unwrap_or_default();
+    let writes = match unit.map(UnitOfWork::seal).filter(|_| payload.is_ok()) {
+        Some(mut sealed) => {
+            let writes = sealed.take_writes();
+            ticket.after_commit(sealed);
+            writes
+        }
+        None => Vec::new(),
+    };
     let started = Instant::now();
     let completed = ticket.complete_with(response, writes).await;
     telemetry::committed(&call.method, started.elapsed());
@@ -212,9 +218,6 @@ pub(crate) async fn store_json(
         Ok(stored) => {
             call.record(Outcome::Executed);
             note_spellings(call, &stored, call.scope.single_request_spelling());
-            if let Some(sealed) = sealed {
-                sealed.committed();
-            }
             payload
         }
         Err(e) => Err(store_failure(call, e)),

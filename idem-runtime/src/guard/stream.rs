@@ -218,7 +218,7 @@ where
 /// first event before anything is sent, then records the rest in a task of its own.
 async fn execute<T, F>(
     call: &GovernedCall,
-    ticket: Ticket,
+    mut ticket: Ticket,
     body: F,
     unit: Option<UnitOfWork>,
 ) -> Result<EventStream<T>, ErrorObjectOwned>
@@ -241,21 +241,19 @@ where
     let mut sealed = unit.as_ref().map(UnitOfWork::seal);
     let writes = sealed.as_mut().map(Sealed::take_writes).unwrap_or_default();
     let recording = Arc::new(Recording::new());
-    let stored = match next_frame(&mut events, &call.id, &recording).await {
+    let first = next_frame(&mut events, &call.id, &recording).await;
+    // The first item already ended it (an error, a panic, or past the recording limit): the
+    // outcome is that error alone, and as with a unary call's error the staged writes are
+    // discarded: no event would name what they made.
+    if let (Some(sealed), false) = (sealed, matches!(first, Next::Last(_))) {
+        ticket.after_commit(sealed);
+    }
+    let stored = match first {
         Next::Event(first) => open(call, ticket, events, first, writes, &recording).await,
-        // The first item already ended it (an error, a panic, or past the recording limit):
-        // the outcome is that error alone, and as with a unary call's error the staged writes
-        // are discarded: no event would name what they made.
-        Next::Last(last) => {
-            sealed = None;
-            store_whole(ticket, Some(last), Vec::new(), &recording).await
-        }
+        Next::Last(last) => store_whole(ticket, Some(last), Vec::new(), &recording).await,
         Next::End => store_whole(ticket, None, writes, &recording).await,
     };
     stored.map_err(|e| store_failure(call, e))?;
-    if let Some(sealed) = sealed {
-        sealed.committed();
-    }
     call.scope.set_stream(recording, None);
     call.record(Outcome::Executed);
     Ok(EventStream::handed_over())
@@ -265,7 +263,7 @@ where
 /// stream to a recorder of its own.
 async fn open<T: Serialize + Send + 'static>(
     call: &GovernedCall,
-    ticket: Ticket,
+    mut ticket: Ticket,
     events: Events<T>,
     first: Bytes,
     writes: Vec<SqlWrite>,

@@ -109,7 +109,8 @@ impl Database {
 
     /// Runs `work` on one of the store's read connections; past
     /// [`IdempotencyConfig::disk_timeout`](crate::IdempotencyConfig::disk_timeout) without an
-    /// answer from the disk, fails with [`TransactError::Store`].
+    /// answer from the disk, fails with [`TransactError::Store`] (`work` stays queued, and may
+    /// still run once the disk answers; its value is then dropped).
     pub async fn read<T, E>(
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> Result<T, E> + Send + 'static,

@@ -315,7 +315,7 @@ pub enum Elsewhere {
 }
 
 /// A pending write's end: see [`Store::unsettled`].
-pub type Settling = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+pub type Settling = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
 
 /// A read on one of the store's read connections.
 pub type ReadJob = Box<dyn FnOnce(&rusqlite::Connection) + Send>;
@@ -363,10 +363,10 @@ pub trait Store: Send + Sync + 'static {
     fn release(&self, _key: &MessageId, _lease: Lease) {}
 
     /// A write of `key` that this store stopped waiting for (the disk did not answer in time,
-    /// and the call was answered with the store's failure) and that may still commit: it
-    /// settles once the write has landed or failed. The call's key stays held until then, so
-    /// that no retry runs while the first call's writes may still commit. Asked once, by
-    /// the call that gives up the key; `None` (the default) when no such write is pending.
+    /// or the call was cancelled) and that may still commit: it settles once the write has
+    /// landed (`true`) or failed. The call's key stays held until then, so that no retry runs
+    /// while the first call's writes may still commit. Asked once, by the call that gives up
+    /// the key; `None` (the default) when no such write is pending.
     fn unsettled(&self, _key: &MessageId) -> Option<Settling> {
         None
     }

@@ -79,7 +79,14 @@ CREATE TABLE IF NOT EXISTS idempotency_claims (
     -- The owner's count of its claims when it sent this one (see `acquire`).
     attempt      BIGINT NOT NULL DEFAULT 0
 );
-ALTER TABLE idempotency_claims ADD COLUMN IF NOT EXISTS attempt BIGINT NOT NULL DEFAULT 0;
+-- A claims table of an earlier version gets the column. Looked up first: ALTER TABLE would
+-- lock the table, claims and renewals of every replica with it, on each start.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'idempotency_claims'::regclass
+                   AND attname = 'attempt' AND NOT attisdropped) THEN
+        ALTER TABLE idempotency_claims ADD COLUMN attempt BIGINT NOT NULL DEFAULT 0;
+    END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS idempotency_open_streams (
     message_id   TEXT NOT NULL PRIMARY KEY,
     method       TEXT NOT NULL,

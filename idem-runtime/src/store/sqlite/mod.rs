@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension};
+use tokio::sync::oneshot;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
@@ -220,14 +221,15 @@ impl SqliteStore {
     ///
     /// A disk that does not answer within `disk_timeout` (hung, or its file system frozen)
     /// fails the write while it stays queued: it may still commit. A write of a call's `key`
-    /// is then left for the call's ticket to wait out before it gives the key up.
+    /// is then left for the call's ticket to wait out before it gives the key up, as it is
+    /// when the call is cancelled while it waits.
     async fn write<T: Send + 'static>(
         &self,
         key: Option<&MessageId>,
         rerunnable: bool,
         work: impl FnMut(&Connection, &mut Batch) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (call, mut done) = Call::new(rerunnable, work);
+        let (call, done) = Call::new(rerunnable, work);
         self.writer
             .lock()
             .expect("writer lock")
@@ -235,20 +237,19 @@ impl SqliteStore {
             .ok_or(StoreError::Closed)?
             .send(Box::new(call))
             .map_err(|_| StoreError::Closed)?;
-        match tokio::time::timeout(self.disk_timeout, &mut done).await {
-            Ok(answer) => answer.map_err(|_| StoreError::Closed)?,
-            Err(_elapsed) => {
-                if let Some(key) = key {
-                    let settling = Box::pin(async move { drop(done.await) });
-                    self.unsettled().insert(key.clone(), settling);
-                }
-                Err(no_answer(self.disk_timeout))
+        let mut answer = Answer {
+            done: Some(done),
+            key,
+            unsettled: &self.unsettled,
+        };
+        let waiting = answer.done.as_mut().expect("not yet answered");
+        match tokio::time::timeout(self.disk_timeout, waiting).await {
+            Ok(answered) => {
+                answer.done = None;
+                answered.map_err(|_| StoreError::Closed)?
             }
+            Err(_elapsed) => Err(no_answer(self.disk_timeout)),
         }
-    }
-
-    fn unsettled(&self) -> std::sync::MutexGuard<'_, HashMap<MessageId, Settling>> {
-        self.unsettled.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Spec §4.4's TTL, by this store's clock.
@@ -436,7 +437,7 @@ impl Store for SqliteStore {
     }
 
     fn unsettled(&self, key: &MessageId) -> Option<Settling> {
-        let mut unsettled = self.unsettled();
+        let mut unsettled = lock(&self.unsettled);
         match unsettled.is_empty() {
             true => None,
             false => unsettled.remove(key),
@@ -506,6 +507,28 @@ impl Store for SqliteStore {
     fn note_spellings(&self, answered: &Entry, spellings: &[Spelling]) {
         self.tier.add_spellings(answered, spellings);
     }
+}
+
+/// A write's answer, awaited. Dropped unanswered (its caller stopped waiting, or was
+/// cancelled) while it names a call's key, it is left in `unsettled` for the call's ticket to
+/// wait out: the write is still queued and may commit.
+struct Answer<'a, T: Send + 'static> {
+    done: Option<oneshot::Receiver<Result<T, StoreError>>>,
+    key: Option<&'a MessageId>,
+    unsettled: &'a Mutex<HashMap<MessageId, Settling>>,
+}
+
+impl<T: Send + 'static> Drop for Answer<'_, T> {
+    fn drop(&mut self) {
+        if let (Some(done), Some(key)) = (self.done.take(), self.key) {
+            let landed = Box::pin(async move { matches!(done.await, Ok(Ok(_))) });
+            lock(self.unsettled).insert(key.clone(), landed);
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The keys of the rows the file holds, as the key index starts with them.
@@ -590,7 +613,7 @@ impl LiveStreams {
     }
 
     fn keys(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<MessageId>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.0)
     }
 }
 
@@ -685,11 +708,15 @@ fn select_open_stream(
     Ok(Some((stream, events)))
 }
 
-/// A disk that has not answered within `bound`.
+/// The file has not answered within `bound`: its disk, or a long write queued ahead.
 pub(crate) fn no_answer(bound: Duration) -> StoreError {
+    let cause = format!(
+        "no answer from the database file in {} ms",
+        bound.as_millis()
+    );
     StoreError::Backend {
         backend: "sqlite",
-        cause: format!("no answer from the disk in {} ms", bound.as_millis()).into(),
+        cause: cause.into(),
     }
 }
 

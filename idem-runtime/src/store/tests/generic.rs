@@ -324,7 +324,8 @@ pub async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_th
     let hash = request_hash(br#"{"s":1}"#).unwrap();
     {
         let cache = fx.cache(&config(86_400, 100)).await;
-        let Claim::Execute(ticket) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
+        let Claim::Execute(mut ticket) =
+            cache.claim(&key(1), "message/stream", &hash).await.unwrap()
         else {
             panic!()
         };
@@ -398,7 +399,7 @@ pub async fn a_stream_left_open_past_its_ttl_runs_again_before_any_sweep(fx: Fix
     };
     {
         let cache = fx.cache(&config).await;
-        let ticket = won(&cache, &key(1), "message/stream", &hash).await;
+        let mut ticket = won(&cache, &key(1), "message/stream", &hash).await;
         ticket
             .open_stream("5".into(), event(0), Vec::new())
             .await
@@ -414,7 +415,7 @@ pub async fn a_stream_left_open_past_its_ttl_runs_again_before_any_sweep(fx: Fix
     let cache = fx.cache(&config).await;
     let open_streams = "SELECT COUNT(*) FROM idempotency_open_streams";
     assert_eq!(fx.count(open_streams).await, 1, "no sweep has run");
-    let retry = won(&cache, &key(1), "message/stream", &hash).await;
+    let mut retry = won(&cache, &key(1), "message/stream", &hash).await;
     retry
         .open_stream("5".into(), event(2), Vec::new())
         .await
@@ -456,7 +457,7 @@ pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(f
     let opened = |cache: &IdempotencyCache, n: u32| {
         let (cache, hash, first) = (cache.clone(), hash.clone(), event(0));
         async move {
-            let ticket = won(&cache, &key(n), "message/stream", &hash).await;
+            let mut ticket = won(&cache, &key(n), "message/stream", &hash).await;
             ticket
                 .open_stream("5".into(), first, Vec::new())
                 .await

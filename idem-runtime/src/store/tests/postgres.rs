@@ -268,7 +268,7 @@ async fn a_completion_fenced_out_by_a_takeover_commits_nothing() {
     let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
     fx.create_effects(a.store()).await;
     let hash = request_hash(br#"{"s":1}"#).unwrap();
-    let paused = won(&a, &key(1), "message/stream", &hash).await;
+    let mut paused = won(&a, &key(1), "message/stream", &hash).await;
     let first = bytes_of("data: {}\n\n");
     paused
         .open_stream("1".into(), first, vec![fx.effect("a-opened")])
@@ -699,9 +699,8 @@ async fn a_late_claim_of_an_earlier_attempt_never_replaces_a_retry_s() {
     proxy.pass_new_connections();
     // The retry wins the key: the first claim has not reached the database.
     let retry = acquired(&store, 1, &hash).await;
-    // The first attempt's INSERT reaches the database now, over the retry's claim.
-    proxy.stall(false);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The first attempt's INSERT reaches the database now, over the retry's claim, and runs.
+    proxy.resume_until_answered().await;
     let stored = store.put(entry(1, "the retry's"), Vec::new(), &retry).await;
     stored.expect("the retry's claim stands");
     let found = store.get(&key(1)).await.unwrap().expect("stored");

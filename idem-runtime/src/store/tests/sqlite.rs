@@ -608,19 +608,19 @@ fn a_store_error_says_what_the_database_said_once() {
 /// A disk that does not answer (here: the writer held inside a call's staged write, as a
 /// hung `fsync` would hold it) fails the call within `disk_timeout`, and its key stays held
 /// until the write settles: a retry meanwhile finds the call still running, never a free key.
-/// Once the write lands the retry replays it; once it fails instead the retry runs. Either
-/// way the call's writes commit once at most.
+/// Once the write lands the retry replays it, and the call's after-commit hooks run; once it
+/// fails instead the retry runs, and they never do. Either way the call's writes commit once
+/// at most.
 #[tokio::test]
 async fn a_write_the_disk_does_not_answer_fails_in_time_and_holds_its_key_until_it_settles() {
     let fx = Fixture::sqlite();
     let cache = impatient(&fx).await;
     let hash = request_hash(b"{}").unwrap();
     for (n, lands) in [(1, true), (2, false)] {
-        let Claim::Execute(ticket) = cache.claim(&key(n), "message/send", &hash).await.unwrap()
-        else {
-            panic!("a fresh key is won")
-        };
+        let ticket = won(&cache, &key(n), "message/send", &hash).await;
         let (disk, held) = held_write(n, lands);
+        let (mut ticket, hooks_ran) = (ticket, Arc::new(AtomicUsize::new(0)));
+        ticket.after_commit(counted_hook(cache.store(), &hooks_ran));
         let started = std::time::Instant::now();
         let failed = ticket.complete_with(response("landed"), vec![held]).await;
         assert_unanswered(failed, started);
@@ -631,22 +631,23 @@ async fn a_write_the_disk_does_not_answer_fails_in_time_and_holds_its_key_until_
             (false, Claim::Execute(_)) => {}
             (_, _) => panic!("landed: replayed; failed: runs (lands = {lands})"),
         }
+        assert_eq!(hooks_ran.load(Ordering::SeqCst), usize::from(lands));
     }
     assert_eq!(fx.effects().await, vec!["effect 1".to_owned()]);
 }
 
-/// The same for a stream whose start the disk does not answer: once it lands, the retry gets
-/// the interrupted outcome (its first event, then the interruption), never a second run.
+/// The same for a stream whose start the disk does not answer: once it lands, its
+/// after-commit hooks run, and the retry gets the interrupted outcome (its first event, then
+/// the interruption), never a second run.
 #[tokio::test]
 async fn a_stream_start_the_disk_does_not_answer_is_never_run_again() {
     let fx = Fixture::sqlite();
     let cache = impatient(&fx).await;
     let hash = request_hash(b"{}").unwrap();
-    let Claim::Execute(ticket) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
-    else {
-        panic!("a fresh key is won")
-    };
+    let mut ticket = won(&cache, &key(1), "message/stream", &hash).await;
     let (disk, held) = held_write(1, true);
+    let hooks_ran = Arc::new(AtomicUsize::new(0));
+    ticket.after_commit(counted_hook(cache.store(), &hooks_ran));
     let first = bytes_of("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":0}\n\n");
     let started = std::time::Instant::now();
     assert_unanswered(
@@ -663,10 +664,100 @@ async fn a_stream_start_the_disk_does_not_answer_is_never_run_again() {
     assert!(body.starts_with("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":0}\n\n"));
     assert!(body.contains("IDEMPOTENCY_STREAM_INTERRUPTED"), "{body}");
     assert_eq!(fx.effects().await, vec!["effect 1".to_owned()]);
+    assert_eq!(hooks_ran.load(Ordering::SeqCst), 1, "its start landed");
 }
 
-/// How long the tests below give the disk.
-const DISK_TIMEOUT: Duration = Duration::from_millis(200);
+/// A stream whose event the disk does not answer: until the write settles its retries wait
+/// (they do not attach to the recording, which ended with the failure), then they get the
+/// interrupted outcome with every event that landed.
+#[tokio::test]
+async fn a_stream_event_the_disk_does_not_answer_is_waited_out_not_attached_to() {
+    let fx = Fixture::sqlite();
+    let cache = impatient(&fx).await;
+    let hash = request_hash(b"{}").unwrap();
+    let mut ticket = won(&cache, &key(1), "message/stream", &hash).await;
+    let event = |n: u32| {
+        bytes_of(&format!(
+            "data: {{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{n}}}\n\n"
+        ))
+    };
+    let opened = ticket.open_stream("5".into(), event(0), Vec::new()).await;
+    opened.unwrap();
+    ticket.set_progress(Arc::new(()));
+    // The writer held by a write queued first, as a hung disk holds it.
+    let (disk, answers) = std::sync::mpsc::channel::<()>();
+    let (entered, inside) = std::sync::mpsc::channel::<()>();
+    let held = crate::store::SqlWrite::rerunnable(move |_| {
+        let _ = entered.send(());
+        let _ = answers.recv();
+        Ok(())
+    });
+    let store = cache.store().clone();
+    let holding = tokio::spawn(async move { store.apply(vec![held]).await });
+    while inside.try_recv().is_err() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let started = std::time::Instant::now();
+    assert_unanswered(ticket.append_event(1, event(1)).await, started);
+    drop(ticket);
+    let Claim::InFlight(retry) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
+    else {
+        panic!("the key stays held while the event may still commit")
+    };
+    let waited = retry.wait(Duration::from_millis(100), true).await;
+    assert!(matches!(waited, crate::claim::Waited::StillRunning));
+    drop(disk);
+    drop(holding.await);
+    let Claim::Cached(entry) = settled(&cache, 1, "message/stream", &hash).await else {
+        panic!("a stream whose event landed never runs again")
+    };
+    let body = String::from_utf8(entry.response.body.clone()).unwrap();
+    let events: Vec<&str> = body.split_terminator("\n\n").collect();
+    assert_eq!(events.len(), 3, "{body}");
+    assert!(events[1].ends_with("\"result\":1}"), "{body}");
+    assert!(
+        events[2].contains("IDEMPOTENCY_STREAM_INTERRUPTED"),
+        "{body}"
+    );
+}
+
+/// A call cancelled while its write waits in the writer's queue (its task dropped) holds its
+/// key the same way until the write settles: the write may still commit.
+#[tokio::test]
+async fn a_call_cancelled_while_its_write_waits_holds_its_key_until_it_settles() {
+    let fx = Fixture::sqlite();
+    let cache = impatient(&fx).await;
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&cache, &key(1), "message/send", &hash).await;
+    let (disk, held) = held_write(1, true);
+    let completing = ticket.complete_with(response("landed"), vec![held]);
+    let cancelled = tokio::time::timeout(Duration::from_millis(100), completing).await;
+    assert!(cancelled.is_err(), "cancelled before the disk timeout");
+    assert_still_held(&cache, 1, "message/send", &hash).await;
+    drop(disk);
+    let Claim::Cached(entry) = settled(&cache, 1, "message/send", &hash).await else {
+        panic!("the cancelled call's write landed: replayed, never run again")
+    };
+    assert_eq!(entry.response.body, b"landed");
+    assert_eq!(fx.effects().await, vec!["effect 1".to_owned()]);
+}
+
+/// How long the tests below give the disk: well past an `fsync` of a busy machine.
+const DISK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Sealed hooks of a unit of work that count their runs in `runs`.
+fn counted_hook(
+    store: &Arc<dyn crate::store::Store>,
+    runs: &Arc<AtomicUsize>,
+) -> crate::unit_of_work::Sealed {
+    let unit = crate::UnitOfWork::new(store.clone());
+    let runs = runs.clone();
+    let counted = move || {
+        runs.fetch_add(1, Ordering::SeqCst);
+    };
+    unit.after_commit(counted).expect("an open unit");
+    unit.seal()
+}
 
 /// A cache on `fx` that waits `DISK_TIMEOUT` for the disk, with the `effects` table.
 async fn impatient(fx: &Fixture) -> crate::claim::IdempotencyCache {
@@ -699,8 +790,10 @@ fn assert_unanswered<T: std::fmt::Debug>(
 ) {
     let error = outcome.expect_err("the disk did not answer");
     let said = error.to_string();
-    assert!(said.contains("no answer from the disk in 200 ms"), "{said}");
-    assert!(started.elapsed() < Duration::from_secs(5), "bounded");
+    let ms = DISK_TIMEOUT.as_millis();
+    let expected = format!("no answer from the database file in {ms} ms");
+    assert!(said.contains(&expected), "{said}");
+    assert!(started.elapsed() < DISK_TIMEOUT * 3, "bounded");
 }
 
 /// A retry of key `n` finds the call still running, not a free key.

@@ -2,7 +2,7 @@
 //! its connections stay open: what a client sees of a database process that is stopped
 //! (SIGSTOP, a paused container) while its host's kernel still answers TCP.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,10 +13,24 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct StallingProxy {
     /// The database's URL, through the proxy.
     pub url: String,
-    /// Whether a new connection starts stalled.
-    stall_new: Arc<AtomicBool>,
-    /// Each connection's own flag.
-    connections: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
+    links: Arc<Mutex<Links>>,
+}
+
+/// The proxy's connections, and whether a new one starts held.
+#[derive(Default)]
+struct Links {
+    stall_new: bool,
+    all: Vec<Arc<Link>>,
+}
+
+/// One proxied connection.
+#[derive(Default)]
+struct Link {
+    stalled: AtomicBool,
+    /// The client sent something while the link was held.
+    asked_while_stalled: AtomicBool,
+    /// Bytes the server has answered.
+    answered: AtomicUsize,
 }
 
 impl StallingProxy {
@@ -26,49 +40,85 @@ impl StallingProxy {
         let (upstream, database) = rest.split_once('/').expect("a URL that names a database");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let stall_new = Arc::new(AtomicBool::new(false));
-        let connections = Arc::new(Mutex::new(Vec::new()));
-        let upstream = upstream.to_owned();
-        let (new, all) = (stall_new.clone(), connections.clone());
+        let links = Arc::new(Mutex::new(Links::default()));
+        let (upstream, accepted) = (upstream.to_owned(), links.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(&upstream).await else {
                     continue;
                 };
-                let flag = Arc::new(AtomicBool::new(new.load(Ordering::SeqCst)));
-                all.lock().unwrap().push(flag.clone());
+                let link = Arc::new(Link::default());
+                {
+                    // Under the lock that `stall` takes: a link is never left out of it.
+                    let mut links = accepted.lock().unwrap();
+                    link.stalled.store(links.stall_new, Ordering::SeqCst);
+                    links.all.push(link.clone());
+                }
                 let ((client_reads, client_writes), (server_reads, server_writes)) =
                     (client.into_split(), server.into_split());
-                tokio::spawn(pass(client_reads, server_writes, flag.clone()));
-                tokio::spawn(pass(server_reads, client_writes, flag));
+                tokio::spawn(pass(client_reads, server_writes, link.clone(), false));
+                tokio::spawn(pass(server_reads, client_writes, link, true));
             }
         });
         Self {
             url: format!("{user}@127.0.0.1:{port}/{database}"),
-            stall_new,
-            connections,
+            links,
         }
     }
 
     /// Holds every byte from now on (the sender's writes still succeed), or passes them on.
     pub fn stall(&self, stalled: bool) {
-        self.stall_new.store(stalled, Ordering::SeqCst);
-        for flag in self.connections.lock().unwrap().iter() {
-            flag.store(stalled, Ordering::SeqCst);
+        let mut links = self.links.lock().unwrap();
+        links.stall_new = stalled;
+        for link in &links.all {
+            link.stalled.store(stalled, Ordering::SeqCst);
         }
     }
 
     /// Passes the bytes of connections opened from now on, while those open now stay as
     /// they are: a database that answers again, except on the sessions it left hanging.
     pub fn pass_new_connections(&self) {
-        self.stall_new.store(false, Ordering::SeqCst);
+        self.links.lock().unwrap().stall_new = false;
+    }
+
+    /// Passes everything on again, and returns once the server has answered each connection
+    /// that sent something while held: what those had sent has run.
+    pub async fn resume_until_answered(&self) {
+        let asked: Vec<(Arc<Link>, usize)> = {
+            let links = self.links.lock().unwrap();
+            let asked = links
+                .all
+                .iter()
+                .filter(|link| link.asked_while_stalled.load(Ordering::SeqCst));
+            asked
+                .map(|link| (link.clone(), link.answered.load(Ordering::SeqCst)))
+                .collect()
+        };
+        self.stall(false);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        for (link, before) in asked {
+            while link.answered.load(Ordering::SeqCst) == before {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the server never answered what was held"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
     }
 }
 
-async fn pass(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, stalled: Arc<AtomicBool>) {
+/// Passes bytes from one side to the other while the link is not held; `answers`: from the
+/// server, whose bytes are counted.
+async fn pass(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, link: Arc<Link>, answers: bool) {
     let mut buffer = vec![0; 16 * 1024];
     while let Ok(n @ 1..) = from.read(&mut buffer).await {
-        while stalled.load(Ordering::SeqCst) {
+        if answers {
+            link.answered.fetch_add(n, Ordering::SeqCst);
+        } else if link.stalled.load(Ordering::SeqCst) {
+            link.asked_while_stalled.store(true, Ordering::SeqCst);
+        }
+        while link.stalled.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         if to.write_all(&buffer[..n]).await.is_err() {
