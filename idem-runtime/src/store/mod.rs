@@ -171,6 +171,26 @@ pub(crate) fn is_expired(inserted_at: u64, ttl_seconds: u64, now_seconds: u64) -
     inserted_at.saturating_add(ttl_seconds) < now_seconds
 }
 
+/// `operation`'s output, or `None` once `bound` has passed by the wall clock. Not by tokio's
+/// alone: a runtime whose time is paused (a test's `start_paused`) jumps its clock to the next
+/// timer whenever it idles, which here is whenever it waits on a database, and every operation
+/// would time out at once.
+pub(crate) async fn at_most<F: std::future::Future>(
+    bound: Duration,
+    operation: F,
+) -> Option<F::Output> {
+    let started = std::time::Instant::now();
+    let mut operation = std::pin::pin!(operation);
+    loop {
+        let left = bound.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, &mut operation).await {
+            Ok(output) => return Some(output),
+            Err(_) if left.is_zero() || started.elapsed() >= bound => return None,
+            Err(_paused_clock_jumped) => continue,
+        }
+    }
+}
+
 /// A stream being recorded: the durable record of a call whose side effects are committed and
 /// whose response is still being produced (kept apart from the §4.4 table of completed entries).
 #[derive(Debug, Clone, PartialEq, Eq)]

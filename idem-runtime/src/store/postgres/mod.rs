@@ -39,8 +39,8 @@ use crate::store::postgres::listener::{Listener, CHANNEL};
 use crate::store::postgres::renewer::Renewer;
 use crate::store::settings;
 use crate::store::{
-    is_expired, stored_hash, Acquired, Elsewhere, Entry, EntryRow, Found, Lease, OpenStream,
-    OpenStreamRow, ReadJob, Store, StoreError, StoreStats,
+    at_most, is_expired, stored_hash, Acquired, Elsewhere, Entry, EntryRow, Found, Lease,
+    OpenStream, OpenStreamRow, ReadJob, Store, StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -258,8 +258,8 @@ impl PostgresStore {
     ) -> Result<T, StoreError> {
         let (idle, statement) = session_bounds(self.lease);
         let bound = wait + statement + idle;
-        let answered = tokio::time::timeout(bound, operation).await;
-        answered.unwrap_or_else(|_| {
+        let answered = at_most(bound, operation).await;
+        answered.unwrap_or_else(|| {
             // The operation dropped its connection back into the pool, its statement still
             // unanswered: none of the idle ones is to be trusted with the next call.
             drop(self.pool.retain(|_, _| false));

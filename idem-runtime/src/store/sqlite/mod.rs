@@ -44,7 +44,7 @@ use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::readers::Readers;
 use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{
-    is_expired, Entry, Found, Lease, OpenStream, OpenStreamRow, ReadJob, Settling, Store,
+    at_most, is_expired, Entry, Found, Lease, OpenStream, OpenStreamRow, ReadJob, Settling, Store,
     StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
@@ -243,12 +243,12 @@ impl SqliteStore {
             unsettled: &self.unsettled,
         };
         let waiting = answer.done.as_mut().expect("not yet answered");
-        match tokio::time::timeout(self.disk_timeout, waiting).await {
-            Ok(answered) => {
+        match at_most(self.disk_timeout, waiting).await {
+            Some(answered) => {
                 answer.done = None;
                 answered.map_err(|_| StoreError::Closed)?
             }
-            Err(_elapsed) => Err(no_answer(self.disk_timeout)),
+            None => Err(no_answer(self.disk_timeout)),
         }
     }
 

@@ -12,7 +12,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use crate::store::sqlite::no_answer;
-use crate::store::{ReadJob, StoreError};
+use crate::store::{at_most, ReadJob, StoreError};
 
 /// Reader threads (the machine's cores are few; reads are short).
 const READER_THREADS: usize = 4;
@@ -64,9 +64,9 @@ impl Readers {
             .ok_or(StoreError::Closed)?
             .send(job)
             .map_err(|_| StoreError::Closed)?;
-        match tokio::time::timeout(self.disk_timeout, done).await {
-            Ok(answer) => answer.map_err(|_| StoreError::Closed)?,
-            Err(_elapsed) => Err(no_answer(self.disk_timeout)),
+        match at_most(self.disk_timeout, done).await {
+            Some(answer) => answer.map_err(|_| StoreError::Closed)?,
+            None => Err(no_answer(self.disk_timeout)),
         }
     }
 

@@ -742,6 +742,20 @@ async fn a_call_cancelled_while_its_write_waits_holds_its_key_until_it_settles()
     assert_eq!(fx.effects().await, vec!["effect 1".to_owned()]);
 }
 
+/// A runtime whose time is paused (a test's `start_paused`) moves its clock to the next timer
+/// whenever it idles, as it does while a write or a read waits on the store's threads: the
+/// disk bound keeps to the wall clock, so none of them fails for it.
+#[tokio::test(start_paused = true)]
+async fn paused_time_never_times_the_disk_out() {
+    let fx = Fixture::sqlite();
+    let config = config(86_400, 100).with(|c| c.memory_tier_bytes = 0);
+    let store = SqliteStore::open(&fx.path, &config).unwrap();
+    for n in 0..10 {
+        put(&store, n, "stored").await;
+        assert_eq!(body_of(&store, n).await, Some(b"stored".to_vec()));
+    }
+}
+
 /// How long the tests below give the disk: well past an `fsync` of a busy machine.
 const DISK_TIMEOUT: Duration = Duration::from_secs(2);
 
