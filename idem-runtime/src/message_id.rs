@@ -126,6 +126,14 @@ impl MessageId {
             ),
             (MessageIdPolicy::Shape, _, _) => {}
         }
+        if looks_low_entropy(&id.0) {
+            tracing::warn!(
+                target: KEY_ANOMALY,
+                message_id = %id,
+                "messageId looks made by a counter, not at random (few distinct digits, or a \
+                 counting run); clients should send UUIDv4 or UUIDv7 (spec 7.2)"
+            );
+        }
         Ok(id)
     }
 
@@ -213,6 +221,25 @@ fn check_shape(s: &str) -> Result<(), MessageIdError> {
     Ok(())
 }
 
+/// Whether a UUID-shaped id's 32 hex digits look like no random scheme made them (spec §7.2
+/// names incrementing integers and timestamps without a random suffix): six or fewer distinct
+/// digits, which about one random id in five billion has, or eight in a row that each count
+/// one up (about one in twenty million). Logged only: no single value proves its entropy.
+fn looks_low_entropy(id: &str) -> bool {
+    let digits = || id.bytes().filter(|b| *b != b'-').map(hex_value);
+    let distinct = digits().fold(0u16, |seen, d| seen | 1 << d).count_ones();
+    let (mut run, mut longest, mut last) = (0, 0, None);
+    for digit in digits() {
+        run = match last {
+            Some(previous) if digit == previous + 1 => run + 1,
+            _ => 1,
+        };
+        longest = longest.max(run);
+        last = Some(digit);
+    }
+    distinct <= 6 || longest >= 8
+}
+
 fn hex_value(b: u8) -> u8 {
     (b as char).to_digit(16).unwrap_or(0) as u8
 }
@@ -224,6 +251,47 @@ mod tests {
 
     fn err(s: &str) -> MessageIdError {
         MessageId::parse_str(s).unwrap_err()
+    }
+
+    #[test]
+    fn counters_and_repeats_look_low_entropy_and_random_ids_do_not() {
+        for made in [
+            "11111111-1111-1111-1111-111111111111",
+            "00000000-0000-0000-0000-000000000001",
+            "deadbeef-dead-beef-dead-beefdeadbeef",
+            "12345678-1234-1234-1234-123456789012",
+            "0c8f2a41-9e3b-4d57-a123-456789abcdef",
+        ] {
+            assert!(looks_low_entropy(made), "{made}");
+            assert!(
+                MessageId::parse_str(made).is_ok(),
+                "logged, not refused: {made}"
+            );
+        }
+        // 200,000 random 128-bit values (xorshift, fixed seed): none flagged.
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..200_000 {
+            let hex = format!("{:016x}{:016x}", next(), next());
+            let id = format!(
+                "{}-{}-{}-{}-{}",
+                &hex[..8],
+                &hex[8..12],
+                &hex[12..16],
+                &hex[16..20],
+                &hex[20..]
+            );
+            assert!(!looks_low_entropy(&id), "{id}");
+        }
+        assert!(
+            !looks_low_entropy("01a24562-64fb-7377-be6e-c1f25ff25420"),
+            "a UUIDv7"
+        );
     }
 
     #[test]

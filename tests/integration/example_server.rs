@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::support::{
-    new_id, post, post_activated, send_with, until_completed, Reply, SseReply, URI,
+    new_id, post, post_activated, send, send_with, until_completed, Reply, SseReply, URI,
 };
 use idem_conformance::server_process::{example_binary, ServerProcess};
 
@@ -1203,4 +1203,31 @@ async fn a_client_whose_stream_broke_follows_its_task_again_even_across_a_crash(
     // An unknown task is an ordinary JSON-RPC error.
     let unknown = post(&url, rpc("tasks/resubscribe", json!({"id": "nope"})), &[]).await;
     assert_eq!(unknown.json()["error"]["code"], -32001);
+}
+
+/// Spec §7.2: a messageId that a counter made, not a random source, is served (no one value
+/// proves its entropy) and logged under `idem::key_anomaly` for operators; a random one is not.
+#[tokio::test]
+async fn a_counter_made_message_id_is_served_and_logged_as_a_key_anomaly() {
+    let server = ServerProcess::start(&[]);
+    let counted = "12345678-1234-1234-1234-123456789012";
+    let random = new_id();
+    for (n, id) in [(1, counted), (2, random.as_str())] {
+        let reply = post_activated(&server.url, send(n, id, "served")).await;
+        assert!(reply.json()["result"].is_object(), "{}", reply.describe());
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let anomaly = |log: &str, id: &str| {
+        log.lines()
+            .any(|line| line.contains("idem::key_anomaly") && line.contains(id))
+    };
+    while !anomaly(&server.stderr(), counted) {
+        assert!(
+            Instant::now() < deadline,
+            "not logged:\n{}",
+            server.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!anomaly(&server.stderr(), &random), "{}", server.stderr());
 }
