@@ -305,7 +305,8 @@ async fn figures(store: &dyn Store) {
 }
 
 /// The right and duty to execute a claimed call. Dropping it without completing releases the key
-/// (waiters then claim again), so a cancelled or panicking caller never wedges the key.
+/// (waiters then claim again), so a cancelled or panicking caller never wedges the key; only a
+/// write the store gave up waiting for keeps it held, until that write lands or fails.
 pub struct Ticket {
     cache: Weak<Inner>,
     key: MessageId,

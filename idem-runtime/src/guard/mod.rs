@@ -315,7 +315,8 @@ fn reject(call: &GovernedCall, error: IdempotencyError) -> ErrorObjectOwned {
     error.to_error_object()
 }
 
-/// The store failed a governed call: nothing of it is cached, and the key is released.
+/// The store failed a governed call: nothing of it is cached, and the key is released (once a
+/// write the disk did not answer in time has settled: it may still land, and is then replayed).
 pub(crate) fn store_failure(call: &GovernedCall, error: StoreError) -> ErrorObjectOwned {
     key_failure(&call.key, &call.method, &error)
 }
@@ -334,7 +335,8 @@ pub(crate) fn key_failure(
         .into()
 }
 
-/// The staged writes of a call that is not deduplicated failed: nothing of them is stored.
+/// The staged writes of a call that is not deduplicated failed: nothing of them is stored,
+/// unless the disk only did not answer in time (they may then still land).
 pub(crate) fn undeduplicated_failure(error: StoreError) -> ErrorObjectOwned {
     tracing::error!(error = %error, "a call's unit of work could not be committed");
     telemetry::store_error(None, &error);

@@ -344,8 +344,9 @@ async fn record<T: Serialize>(
             Next::Event(frame) => {
                 if let Some(ticket) = &ticket {
                     if let Err(e) = ticket.append_event(seq, frame.clone()).await {
-                        // The key is released with what was recorded: the next claim closes it
-                        // as interrupted, and nothing executes again.
+                        // The key is released with what was recorded (once an event the disk did
+                        // not answer has settled): the next claim closes it as interrupted, and
+                        // nothing executes again.
                         tracing::error!("a stream's event could not be recorded; the stream ends");
                         let failure = key_failure(ticket.key(), ticket.method(), &e);
                         recording.push(error_frame(&id, failure));
