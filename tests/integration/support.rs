@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::store::SqliteStore;
+use idem::store::{SqliteStore, StoreError};
 use idem::testing::ManualClock;
 use idem::{idempotent, EventStream, Idempotency, IdempotencyConfig, Replayable, UnitOfWork};
 use jsonrpsee::core::{async_trait, RpcResult};
@@ -214,6 +214,26 @@ pub struct TestServer {
     handle: ServerHandle,
 }
 
+/// The extension on `db`, once a server stopped just before has let the file go: jsonrpsee's
+/// `stopped()` does not wait for the connection tasks, which hold the layers, and with them
+/// the store, until they see the stop (at most 5 s here).
+async fn open_when_released(
+    db: &Path,
+    config: IdempotencyConfig,
+    clock: Arc<ManualClock>,
+) -> Idempotency {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let builder = Idempotency::builder(config.clone());
+        match builder.store(|config| SqliteStore::open_with_clock(db, config, clock.clone())) {
+            Err(StoreError::InUse { .. }) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            opened => return opened.expect("open store"),
+        }
+    }
+}
+
 impl TestServer {
     /// Starts a server with the extension on `db`.
     pub async fn start(db: &Path, config: IdempotencyConfig, clock: Arc<ManualClock>) -> Self {
@@ -230,9 +250,7 @@ impl TestServer {
         methods: jsonrpsee::RpcModule<C>,
         executions: Arc<AtomicUsize>,
     ) -> Self {
-        let idem = Idempotency::builder(config)
-            .store(|config| SqliteStore::open_with_clock(db, config, clock))
-            .expect("open store");
+        let idem = open_when_released(db, config, clock).await;
         let database = idem.database().expect("a store");
         database
             .transact(|db| db.execute_batch(EFFECTS))
