@@ -223,21 +223,35 @@ fn check_shape(s: &str) -> Result<(), MessageIdError> {
 
 /// Whether a UUID-shaped id's 32 hex digits look like no random scheme made them (spec §7.2
 /// names incrementing integers and timestamps without a random suffix): six or fewer distinct
-/// digits, which about one random id in five billion has, or eight in a row that each count
-/// one up (about one in twenty million). Logged only: no single value proves its entropy.
+/// digits, which about one random id in five billion has; eight in a row that each count one
+/// up (about one in twenty million); or twelve equal digits in a row, the padding of a counter
+/// or timestamp written into the id (about one in a trillion). Logged only: no single value
+/// proves its entropy.
 fn looks_low_entropy(id: &str) -> bool {
     let digits = || id.bytes().filter(|b| *b != b'-').map(hex_value);
     let distinct = digits().fold(0u16, |seen, d| seen | 1 << d).count_ones();
-    let (mut run, mut longest, mut last) = (0, 0, None);
+    let (mut counting, mut repeating) = (Run::default(), Run::default());
+    let mut last = None;
     for digit in digits() {
-        run = match last {
-            Some(previous) if digit == previous + 1 => run + 1,
-            _ => 1,
-        };
-        longest = longest.max(run);
+        counting.extend(last.is_some_and(|previous| digit == previous + 1));
+        repeating.extend(last == Some(digit));
         last = Some(digit);
     }
-    distinct <= 6 || longest >= 8
+    distinct <= 6 || counting.longest >= 8 || repeating.longest >= 12
+}
+
+/// The longest run of digits that each follow the one before by some rule.
+#[derive(Default)]
+struct Run {
+    current: u32,
+    longest: u32,
+}
+
+impl Run {
+    fn extend(&mut self, follows: bool) {
+        self.current = if follows { self.current + 1 } else { 1 };
+        self.longest = self.longest.max(self.current);
+    }
 }
 
 fn hex_value(b: u8) -> u8 {
@@ -261,6 +275,9 @@ mod tests {
             "deadbeef-dead-beef-dead-beefdeadbeef",
             "12345678-1234-1234-1234-123456789012",
             "0c8f2a41-9e3b-4d57-a123-456789abcdef",
+            // Zero-padded: a counter, a millisecond timestamp.
+            "00000000-0000-0000-0000-00004a3f2c7e",
+            "00000000-0000-4000-8000-0193a2b4c5d6",
         ] {
             assert!(looks_low_entropy(made), "{made}");
             assert!(
