@@ -174,20 +174,64 @@ pub(crate) fn is_expired(inserted_at: u64, ttl_seconds: u64, now_seconds: u64) -
 /// `operation`'s output, or `None` once `bound` has passed by the wall clock. Not by tokio's
 /// alone: a runtime whose time is paused (a test's `start_paused`) jumps its clock to the next
 /// timer whenever it idles, which here is whenever it waits on a database, and every operation
-/// would time out at once.
+/// would time out at once. There, a thread keeps the bound instead, so that waiting on the
+/// database neither spins nor moves the test's clock.
 pub(crate) async fn at_most<F: std::future::Future>(
     bound: Duration,
     operation: F,
 ) -> Option<F::Output> {
     let started = std::time::Instant::now();
     let mut operation = std::pin::pin!(operation);
-    loop {
-        let left = bound.saturating_sub(started.elapsed());
-        match tokio::time::timeout(left, &mut operation).await {
+    if !clock_paused() {
+        match tokio::time::timeout(bound, &mut operation).await {
             Ok(output) => return Some(output),
-            Err(_) if left.is_zero() || started.elapsed() >= bound => return None,
-            Err(_paused_clock_jumped) => continue,
+            Err(_) if started.elapsed() >= bound => return None,
+            // Paused meanwhile: the clock jumped to the timer.
+            Err(_) => {}
         }
+    }
+    let expired = WallTimer::start(bound.saturating_sub(started.elapsed()));
+    let expired = std::pin::pin!(expired.fired());
+    match futures::future::select(operation, expired).await {
+        futures::future::Either::Left((output, _)) => Some(output),
+        futures::future::Either::Right(_) => None,
+    }
+}
+
+/// Whether tokio's clock is paused: it then stands still (a running clock reads the wall
+/// clock's time, to the nanosecond, at every call), or stands apart from the wall clock once
+/// advanced. A running clock taken for paused costs one thread, never a wrong bound.
+fn clock_paused() -> bool {
+    let before = tokio::time::Instant::now();
+    let wall = std::time::Instant::now();
+    let after = tokio::time::Instant::now();
+    let apart = wall
+        .saturating_duration_since(after.into_std())
+        .max(after.into_std().saturating_duration_since(wall));
+    before == after || apart > Duration::from_millis(1)
+}
+
+/// A wall-clock timer on a thread of its own; dropped, it stops the thread at once.
+struct WallTimer {
+    _stop: std::sync::mpsc::Sender<()>,
+    fired: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl WallTimer {
+    fn start(after: Duration) -> Self {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (fire, fired) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(after) {
+                let _ = fire.send(());
+            }
+        });
+        Self { _stop: stop, fired }
+    }
+
+    async fn fired(self) {
+        let Self { _stop, fired } = self;
+        let _ = fired.await;
     }
 }
 

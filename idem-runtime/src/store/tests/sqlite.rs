@@ -750,10 +750,16 @@ async fn paused_time_never_times_the_disk_out() {
     let fx = Fixture::sqlite();
     let config = config(86_400, 100).with(|c| c.memory_tier_bytes = 0);
     let store = SqliteStore::open(&fx.path, &config).unwrap();
+    let paused_at = tokio::time::Instant::now();
     for n in 0..10 {
         put(&store, n, "stored").await;
         assert_eq!(body_of(&store, n).await, Some(b"stored".to_vec()));
     }
+    assert_eq!(
+        paused_at.elapsed(),
+        Duration::ZERO,
+        "waiting on the disk set no timer of the test's clock"
+    );
 }
 
 /// How long the tests below give the disk: well past an `fsync` of a busy machine.
