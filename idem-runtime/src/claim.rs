@@ -18,8 +18,7 @@ use tokio::sync::watch;
 use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::{
-    Acquired, Elsewhere, Entry, Found, Lease, OpenStream, Settling, Store, StoreError,
-    StoredResponse,
+    after, Acquired, Elsewhere, Entry, Found, Lease, OpenStream, Store, StoreError, StoredResponse,
 };
 use crate::unit_of_work::{Sealed, SqlWrite};
 
@@ -34,6 +33,9 @@ struct Inner {
     in_flight: Mutex<Table>,
     /// How many executions are in flight, for [`IdempotencyCache::quiesce`].
     running: watch::Sender<usize>,
+    /// The runtime of the first claim: where a ticket dropped outside any runtime (at
+    /// shutdown) waits out a write the store gave up waiting for, and runs its hooks.
+    runtime: std::sync::OnceLock<tokio::runtime::Handle>,
 }
 
 /// The executions in flight.
@@ -119,6 +121,7 @@ impl IdempotencyCache {
                     releases: vec![0; RELEASE_SLOTS],
                 }),
                 running: watch::Sender::new(0),
+                runtime: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -140,6 +143,12 @@ impl IdempotencyCache {
         let found = self.inner.store.lookup(key).await?;
         if let Found::Entry(entry) = found {
             return Ok(Claim::Cached(entry));
+        }
+        if let (None, Ok(runtime)) = (
+            self.inner.runtime.get(),
+            tokio::runtime::Handle::try_current(),
+        ) {
+            let _ = self.inner.runtime.set(runtime);
         }
         let (mut ticket, unchanged) = match self.take(key, method, hash, seen) {
             Ok(taken) => taken,
@@ -475,7 +484,10 @@ impl Drop for Ticket {
             _phase: std::mem::replace(&mut self.phase, watch::Sender::new(Phase::Running)),
         };
         tracing::warn!(message_id = %held.key, "the key stays held until the store answers its write");
-        after(settling, move |landed| held.settled(landed));
+        let runtime = held.cache.runtime.get().cloned();
+        after(settling, runtime.as_ref(), move |landed| {
+            held.settled(landed)
+        });
     }
 }
 
@@ -518,19 +530,6 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         release(&self.cache, &self.key, self.lease.take());
-    }
-}
-
-/// Runs `then` with the outcome of `settling`, on the runtime if there is one (a ticket
-/// dropped outside one, at shutdown, waits on a thread of its own, which keeps the store
-/// open until the disk answers).
-fn after(settling: Settling, then: impl FnOnce(bool) + Send + 'static) {
-    let wait = async move { then(settling.await) };
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn(wait)),
-        Err(_) => drop(std::thread::spawn(move || {
-            futures::executor::block_on(wait)
-        })),
     }
 }
 

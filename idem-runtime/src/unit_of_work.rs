@@ -249,7 +249,10 @@ impl UnitOfWork {
     }
 
     /// Runs `hook` once the unit has committed (never if it did not): the place to start work
-    /// that needs the staged rows to exist, such as a timer over a new task.
+    /// that needs the staged rows to exist, such as a timer over a new task. A commit the disk
+    /// did not answer in time fails the call, and the hook runs if it lands after all; on
+    /// PostgreSQL, which does not learn of such a commit, the hook then never runs (work that
+    /// must follow the commit belongs in an outbox row staged with it).
     pub fn after_commit(
         &self,
         hook: impl FnOnce() + Send + 'static,
@@ -293,10 +296,17 @@ impl UnitOfWork {
     /// Commits on their own the writes [`seal`](Self::seal) took.
     pub(crate) async fn commit_sealed(&self, mut sealed: Sealed) -> Result<(), StoreError> {
         let writes = sealed.take_writes();
-        if !writes.is_empty() {
-            self.inner.store.apply(writes).await?;
+        if writes.is_empty() {
+            sealed.committed();
+            return Ok(());
         }
-        sealed.committed();
+        // Shared with the store: should it stop waiting for the disk, and the writes commit
+        // after all, it runs the hooks then. One of the two runs them; never both.
+        let hooks = Arc::new(Mutex::new(Some(sealed)));
+        let if_late = hooks.clone();
+        let if_late = Box::new(move || Sealed::run_once(&if_late));
+        self.inner.store.apply_or_later(writes, if_late).await?;
+        Sealed::run_once(&hooks);
         Ok(())
     }
 }
@@ -311,6 +321,14 @@ impl Sealed {
     pub(crate) fn committed(self) {
         for hook in self.hooks {
             hook();
+        }
+    }
+
+    /// [`committed`](Self::committed), unless another holder of `sealed` ran it first.
+    fn run_once(sealed: &Mutex<Option<Sealed>>) {
+        let taken = sealed.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(sealed) = taken {
+            sealed.committed();
         }
     }
 }

@@ -235,6 +235,28 @@ impl WallTimer {
     }
 }
 
+/// Runs `then` with the outcome of `settling`: on the current runtime, or else on `runtime`
+/// (a ticket dropped outside any, at shutdown, names the one that claimed it; a runtime
+/// already shut down drops the wait, and `then` with it). With neither, on a thread of its
+/// own, which keeps the store open until the disk answers; what `then` runs there has no
+/// runtime to spawn on.
+pub(crate) fn after(
+    settling: Settling,
+    runtime: Option<&tokio::runtime::Handle>,
+    then: impl FnOnce(bool) + Send + 'static,
+) {
+    let wait = async move { then(settling.await) };
+    match tokio::runtime::Handle::try_current()
+        .ok()
+        .or(runtime.cloned())
+    {
+        Some(runtime) => drop(runtime.spawn(wait)),
+        None => drop(std::thread::spawn(move || {
+            futures::executor::block_on(wait)
+        })),
+    }
+}
+
 /// A stream being recorded: the durable record of a call whose side effects are committed and
 /// whose response is still being produced (kept apart from the §4.4 table of completed entries).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -381,6 +403,10 @@ pub enum Elsewhere {
 /// A pending write's end: see [`Store::unsettled`].
 pub type Settling = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
 
+/// What runs if writes a store gave up waiting for commit after all: see
+/// [`Store::apply_or_later`].
+pub type IfLate = Box<dyn FnOnce() + Send>;
+
 /// A read on one of the store's read connections.
 pub type ReadJob = Box<dyn FnOnce(&rusqlite::Connection) + Send>;
 
@@ -491,6 +517,19 @@ pub trait Store: Send + Sync + 'static {
     /// Applies staged `writes` on their own (a call that is not deduplicated, or the
     /// application's own work), in one transaction.
     async fn apply(&self, writes: Vec<SqlWrite>) -> Result<(), StoreError>;
+
+    /// [`apply`](Self::apply), for writes that work waits on (a unit of work's after-commit
+    /// hooks): should the store stop waiting for them and fail (the disk did not answer in
+    /// time) while they may still commit, `if_late` runs if they do. A store that cannot learn
+    /// it (this default, and [`PostgresStore`](crate::store::PostgresStore): a transaction
+    /// whose commit went unanswered is not asked about again) drops `if_late` unrun.
+    async fn apply_or_later(
+        &self,
+        writes: Vec<SqlWrite>,
+        _if_late: IfLate,
+    ) -> Result<(), StoreError> {
+        self.apply(writes).await
+    }
 
     /// Runs `job` on a read connection.
     async fn read(&self, job: ReadJob) -> Result<(), StoreError>;

@@ -44,8 +44,8 @@ use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::readers::Readers;
 use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{
-    at_most, is_expired, Entry, Found, Lease, OpenStream, OpenStreamRow, ReadJob, Settling, Store,
-    StoreError, StoreStats,
+    after, at_most, is_expired, Entry, Found, IfLate, Lease, OpenStream, OpenStreamRow, ReadJob,
+    Settling, Store, StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -225,7 +225,7 @@ impl SqliteStore {
     /// when the call is cancelled while it waits.
     async fn write<T: Send + 'static>(
         &self,
-        key: Option<&MessageId>,
+        unanswered: Unanswered<'_>,
         rerunnable: bool,
         work: impl FnMut(&Connection, &mut Batch) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
@@ -239,7 +239,7 @@ impl SqliteStore {
             .map_err(|_| StoreError::Closed)?;
         let mut answer = Answer {
             done: Some(done),
-            key,
+            unanswered,
             unsettled: &self.unsettled,
         };
         let waiting = answer.done.as_mut().expect("not yet answered");
@@ -250,6 +250,18 @@ impl SqliteStore {
             }
             None => Err(no_answer(self.disk_timeout)),
         }
+    }
+
+    /// Commits staged `writes` on their own, in one transaction.
+    async fn commit_alone(
+        &self,
+        mut writes: Vec<SqlWrite>,
+        unanswered: Unanswered<'_>,
+    ) -> Result<(), StoreError> {
+        self.write(unanswered, all_rerunnable(&writes), move |conn, _| {
+            apply_writes(conn, &mut writes)
+        })
+        .await
     }
 
     /// Spec §4.4's TTL, by this store's clock.
@@ -370,10 +382,14 @@ impl Store for SqliteStore {
         _lease: &Lease,
     ) -> Result<(), StoreError> {
         let key = entry.message_id.clone();
-        self.write(Some(&key), all_rerunnable(&writes), move |conn, batch| {
-            apply_writes(conn, &mut writes)?;
-            entries::store(conn, batch, entry.clone())
-        })
+        self.write(
+            Unanswered::HoldsKey(&key),
+            all_rerunnable(&writes),
+            move |conn, batch| {
+                apply_writes(conn, &mut writes)?;
+                entries::store(conn, batch, entry.clone())
+            },
+        )
         .await
     }
 
@@ -388,13 +404,17 @@ impl Store for SqliteStore {
         // Before the commit: a sweep right after it must already see the stream recorded.
         self.live_streams.start(&stream.message_id);
         let key = stream.message_id.clone();
-        self.write(Some(&key), all_rerunnable(&writes), move |conn, batch| {
-            apply_writes(conn, &mut writes)?;
-            let may_exist = batch.may_hold(&stream.message_id);
-            let new = insert_open_stream(conn, &stream, may_exist)?;
-            batch.opened(&stream.message_id, new);
-            insert_event(conn, &stream.message_id, 0, &first_event)
-        })
+        self.write(
+            Unanswered::HoldsKey(&key),
+            all_rerunnable(&writes),
+            move |conn, batch| {
+                apply_writes(conn, &mut writes)?;
+                let may_exist = batch.may_hold(&stream.message_id);
+                let new = insert_open_stream(conn, &stream, may_exist)?;
+                batch.opened(&stream.message_id, new);
+                insert_event(conn, &stream.message_id, 0, &first_event)
+            },
+        )
         .await
     }
 
@@ -406,7 +426,7 @@ impl Store for SqliteStore {
         _lease: &Lease,
     ) -> Result<(), StoreError> {
         let id = key.clone();
-        self.write(Some(key), true, move |conn, _| {
+        self.write(Unanswered::HoldsKey(key), true, move |conn, _| {
             insert_event(conn, &id, seq, &event)
         })
         .await
@@ -415,7 +435,7 @@ impl Store for SqliteStore {
     async fn close_stream(&self, entry: Arc<Entry>, _lease: &Lease) -> Result<(), StoreError> {
         let recorded = entry.message_id.clone();
         let closed = self
-            .write(Some(&recorded), true, move |conn, batch| {
+            .write(Unanswered::HoldsKey(&recorded), true, move |conn, batch| {
                 let key = entry.message_id.clone();
                 entries::store(conn, batch, entry.clone())?;
                 // After the entry: the key index never misses the key between the two changes.
@@ -444,11 +464,17 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn apply(&self, mut writes: Vec<SqlWrite>) -> Result<(), StoreError> {
-        self.write(None, all_rerunnable(&writes), move |conn, _| {
-            apply_writes(conn, &mut writes)
-        })
-        .await
+    async fn apply(&self, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
+        self.commit_alone(writes, Unanswered::Forgotten).await
+    }
+
+    async fn apply_or_later(
+        &self,
+        writes: Vec<SqlWrite>,
+        if_late: IfLate,
+    ) -> Result<(), StoreError> {
+        let unanswered = Unanswered::RunsIfLanded(if_late);
+        self.commit_alone(writes, unanswered).await
     }
 
     async fn read(&self, job: ReadJob) -> Result<(), StoreError> {
@@ -466,7 +492,7 @@ impl Store for SqliteStore {
         loop {
             let live = self.live_streams.clone();
             let deleted = self
-                .write(None, true, move |conn, batch| {
+                .write(Unanswered::Forgotten, true, move |conn, batch| {
                     let now = batch.now_ms / 1000;
                     let n = sweep_chunk(conn, ttl, now, &live, &mut batch.changes)?;
                     batch.rows = match n < SWEEP_CHUNK {
@@ -510,19 +536,40 @@ impl Store for SqliteStore {
 }
 
 /// A write's answer, awaited. Dropped unanswered (its caller stopped waiting, or was
-/// cancelled) while it names a call's key, it is left in `unsettled` for the call's ticket to
-/// wait out: the write is still queued and may commit.
+/// cancelled), it leaves behind what its `unanswered` says: the write is still queued and may
+/// commit.
 struct Answer<'a, T: Send + 'static> {
     done: Option<oneshot::Receiver<Result<T, StoreError>>>,
-    key: Option<&'a MessageId>,
+    unanswered: Unanswered<'a>,
     unsettled: &'a Mutex<HashMap<MessageId, Settling>>,
+}
+
+/// What waits on a write whose caller may stop waiting for it.
+enum Unanswered<'a> {
+    /// Nothing (a sweep, the application's own transaction: its caller was told).
+    Forgotten,
+    /// A call's key: left in `unsettled` for the call's ticket to wait out.
+    HoldsKey(&'a MessageId),
+    /// Work to run if the write commits after all.
+    RunsIfLanded(IfLate),
 }
 
 impl<T: Send + 'static> Drop for Answer<'_, T> {
     fn drop(&mut self) {
-        if let (Some(done), Some(key)) = (self.done.take(), self.key) {
-            let landed = Box::pin(async move { matches!(done.await, Ok(Ok(_))) });
-            lock(self.unsettled).insert(key.clone(), landed);
+        let Some(done) = self.done.take() else {
+            return;
+        };
+        let landed = || -> Settling { Box::pin(async move { matches!(done.await, Ok(Ok(_))) }) };
+        match std::mem::replace(&mut self.unanswered, Unanswered::Forgotten) {
+            Unanswered::Forgotten => {}
+            Unanswered::HoldsKey(key) => {
+                lock(self.unsettled).insert(key.clone(), landed());
+            }
+            Unanswered::RunsIfLanded(if_late) => after(landed(), None, move |landed| {
+                if landed {
+                    if_late();
+                }
+            }),
         }
     }
 }

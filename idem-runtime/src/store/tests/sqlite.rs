@@ -742,6 +742,40 @@ async fn a_call_cancelled_while_its_write_waits_holds_its_key_until_it_settles()
     assert_eq!(fx.effects().await, vec!["effect 1".to_owned()]);
 }
 
+/// The same for a call that is not deduplicated: its unit of work's commit fails in time,
+/// and should its writes land after all, its after-commit hooks run then (the example's
+/// mission timer would otherwise never start); never if they fail.
+#[tokio::test]
+async fn a_unit_of_work_the_disk_does_not_answer_runs_its_hooks_once_it_lands() {
+    let fx = Fixture::sqlite();
+    let cache = impatient(&fx).await;
+    for (n, lands) in [(1, true), (2, false)] {
+        let unit = crate::UnitOfWork::new(cache.store().clone());
+        let (disk, held) = held_effect(n, lands);
+        unit.stage(held).unwrap();
+        let (ran, hooks_ran) = (tokio::sync::Notify::new(), Arc::new(AtomicUsize::new(0)));
+        let ran = Arc::new(ran);
+        let (counted, woken) = (hooks_ran.clone(), ran.clone());
+        unit.after_commit(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            woken.notify_one();
+        })
+        .unwrap();
+        let started = std::time::Instant::now();
+        assert_unanswered(unit.commit_alone().await, started);
+        assert_eq!(hooks_ran.load(Ordering::SeqCst), 0, "not committed yet");
+        drop(disk);
+        let waited = tokio::time::timeout(Duration::from_secs(5), ran.notified()).await;
+        assert_eq!(
+            waited.is_ok(),
+            lands,
+            "the hooks run once the writes land (lands = {lands})"
+        );
+        assert_eq!(hooks_ran.load(Ordering::SeqCst), usize::from(lands));
+    }
+    assert_eq!(fx.effects().await, vec!["effect 1".to_owned()]);
+}
+
 /// A runtime whose time is paused (a test's `start_paused`) moves its clock to the next timer
 /// whenever it idles, as it does while a write or a read waits on the store's threads: the
 /// disk bound keeps to the wall clock, so none of them fails for it.
@@ -791,16 +825,28 @@ async fn impatient(fx: &Fixture) -> crate::claim::IdempotencyCache {
 /// A staged write that holds the writer (as a hung `fsync` would) until the returned sender
 /// is dropped, then inserts `effect {n}` and, unless it `lands`, fails.
 fn held_write(n: u32, lands: bool) -> (std::sync::mpsc::Sender<()>, crate::store::SqlWrite) {
+    let (disk, held) = held_effect(n, lands);
+    (disk, crate::store::SqlWrite::rerunnable(held))
+}
+
+/// [`held_write`]'s work, to stage.
+fn held_effect(
+    n: u32,
+    lands: bool,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    impl FnMut(&rusqlite::Connection) -> Result<(), crate::store::WriteError> + Send + 'static,
+) {
     let (disk, answers) = std::sync::mpsc::channel::<()>();
     let name = format!("effect {n}");
-    let held = crate::store::SqlWrite::rerunnable(move |db| {
+    let held = move |db: &rusqlite::Connection| {
         let _ = answers.recv();
         db.execute("INSERT INTO effects (name) VALUES (?1)", [&name])?;
         match lands {
             true => Ok(()),
             false => Err("the write fails once the disk answers".into()),
         }
-    });
+    };
     (disk, held)
 }
 
