@@ -124,6 +124,16 @@ fn counts(server: &ServerProcess) -> Counts {
     effects.snapshot().unwrap().expect("a database")
 }
 
+/// How many of the server's tasks are still working: their missions not yet completed.
+fn working(server: &ServerProcess) -> i64 {
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+    let conn = rusqlite::Connection::open_with_flags(server.db(), flags).unwrap();
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .unwrap();
+    let sql = "SELECT COUNT(*) FROM tasks WHERE state = 'working'";
+    conn.query_row(sql, [], |row| row.get(0)).unwrap()
+}
+
 async fn metric(url: &str, series: &str) -> f64 {
     let text = reqwest::get(format!("{url}/metrics")).await.unwrap();
     let text = text.text().await.unwrap();
@@ -274,7 +284,8 @@ async fn a_deleted_database_file_is_never_written_to_again() {
 /// key stays held while its writes may still commit, so that its retry gets 409 meanwhile and
 /// never runs it again. Thawed, the writes land (and what waited for their commit runs), and
 /// the retry replays them. An undeduplicated
-/// call is answered in bounded time too, and a replay that the memory tier holds as ever.
+/// call is answered in bounded time too (its writes land later, and its mission starts then),
+/// and a replay that the memory tier holds as ever.
 #[tokio::test]
 async fn a_frozen_disk_fails_calls_in_bounded_time_and_no_retry_runs_them_again() {
     let Some(fs) = SmallFs::mount("the frozen-disk test") else {
@@ -336,6 +347,16 @@ async fn a_frozen_disk_fails_calls_in_bounded_time_and_no_retry_runs_them_again(
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(counts(&server), expected);
+    // The undeduplicated call's hook ran too, though it was answered with an error: its
+    // mission completes in this process, with no restart to resume it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while working(&server) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a mission never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let url = server.restart();
     let replay = post_activated(&url, call).await;
     assert_eq!(replay.body, landed.body, "durable, byte for byte");
