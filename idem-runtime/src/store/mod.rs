@@ -521,8 +521,8 @@ pub trait Store: Send + Sync + 'static {
     /// [`apply`](Self::apply), for writes that work waits on (a unit of work's after-commit
     /// hooks): should the store stop waiting for them and fail (the disk did not answer in
     /// time) while they may still commit, `if_late` runs if they do. A store that cannot learn
-    /// it (this default, and [`PostgresStore`](crate::store::PostgresStore): a transaction
-    /// whose commit went unanswered is not asked about again) drops `if_late` unrun.
+    /// it (this default, and [`PostgresStore`]: a transaction whose commit went unanswered is
+    /// not asked about again) drops `if_late` unrun.
     async fn apply_or_later(
         &self,
         writes: Vec<SqlWrite>,
