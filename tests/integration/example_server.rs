@@ -970,6 +970,23 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
         let reply = post(&server.url, body, &[]).await;
         assert_eq!((reply.status, reply.body.len()), (204, 0), "{body}");
     }
+    // Nor run (jsonrpsee dispatches no notification): a message/send without an id, activated
+    // or not, creates no task.
+    let key = new_id();
+    let unanswerable =
+        send_with(1, "message/send", &key, "never run", json!({})).replacen(r#""id":1,"#, "", 1);
+    assert!(!unanswerable.contains(r#""id""#), "{unanswerable}");
+    for reply in [
+        post_activated(&server.url, unanswerable.clone()).await,
+        post(&server.url, unanswerable, &[]).await,
+    ] {
+        assert_eq!((reply.status, reply.body.len()), (204, 0));
+    }
+    assert_eq!(
+        tasks_naming(server.db(), &key),
+        0,
+        "a notification never runs"
+    );
     let mixed = r#"[{"jsonrpc":"2.0","id":{},"method":"tasks/get","params":{"id":"x"}},{"jsonrpc":"2.0","method":"tasks/get","params":{"id":"x"}}]"#;
     assert_eq!(
         post(&server.url, mixed, &[]).await.json(),
