@@ -4,8 +4,9 @@
 use http::HeaderMap;
 use serde_json::json;
 
-/// The values of `A2A-Version` this agent serves.
-const SUPPORTED: [&str; 4] = ["", "0.3", "0.3.0", "1.0"];
+/// The values of `A2A-Version` this agent serves: each version as Major.Minor, and with its
+/// patch number 0, which a client may name as its SDK's full version.
+const SUPPORTED: [&str; 5] = ["", "0.3", "0.3.0", "1.0", "1.0.0"];
 
 /// The requested version, when it is one this agent does not serve.
 pub fn unsupported(headers: &HeaderMap) -> Option<String> {

@@ -731,6 +731,15 @@ async fn an_unsupported_a2a_version_is_refused_before_anything_runs() {
     let served = post(&server.url, body, &empty).await;
     assert_eq!(served.status, 200, "an empty A2A-Version is 0.3");
     assert!(served.json()["result"]["task"].is_object());
+    for version in ["0.3.0", "1.0.0"] {
+        let message =
+            json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": "hi"}]});
+        let body = rpc("SendMessage", json!({"message": message}));
+        let headers = [("A2A-Extensions", URI), ("A2A-Version", version)];
+        let served = post(&server.url, body, &headers).await;
+        let task = &served.json()["result"]["task"];
+        assert!(task.is_object(), "{version}: {}", served.describe());
+    }
 }
 
 #[tokio::test]
