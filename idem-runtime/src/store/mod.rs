@@ -600,6 +600,19 @@ pub enum StoreError {
     /// A write the call staged refused; nothing of the call was stored.
     Write(WriteError),
     #[error(
+        "another replica serves this database and keeps entries for {theirs} s, where this \
+         one is configured for {ours} s: replicas that share a database must keep entries for \
+         the same time (AIWG_IDEMPOTENCY_TTL), or the shorter TTL's sweep deletes entries the \
+         others still replay; to change it, stop them all first"
+    )]
+    /// A live replica on the same PostgreSQL database keeps entries for another TTL.
+    TtlMismatch {
+        /// This store's TTL, in seconds.
+        ours: u64,
+        /// The other replica's, as its sessions name it.
+        theirs: u64,
+    },
+    #[error(
         "database {} is already served by process {pid} (it holds the lock on {}); \
          one process serves a database file at a time",
         path.display(),
@@ -684,6 +697,7 @@ impl StoreError {
             Self::Closed => "closed",
             Self::Commit(_) => "commit",
             Self::Write(_) => "write",
+            Self::TtlMismatch { .. } => "ttl_mismatch",
             Self::InUse { .. } => "in_use",
             Self::ServedElsewhere { .. } => "served_elsewhere",
             Self::HardLinked { .. } => "hard_linked",

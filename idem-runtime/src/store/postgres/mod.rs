@@ -186,7 +186,8 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
-    /// Connects to the database at `url`, on the system clock, and creates the tables.
+    /// Connects to the database at `url`, on the system clock, and creates the tables. Fails
+    /// with [`StoreError::TtlMismatch`] while a replica of another TTL serves the database.
     pub async fn connect(url: &str, config: &IdempotencyConfig) -> Result<Self, StoreError> {
         Self::connect_with(PostgresOptions::new(url), config, Arc::new(SystemClock)).await
     }
@@ -197,18 +198,15 @@ impl PostgresStore {
         config: &IdempotencyConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
-        let lease = config.claim_lease;
-        let pool = pool_of(&options, options.pool_size, lease)?;
-        create_schema(&pool, config.ttl_seconds).await?;
-        let listen: tokio_postgres::Config = match &options.listen_url {
-            Some(url) => url.parse()?,
-            None => options.url.parse()?,
-        };
+        let (lease, ttl) = (config.claim_lease, config.ttl_seconds);
+        let pool = pool_of(&options, options.pool_size, lease, ttl)?;
+        create_schema(&pool, ttl).await?;
+        let listen = named(options.listen_url.as_ref().unwrap_or(&options.url), ttl)?;
         let owner = owner();
         let store = Self {
             listener: Listener::start(listen),
             // A connection of its own: renewals never queue behind the calls' commits.
-            renewer: Renewer::start(pool_of(&options, 1, lease)?, owner.clone(), lease),
+            renewer: Renewer::start(pool_of(&options, 1, lease, ttl)?, owner.clone(), lease),
             owner,
             ttl_seconds: config.ttl_seconds,
             max_entries: config.max_cache_entries,
@@ -857,8 +855,13 @@ impl Store for PostgresStore {
 /// `IDEMPOTENCY_STORE_UNAVAILABLE` instead of holding it for as long as the lock is held: by
 /// then the call's own lease has run out twice. A database host that stops answering (a
 /// partition) is given up by TCP after two leases too.
-fn pool_of(options: &PostgresOptions, size: usize, lease: Duration) -> Result<Pool, StoreError> {
-    let mut config: tokio_postgres::Config = options.url.parse()?;
+fn pool_of(
+    options: &PostgresOptions,
+    size: usize,
+    lease: Duration,
+    ttl_seconds: u64,
+) -> Result<Pool, StoreError> {
+    let mut config = named(&options.url, ttl_seconds)?;
     let (idle, statement) = session_bounds(lease);
     if config.get_tcp_user_timeout().is_none() {
         config.tcp_user_timeout(statement);
@@ -906,12 +909,31 @@ fn session_bounds(lease: Duration) -> (Duration, Duration) {
     (bound(lease), bound(lease.saturating_mul(2)))
 }
 
-/// The tables, and this replica's TTL recorded for the operator's tool.
+/// The connection settings of `url`, its sessions named by the replica's TTL (unless the URL
+/// names them: then other replicas cannot see its TTL).
+fn named(url: &str, ttl_seconds: u64) -> Result<tokio_postgres::Config, StoreError> {
+    let mut config: tokio_postgres::Config = url.parse()?;
+    if config.get_application_name().is_none() {
+        config.application_name(settings::application_name(ttl_seconds));
+    }
+    Ok(config)
+}
+
+/// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
+/// replica of another TTL serves the database (the lock orders replicas that open at once).
 async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), StoreError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .await?;
+    let ours = settings::application_name(ttl_seconds);
+    if let Some(other) = tx.query_opt(settings::OTHER_TTL, &[&ours]).await? {
+        let theirs = settings::ttl_of(other.get(0)).unwrap_or_default();
+        return Err(StoreError::TtlMismatch {
+            ours: ttl_seconds,
+            theirs,
+        });
+    }
     tx.batch_execute(SCHEMA).await?;
     tx.batch_execute(settings::TABLE).await?;
     let ttl = settings::stored(ttl_seconds);

@@ -521,6 +521,44 @@ async fn a_server_that_is_not_there_is_an_error_not_a_hang() {
     assert!(bad.await.is_err());
 }
 
+/// Replicas on one database keep entries for one TTL: a replica of another TTL is refused
+/// while one serves (its sweep would delete entries the others still replay: a probe's replica
+/// of 3 s wiped two replicas' 24 h, and keys ran again), and opens once none does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_of_another_ttl_is_refused_while_one_serves() {
+    let Some(fx) = fixture().await else { return };
+    let connect = |ttl: u64| {
+        let options = PostgresOptions::new(fx.url.clone().unwrap());
+        let clock = fx.clock.clone();
+        async move { PostgresStore::connect_with(options, &config(ttl, 1000), clock).await }
+    };
+    let serving = connect(86_400).await.expect("the first replica");
+    let agreeing = connect(86_400).await.expect("a replica of the same TTL");
+    match connect(3).await {
+        Err(StoreError::TtlMismatch { ours, theirs }) => assert_eq!((ours, theirs), (3, 86_400)),
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a replica of another TTL served beside a live one"),
+    }
+    let entries = "SELECT COUNT(*) FROM idempotency_settings WHERE value = 3";
+    assert_eq!(
+        fx.count(entries).await,
+        0,
+        "the refused replica recorded nothing"
+    );
+    drop((serving, agreeing));
+    // Their sessions end as they are dropped; PostgreSQL sees it within moments.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match connect(3).await {
+            Ok(_) => break,
+            Err(StoreError::TtlMismatch { .. }) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(error) => panic!("not served once the others stopped: {error}"),
+        }
+    }
+}
+
 /// PostgreSQL's own words reach the error: "db error" alone does not say the database is
 /// missing.
 #[tokio::test]
