@@ -63,6 +63,10 @@ pub enum EntryState {
     /// A stream being recorded, or left open by a process that died (a retry within a TTL of
     /// its start closes it as interrupted; past that it is expired); how many events it holds.
     OpenStream(u64),
+    /// A call running on a replica (PostgreSQL: its claim's lease is live): nothing is stored
+    /// yet; its outcome is, when it ends. `inserted_at` is when the lease runs out, unless
+    /// renewed. A SQLite file's calls in flight are in its server's memory, not shown.
+    Running,
 }
 
 /// A connection to a database the idempotency stores use.
@@ -101,6 +105,12 @@ const OPEN_STREAM: &str = "
 SELECT method, request_hash, started_at FROM idempotency_open_streams WHERE message_id = $1";
 const STREAM_EVENTS: &str =
     "SELECT event FROM idempotency_stream_events WHERE message_id = $1 ORDER BY seq";
+#[cfg(feature = "postgres")]
+const LIVE_CLAIM: &str = concat!(
+    "SELECT method, request_hash, lease_until / 1000 FROM idempotency_claims
+     WHERE message_id = $1 AND lease_until > ",
+    crate::store::postgres::now_ms!()
+);
 const PURGE: &str = "DELETE FROM idempotency_cache WHERE message_id = $1";
 /// `sql`, whose row is `WHERE message_id = $1`, as SQLite should run it: a file's table has
 /// no index of keys since the key index keeps rowids (`store/sqlite/key_index.rs` says why), so
@@ -188,16 +198,40 @@ impl Admin {
         let now = self.clock.now_seconds();
         let ttl = self.ttl_seconds;
         let key = key.as_str().to_owned();
+        let read = key.clone();
         let (entry, stream) = match &self.db {
-            Db::Sqlite(conn, _) => sqlite(conn, move |c| read_sqlite(c, &key)).await?,
+            Db::Sqlite(conn, _) => sqlite(conn, move |c| read_sqlite(c, &read)).await?,
             #[cfg(feature = "postgres")]
-            Db::Postgres(client) => read_postgres(client, &key).await?,
+            Db::Postgres(client) => read_postgres(client, &read).await?,
         };
         Ok(match (entry, stream) {
             (Some(row), _) => Some(row.info(ttl, now)),
             (None, Some((stream, events))) => Some(stream.info(events)),
-            (None, None) => None,
+            (None, None) => self.running(&key).await?,
         })
+    }
+
+    /// The call that holds `key` on a replica, if one does.
+    #[cfg(not(feature = "postgres"))]
+    async fn running(&self, _key: &str) -> Result<Option<EntryInfo>, StoreError> {
+        Ok(None)
+    }
+
+    /// The call that holds `key` on a replica, if one does.
+    #[cfg(feature = "postgres")]
+    async fn running(&self, key: &str) -> Result<Option<EntryInfo>, StoreError> {
+        let Db::Postgres(client) = &self.db else {
+            return Ok(None);
+        };
+        let claim = client.query_opt(LIVE_CLAIM, &[&key]).await?;
+        Ok(claim.map(|row| EntryInfo {
+            method: row.get(0),
+            request_hash: row.get(1),
+            state: EntryState::Running,
+            inserted_at: row.get::<_, i64>(2).max(0) as u64,
+            bytes: 0,
+            body: Vec::new(),
+        }))
     }
 
     /// Deletes `key`'s entry, so that the key executes again; `false` if it had none. An open

@@ -155,11 +155,14 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
                 return Err("not confirmed; nothing deleted".into());
             }
             if !admin.purge(&key).await.map_err(error)? {
-                return match admin.show(&key).await.map_err(error)? {
-                    Some(EntryInfo {
-                        state: EntryState::OpenStream(events),
-                        ..
-                    }) => still_streaming(&key, events),
+                return match admin
+                    .show(&key)
+                    .await
+                    .map_err(error)?
+                    .map(|info| info.state)
+                {
+                    Some(EntryState::OpenStream(events)) => still_streaming(&key, events),
+                    Some(EntryState::Running) => still_running(&key),
                     _ => nothing_for(&key),
                 };
             }
@@ -189,6 +192,15 @@ fn still_streaming(key: &MessageId, events: u64) -> Result<ExitCode, String> {
         "idem-admin: {key} has no entry to purge: a stream is being recorded under it \
          ({events} events so far); its outcome is stored when it ends, or, if the process \
          recording it died, the next call of the key closes it as interrupted"
+    );
+    Ok(ExitCode::from(1))
+}
+
+/// A call in flight has stored nothing yet; what it ends with is stored.
+fn still_running(key: &MessageId) -> Result<ExitCode, String> {
+    eprintln!(
+        "idem-admin: {key} has no entry to purge: a call holds it on a replica and is still \
+         running; its outcome is stored when it ends (purge it then)"
     );
     Ok(ExitCode::from(1))
 }
@@ -239,6 +251,7 @@ fn print_entry(key: &MessageId, info: &EntryInfo, body: bool) {
         EntryState::Live(status) => format!("live, HTTP {status}"),
         EntryState::Expired(status) => format!("expired, HTTP {status}"),
         EntryState::OpenStream(events) => format!("open stream, {events} events recorded"),
+        EntryState::Running => "running on a replica, nothing stored yet".to_owned(),
     };
     println!("message_id    {}", key.message_id());
     if key.as_str() != key.message_id() {
@@ -247,11 +260,14 @@ fn print_entry(key: &MessageId, info: &EntryInfo, body: bool) {
     println!("method        {}", info.method);
     println!("request_hash  {}", info.request_hash);
     println!("state         {state}");
-    println!(
-        "inserted_at   {} ({})",
-        info.inserted_at,
-        age(info.inserted_at)
-    );
+    match info.state {
+        EntryState::Running => println!("lease_until   {}", info.inserted_at),
+        _ => println!(
+            "inserted_at   {} ({})",
+            info.inserted_at,
+            age(info.inserted_at)
+        ),
+    }
     println!("bytes         {}", info.bytes);
     if body {
         println!("body");

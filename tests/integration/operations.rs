@@ -483,4 +483,26 @@ async fn on_postgres_a_purge_is_seen_by_the_serving_replica_at_once() {
     let again = post_activated(&server.url, send_body(&key, "x")).await;
     assert!(!again.replayed(), "{}", again.describe());
     assert_eq!(again.status, 200);
+    // A call in flight holds its key in the database: shown as running, and not purged.
+    let slow = new_id();
+    let body = send_with(1, "message/send", &slow, "x", json!({"delayMs": 3000}));
+    let url = server.url.clone();
+    let running = tokio::spawn(async move { post_activated(&url, body).await });
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let show = loop {
+        let show = admin(&["--db", db.url(), "show", &slow], &[]);
+        if show.status.success() || Instant::now() > deadline {
+            break show;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(stdout(&show).contains("running on a replica"), "{show:?}");
+    let purge = admin(&["--db", db.url(), "purge", &slow, "--yes"], &[]);
+    assert_eq!(purge.status.code(), Some(1), "{purge:?}");
+    let refused = String::from_utf8_lossy(&purge.stderr);
+    assert!(refused.contains("still running"), "{refused}");
+    let ran = running.await.unwrap();
+    assert_eq!(ran.status, 200, "{}", ran.describe());
+    let shown = stdout(&admin(&["--db", db.url(), "show", &slow], &[]));
+    assert!(shown.contains("live, HTTP 200"), "{shown}");
 }

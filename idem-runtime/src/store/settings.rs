@@ -31,14 +31,17 @@ pub(crate) fn stored(ttl_seconds: u64) -> i64 {
     i64::try_from(ttl_seconds).unwrap_or(i64::MAX)
 }
 
+#[cfg(feature = "postgres")]
 /// What a replica's PostgreSQL sessions are named, by its TTL: how another replica, opening
 /// the same database, sees the TTL it serves with while it lives.
 pub(crate) fn application_name(ttl_seconds: u64) -> String {
     format!("{APPLICATION_PREFIX}{ttl_seconds}")
 }
 
+#[cfg(feature = "postgres")]
 const APPLICATION_PREFIX: &str = "idem ttl=";
 
+#[cfg(feature = "postgres")]
 /// The name of a live session, other than this one, of a replica with another TTL than `$1`
 /// names ([`application_name`]), on the same database; none when all agree.
 pub(crate) const OTHER_TTL: &str = "
@@ -47,6 +50,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid()
   AND application_name LIKE 'idem ttl=%' AND application_name <> $1
 LIMIT 1";
 
+#[cfg(feature = "postgres")]
 /// The TTL that a session named by [`application_name`] serves with.
 pub(crate) fn ttl_of(application_name: &str) -> Option<u64> {
     application_name
@@ -55,6 +59,7 @@ pub(crate) fn ttl_of(application_name: &str) -> Option<u64> {
         .ok()
 }
 
+#[cfg(feature = "postgres")]
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -50,6 +50,7 @@ macro_rules! now_ms {
         "(extract(epoch from clock_timestamp()) * 1000)::bigint"
     };
 }
+pub(crate) use now_ms;
 
 /// Spec §4.4's table (BLOB is BYTEA, epoch seconds a BIGINT), the two columns SQLite has too,
 /// the claims, and the streams being recorded. Created under an advisory lock, so replicas
