@@ -17,7 +17,7 @@ use crate::support::{
 };
 use futures::FutureExt;
 use idem_conformance::postgres::{self, TestDatabase};
-use idem_conformance::server_process::ServerProcess;
+use idem_conformance::server_process::{example_binary, ServerProcess};
 use idem_conformance::side_effects::SideEffects;
 use idem_conformance::{check, Db, Outcome, Restart, Scenario, Target};
 
@@ -124,6 +124,46 @@ async fn duplicates_sent_to_two_replicas_at_once_execute_once() {
         );
     }
     assert_eq!(db.counts(), (8, 8), "one task and one event per messageId");
+}
+
+/// A replica of another TTL than a serving one's refuses to start, naming both (its sweep
+/// would delete what the other still replays), and leaves the other's entries alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_of_another_ttl_refuses_to_start_beside_a_serving_one() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let serving = replica(&db, &[]);
+    let body = send_with(1, "message/send", &new_id(), "hello", json!({}));
+    let first = post_activated(&serving.url, body.clone()).await;
+    assert_eq!(first.status, 200, "{}", first.describe());
+    let mut other = std::process::Command::new(example_binary("a2a_server"))
+        .args(["--listen", "127.0.0.1:0", "--db", db.url()])
+        .env("AIWG_IDEMPOTENCY_TTL", "3")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exited = loop {
+        match other.try_wait().unwrap() {
+            Some(status) => break status,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            None => {
+                let _ = other.kill().and_then(|()| other.wait());
+                panic!("a replica of another TTL served beside a live one");
+            }
+        }
+    };
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut other.stderr.take().unwrap(), &mut said).unwrap();
+    assert_eq!(exited.code(), Some(2), "{said}");
+    let both = "keeps entries for 86400 s, where this one is configured for 3 s";
+    assert!(said.contains(both), "{said}");
+    let replay = post_activated(&serving.url, body).await;
+    assert!(replay.replayed(), "{}", replay.describe());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(db.counts(), (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
