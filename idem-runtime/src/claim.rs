@@ -144,12 +144,7 @@ impl IdempotencyCache {
         if let Found::Entry(entry) = found {
             return Ok(Claim::Cached(entry));
         }
-        if let (None, Ok(runtime)) = (
-            self.inner.runtime.get(),
-            tokio::runtime::Handle::try_current(),
-        ) {
-            let _ = self.inner.runtime.set(runtime);
-        }
+        self.note_runtime();
         let (mut ticket, unchanged) = match self.take(key, method, hash, seen) {
             Ok(taken) => taken,
             Err(in_flight) => return Ok(Claim::InFlight(in_flight)),
@@ -202,6 +197,16 @@ impl IdempotencyCache {
     fn releases(&self, key: &MessageId) -> u64 {
         let table = self.inner.in_flight.lock().expect("in-flight lock");
         table.releases[slot(key)]
+    }
+
+    /// Records the runtime of the first claim made on one (`Inner::runtime`): a claim after
+    /// that neither looks it up nor clones its handle.
+    fn note_runtime(&self) {
+        if self.inner.runtime.get().is_none() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let _ = self.inner.runtime.set(runtime);
+            }
+        }
     }
 
     /// Takes the key in the in-flight table, or reports who holds it. Atomic under the mutex.

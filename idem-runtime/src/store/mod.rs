@@ -248,7 +248,7 @@ pub(crate) fn after(
     let wait = async move { then(settling.await) };
     match tokio::runtime::Handle::try_current()
         .ok()
-        .or(runtime.cloned())
+        .or_else(|| runtime.cloned())
     {
         Some(runtime) => drop(runtime.spawn(wait)),
         None => drop(std::thread::spawn(move || {
