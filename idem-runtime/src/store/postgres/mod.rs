@@ -17,6 +17,7 @@
 //! or sweep one at any time, and an evicted entry is a miss everywhere.
 
 mod listener;
+mod one_ttl;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -36,6 +37,7 @@ use crate::config::IdempotencyConfig;
 use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::postgres::listener::{Listener, CHANNEL};
+use crate::store::postgres::one_ttl::named;
 use crate::store::postgres::renewer::Renewer;
 use crate::store::settings;
 use crate::store::{
@@ -910,16 +912,6 @@ fn session_bounds(lease: Duration) -> (Duration, Duration) {
     (bound(lease), bound(lease.saturating_mul(2)))
 }
 
-/// The connection settings of `url`, its sessions named by the replica's TTL (unless the URL
-/// names them: then other replicas cannot see its TTL).
-fn named(url: &str, ttl_seconds: u64) -> Result<tokio_postgres::Config, StoreError> {
-    let mut config: tokio_postgres::Config = url.parse()?;
-    if config.get_application_name().is_none() {
-        config.application_name(settings::application_name(ttl_seconds));
-    }
-    Ok(config)
-}
-
 /// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
 /// replica of another TTL serves the database (the lock orders replicas that open at once).
 async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), StoreError> {
@@ -927,14 +919,7 @@ async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), StoreError> 
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .await?;
-    let ours = settings::application_name(ttl_seconds);
-    if let Some(other) = tx.query_opt(settings::OTHER_TTL, &[&ours]).await? {
-        let theirs = settings::ttl_of(other.get(0)).unwrap_or_default();
-        return Err(StoreError::TtlMismatch {
-            ours: ttl_seconds,
-            theirs,
-        });
-    }
+    one_ttl::refuse_another(&tx, ttl_seconds).await?;
     tx.batch_execute(SCHEMA).await?;
     tx.batch_execute(settings::TABLE).await?;
     let ttl = settings::stored(ttl_seconds);
