@@ -753,8 +753,8 @@ async fn a_unit_of_work_the_disk_does_not_answer_runs_its_hooks_once_it_lands() 
         let unit = crate::UnitOfWork::new(cache.store().clone());
         let (disk, held) = held_effect(n, lands);
         unit.stage(held).unwrap();
-        let (ran, hooks_ran) = (tokio::sync::Notify::new(), Arc::new(AtomicUsize::new(0)));
-        let ran = Arc::new(ran);
+        let ran = Arc::new(tokio::sync::Notify::new());
+        let hooks_ran = Arc::new(AtomicUsize::new(0));
         let (counted, woken) = (hooks_ran.clone(), ran.clone());
         unit.after_commit(move || {
             counted.fetch_add(1, Ordering::SeqCst);
