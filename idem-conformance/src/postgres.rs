@@ -82,6 +82,19 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
 /// `url`, on a connection, thread and runtime of its own: callable from synchronous code
 /// inside an async test.
 pub fn count(url: &str, sql: &str, param: Option<&str>) -> Result<i64, String> {
+    match rows(url, sql, param)?.as_slice() {
+        [row] => Ok(row.get::<_, i64>(0)),
+        rows => Err(format!("{sql}: {} rows, not one", rows.len())),
+    }
+}
+
+/// The (text, integer) rows `sql` returns, as [`count`] reads them.
+pub fn pairs(url: &str, sql: &str) -> Result<Vec<(String, i64)>, String> {
+    let rows = rows(url, sql, None)?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
+fn rows(url: &str, sql: &str, param: Option<&str>) -> Result<Vec<tokio_postgres::Row>, String> {
     let (url, sql, param) = (url.to_owned(), sql.to_owned(), param.map(str::to_owned));
     on_own_runtime(async move {
         let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -92,9 +105,8 @@ pub fn count(url: &str, sql: &str, param: Option<&str>) -> Result<i64, String> {
             Some(param) => vec![param],
             None => vec![],
         };
-        let row = client.query_one(&sql, &params).await;
-        row.map(|row| row.get::<_, i64>(0))
-            .map_err(|e| format!("reading {url}: {e}"))
+        let rows = client.query(&sql, &params).await;
+        rows.map_err(|e| format!("reading {url}: {e}"))
     })
 }
 

@@ -4,7 +4,8 @@
 //! harness is given the database (our example server): its SQLite file, read-only, or its
 //! PostgreSQL URL.
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
@@ -61,23 +62,34 @@ impl SideEffects {
         Ok(self.count(sql, Some(message_id))?.map(|n| n > 0))
     }
 
+    /// Every task's id with its number of `mission.assigned` events, or `None` without a
+    /// database: where each messageId's one task is known, this shows that no call made a
+    /// second task or event, not only that the totals agree.
+    pub fn assigned_per_task(&self) -> Result<Option<HashMap<String, i64>>, String> {
+        const SQL: &str = "SELECT t.id, COUNT(o.id) FROM tasks t
+            LEFT JOIN outbox o ON o.task_id = t.id AND o.event_type = 'mission.assigned'
+            GROUP BY t.id";
+        let pairs = match &self.db {
+            None => return Ok(None),
+            Some(Db::File(path)) => read_file(path, |conn| {
+                let mut statement = conn.prepare(SQL)?;
+                let rows = statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()
+            })?,
+            Some(Db::Postgres(url)) => crate::postgres::pairs(url, SQL)?,
+        };
+        Ok(Some(pairs.into_iter().collect()))
+    }
+
     /// The one integer `sql` (PostgreSQL's dialect, at most one text parameter `$1`) returns.
     fn count(&self, sql: &str, param: Option<&str>) -> Result<Option<i64>, String> {
         match &self.db {
             None => Ok(None),
-            Some(Db::File(path)) => {
-                let read = || {
-                    // Read-only: the harness must neither create a missing file nor write to
-                    // the server's.
-                    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-                    conn.busy_timeout(BUSY_TIMEOUT)?;
-                    let sql = sql.replace('$', "?");
-                    conn.query_row(&sql, rusqlite::params_from_iter(param), |r| r.get(0))
-                };
-                read()
-                    .map(Some)
-                    .map_err(|e| format!("reading {}: {e}", path.display()))
-            }
+            Some(Db::File(path)) => read_file(path, |conn| {
+                let sql = sql.replace('$', "?");
+                conn.query_row(&sql, rusqlite::params_from_iter(param), |r| r.get(0))
+            })
+            .map(Some),
             Some(Db::Postgres(url)) => crate::postgres::count(url, sql, param).map(Some),
         }
     }
@@ -105,4 +117,18 @@ impl SideEffects {
             now.assigned - before.assigned
         ))
     }
+}
+
+/// What `read` finds in the SQLite file at `path`, opened read-only: the harness must neither
+/// create a missing file nor write to the server's.
+fn read_file<T>(
+    path: &Path,
+    read: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> Result<T, String> {
+    let open = || {
+        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        read(&conn)
+    };
+    open().map_err(|e| format!("reading {}: {e}", path.display()))
 }

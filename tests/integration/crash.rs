@@ -1,21 +1,25 @@
-//! Exactly-once across crashes: the example server, under concurrent load, killed with SIGKILL
-//! at random instants and restarted on the same database; then every request ever sent is
-//! retried. No messageId may have two tasks or two `mission.assigned` events, and every answer
-//! a client received before a kill must replay byte-for-byte.
+//! Exactly-once across crashes: example servers under concurrent load, one of them killed
+//! with SIGKILL at random instants and restarted on the same database; then every request
+//! ever sent is retried, on any of them. No messageId may have two tasks or two
+//! `mission.assigned` events, and every answer a client received before a kill must replay
+//! byte-for-byte. Run on one server over SQLite, and on two replicas over one PostgreSQL
+//! database, where a retry may reach the other replica while the dead one's claim still holds.
 //!
 //! `IDEM_CRASH_CYCLES` sets the number of kills (default 20) for a longer soak, and
 //! `IDEM_CRASH_SEED` replays the instants of a failed run (the seed is printed).
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
+use crate::replicas::Database;
 use crate::support::{new_id, send_with, try_post, Reply, SseReply, ACTIVATED};
 use idem_conformance::server_process::ServerProcess;
+use idem_conformance::side_effects::SideEffects;
+use idem_conformance::Db;
 
 const CLIENTS: usize = 16;
 
@@ -80,20 +84,46 @@ async fn client(url: String, stop: Arc<AtomicBool>, duration_ms: u64) -> Vec<Sen
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_instants_never_creates_a_second_task() {
-    let mut server = ServerProcess::start(&[]);
+    let mut servers = [ServerProcess::start(&[])];
+    let side_effects = SideEffects {
+        db: Some(servers[0].side_effects_db()),
+    };
+    kill_and_retry_everything(&mut servers, &side_effects).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_either_replica_at_random_instants_never_creates_a_second_task() {
+    let Some(db) = Database::shared("idem_crash", "the replicas' crash test").await else {
+        return;
+    };
+    // A dead replica's claims are taken over after this; the retries wait for it.
+    let lease = [("AIWG_IDEMPOTENCY_CLAIM_LEASE_MS", "2000")];
+    let replica = || ServerProcess::start_on(Some(db.url()), &[], &lease);
+    let mut servers = [replica(), replica()];
+    let side_effects = SideEffects {
+        db: Some(Db::Postgres(db.url().to_owned())),
+    };
+    kill_and_retry_everything(&mut servers, &side_effects).await;
+}
+
+/// The soak: clients spread over `servers`, one server killed and restarted per cycle, then
+/// every call retried, spread over them again, and the answers and side effects checked.
+async fn kill_and_retry_everything(servers: &mut [ServerProcess], side_effects: &SideEffects) {
     let mut rng = Rng::from_env();
     let mut sent = Vec::new();
     for _ in 0..cycles() {
         let stop = Arc::new(AtomicBool::new(false));
         let clients: Vec<_> = (0..CLIENTS)
-            .map(|_| {
+            .map(|n| {
                 // Missions that end within the cycle complete through the writer meanwhile.
                 let duration_ms = rng.below(400);
-                tokio::spawn(client(server.url.clone(), stop.clone(), duration_ms))
+                let url = servers[n % servers.len()].url.clone();
+                tokio::spawn(client(url, stop.clone(), duration_ms))
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(50 + rng.below(250))).await;
-        server.restart(); // SIGKILL, whatever is in flight
+        let victim = rng.below(servers.len() as u64) as usize;
+        servers[victim].restart(); // SIGKILL, whatever is in flight
         stop.store(true, Ordering::Relaxed);
         for client in clients {
             sent.extend(client.await.unwrap());
@@ -102,20 +132,20 @@ async fn sigkill_at_random_instants_never_creates_a_second_task() {
     let unanswered = sent.iter().filter(|s| s.answer.is_none()).count();
     assert!(unanswered > 0, "no kill caught a call in flight");
 
-    let url = server.url.clone();
-    let retries =
-        futures::future::join_all(sent.chunks(sent.len().div_ceil(CLIENTS)).map(|chunk| {
-            let url = url.clone();
-            async move {
-                let mut replies = Vec::new();
-                for s in chunk {
-                    let reply = try_post(&url, s.body.clone(), ACTIVATED).await;
-                    replies.push(reply.expect("the last server answers every retry"));
-                }
-                replies
+    let chunks = sent.chunks(sent.len().div_ceil(CLIENTS));
+    let retries = futures::future::join_all(chunks.enumerate().map(|(n, chunk)| {
+        let url = servers[n % servers.len()].url.clone();
+        async move {
+            let mut replies = Vec::new();
+            for s in chunk {
+                let reply = try_post(&url, s.body.clone(), ACTIVATED).await;
+                replies.push(reply.expect("the last servers answer every retry"));
             }
-        }))
-        .await;
+            replies
+        }
+    }))
+    .await;
+    let mut task_of = HashMap::new();
     for (s, retry) in sent.iter().zip(retries.into_iter().flatten()) {
         assert_eq!(
             retry.status,
@@ -123,7 +153,8 @@ async fn sigkill_at_random_instants_never_creates_a_second_task() {
             "{}",
             String::from_utf8_lossy(&retry.body)
         );
-        assert!(retry.json()["result"]["id"].is_string(), "{}", retry.json());
+        let task_id = retry.json()["result"]["id"].as_str().map(str::to_owned);
+        let task_id = task_id.unwrap_or_else(|| panic!("a task: {}", retry.json()));
         if let Some(answer) = &s.answer {
             assert!(
                 retry.replayed(),
@@ -132,50 +163,23 @@ async fn sigkill_at_random_instants_never_creates_a_second_task() {
             );
             assert_eq!(retry.body, answer.body, "byte-for-byte: {}", s.message_id);
         }
+        let earlier = task_of.insert(task_id, &s.message_id);
+        assert_eq!(earlier, None, "two messageIds answered with one task");
     }
-    let (tasks, assigned) = side_effects(server.db());
-    for s in &sent {
-        assert_eq!(
-            tasks.get(&s.message_id),
-            Some(&1),
-            "tasks of {}",
-            s.message_id
-        );
-        assert_eq!(
-            assigned.get(&s.message_id),
-            Some(&1),
-            "mission.assigned of {}",
-            s.message_id
-        );
+    // Every task in the database is the one a messageId's retry named, with one event.
+    let assigned = side_effects.assigned_per_task().unwrap().unwrap();
+    for (task_id, events) in &assigned {
+        let message_id = task_of.get(task_id);
+        assert!(message_id.is_some(), "task {task_id} is no call's answer");
+        assert_eq!(*events, 1, "mission.assigned of {}", message_id.unwrap());
     }
+    assert_eq!(assigned.len(), sent.len(), "one task per messageId");
     eprintln!(
-        "{} calls over {} kills, {unanswered} cut off by a kill",
+        "{} calls over {} kills of {} server(s), {unanswered} cut off by a kill",
         sent.len(),
-        cycles()
+        cycles(),
+        servers.len()
     );
-}
-
-/// Per messageId: how many tasks hold it as their first message, and how many
-/// `mission.assigned` events those tasks have.
-fn side_effects(db: &Path) -> (HashMap<String, i64>, HashMap<String, i64>) {
-    let conn = rusqlite::Connection::open(db).unwrap();
-    let per_message = |sql: &str| {
-        let mut statement = conn.prepare(sql).unwrap();
-        let rows = statement
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .unwrap();
-        rows.collect::<Result<HashMap<String, i64>, _>>().unwrap()
-    };
-    let tasks = per_message(
-        "SELECT json_extract(task_json, '$.history[0].message_id') AS m, COUNT(*)
-         FROM tasks GROUP BY m",
-    );
-    let assigned = per_message(
-        "SELECT json_extract(t.task_json, '$.history[0].message_id') AS m, COUNT(*)
-         FROM outbox o JOIN tasks t ON t.id = o.task_id
-         WHERE o.event_type = 'mission.assigned' GROUP BY m",
-    );
-    (tasks, assigned)
 }
 
 #[tokio::test]
@@ -215,8 +219,15 @@ async fn a_stream_killed_after_its_first_event_is_never_executed_again() {
         "the interrupted outcome is what is cached"
     );
 
-    let (tasks, assigned) = side_effects(server.db());
-    assert_eq!((tasks.get(&mid), assigned.get(&mid)), (Some(&1), Some(&1)));
+    let side_effects = SideEffects {
+        db: Some(server.side_effects_db()),
+    };
+    let assigned = side_effects.assigned_per_task().unwrap().unwrap();
+    assert_eq!(
+        assigned,
+        HashMap::from([(task_id.clone(), 1)]),
+        "one task, one event"
+    );
     // The mission itself was resumed by the restart and still completes.
     let get = json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task_id}});
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
