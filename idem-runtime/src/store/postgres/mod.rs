@@ -26,23 +26,25 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use deadpool_postgres::{
-    GenericClient, Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod,
-};
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use deadpool_postgres::{GenericClient, Pool};
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::hash::RequestHash;
 use crate::message_id::MessageId;
+use crate::store::postgres::claims::{end_claim, fenced, held};
 use crate::store::postgres::listener::{Listener, CHANNEL};
 use crate::store::postgres::one_ttl::named;
+use crate::store::postgres::pool::{pool_of, session_bounds};
 use crate::store::postgres::renewer::Renewer;
-use crate::store::settings;
+use crate::store::postgres::rows::{
+    delete_events, execute, query_one, query_opt, select_after_claim, select_entry,
+    select_open_stream,
+};
+use crate::store::postgres::schema::create_schema;
 use crate::store::{
-    at_most, is_expired, stored_hash, Acquired, Elsewhere, Entry, EntryRow, Found, Lease,
-    OpenStream, OpenStreamRow, ReadJob, Store, StoreError, StoreStats,
+    at_most, is_expired, Acquired, Elsewhere, Entry, Found, Lease, OpenStream, ReadJob, Store,
+    StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -54,59 +56,8 @@ macro_rules! now_ms {
 }
 pub(crate) use now_ms;
 
-/// Spec §4.4's table (BLOB is BYTEA, epoch seconds a BIGINT), the two columns SQLite has too,
-/// the claims, and the streams being recorded. Created under an advisory lock, so replicas
-/// that start together do not race on it.
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS idempotency_cache (
-    message_id       TEXT NOT NULL PRIMARY KEY,
-    request_hash     TEXT NOT NULL,
-    response_status  INTEGER NOT NULL,
-    response_headers BYTEA NOT NULL,
-    response_body    BYTEA NOT NULL,
-    inserted_at      BIGINT NOT NULL,
-    method           TEXT NOT NULL DEFAULT '',
-    last_used_at     BIGINT NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inserted_at);
-CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at ON idempotency_cache(last_used_at);
-CREATE SEQUENCE IF NOT EXISTS idempotency_fence;
--- Executions in flight: one row per key, a lease (database clock, epoch ms) and its fence.
-CREATE TABLE IF NOT EXISTS idempotency_claims (
-    message_id   TEXT NOT NULL PRIMARY KEY,
-    method       TEXT NOT NULL,
-    request_hash TEXT NOT NULL,
-    owner        TEXT NOT NULL,
-    fence        BIGINT NOT NULL,
-    lease_until  BIGINT NOT NULL,
-    -- The owner's count of its claims when it sent this one (see `acquire`).
-    attempt      BIGINT NOT NULL DEFAULT 0
-);
--- A claims table of an earlier version gets the column. Looked up first: ALTER TABLE would
--- lock the table, claims and renewals of every replica with it, on each start.
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'idempotency_claims'::regclass
-                   AND attname = 'attempt' AND NOT attisdropped) THEN
-        ALTER TABLE idempotency_claims ADD COLUMN attempt BIGINT NOT NULL DEFAULT 0;
-    END IF;
-END $$;
-CREATE TABLE IF NOT EXISTS idempotency_open_streams (
-    message_id   TEXT NOT NULL PRIMARY KEY,
-    method       TEXT NOT NULL,
-    request_hash TEXT NOT NULL,
-    jsonrpc_id   TEXT NOT NULL,
-    started_at   BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS idempotency_stream_events (
-    message_id TEXT NOT NULL,
-    seq        INTEGER NOT NULL,
-    event      BYTEA NOT NULL,
-    PRIMARY KEY (message_id, seq)
-);
-";
-
-/// The advisory lock keys: creating the schema, and enforcing the LRU bound.
-const SCHEMA_LOCK: i64 = 0x1de3_0001;
+/// The advisory lock key under which one replica at a time enforces the LRU bound (the
+/// schema's is in `schema.rs`).
 const BOUND_LOCK: i64 = 0x1de3_0002;
 
 /// Most expired rows one sweep statement deletes: short transactions, no long-held locks.
@@ -119,41 +70,14 @@ const EVICTION_CHUNK: i64 = 5_000;
 /// How long a lease may have been expired before the sweep deletes its row.
 const STALE_CLAIM_MS: i64 = 60_000;
 
-/// Where and how the PostgreSQL store connects.
-///
-/// ```
-/// use idem_runtime::store::PostgresOptions;
-/// let options = PostgresOptions::new("postgres://app@127.0.0.1:5432/a2a");
-/// assert_eq!(options.pool_size, 16);
-/// assert!(options.listen_url.is_none());
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct PostgresOptions {
-    /// The database the pool connects to, as a URL (`postgres://user@host:port/db`) or a
-    /// libpq key-value string. TLS is not built in: use a loopback or Unix-socket address, or
-    /// a TLS-terminating proxy.
-    pub url: String,
-    /// A direct connection for `LISTEN`, when `url` goes through a pooler in transaction mode
-    /// (which does not carry it); `None` listens on `url`.
-    pub listen_url: Option<String>,
-    /// Most pooled connections.
-    pub pool_size: usize,
-}
-
-impl PostgresOptions {
-    /// Options for the database at `url`, listening on the same address.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self {
-            url: url.into(),
-            listen_url: None,
-            pool_size: 16,
-        }
-    }
-}
-
-// After `now_ms!`, which it uses.
+// After `now_ms!`, which they use.
+mod claims;
+mod pool;
 mod renewer;
+mod rows;
+mod schema;
+
+pub use pool::PostgresOptions;
 
 /// The PostgreSQL store: several processes may serve one database.
 ///
@@ -844,90 +768,6 @@ impl Store for PostgresStore {
     }
 }
 
-/// A pool of `size` connections to the database `options` names, whose sessions the server
-/// ends when one of their transactions has been idle for `lease` (at least a second), and
-/// whose statements it cancels past two leases.
-///
-/// A replica frozen mid-commit (SIGSTOP, a VM paused, a partition with the socket still up)
-/// holds the row lock of its claim; the replica taking the claim over waits on that lock, so
-/// without this bound a retry would hang until the frozen one came back. Once its lease has
-/// run out, a frozen holder's claim is another's to take anyway, and fencing keeps whatever
-/// it sends after waking from committing.
-///
-/// A statement that waits longer (a table another session holds locked) fails its call with
-/// `IDEMPOTENCY_STORE_UNAVAILABLE` instead of holding it for as long as the lock is held: by
-/// then the call's own lease has run out twice. A database host that stops answering (a
-/// partition) is given up by TCP after two leases too.
-fn pool_of(
-    options: &PostgresOptions,
-    size: usize,
-    lease: Duration,
-    ttl_seconds: u64,
-) -> Result<Pool, StoreError> {
-    let mut config = named(&options.url, ttl_seconds)?;
-    let (idle, statement) = session_bounds(lease);
-    if config.get_tcp_user_timeout().is_none() {
-        config.tcp_user_timeout(statement);
-    }
-    // `SET`s once connected, not startup options: poolers refuse startup options they do
-    // not know.
-    let set: Arc<str> = format!(
-        "SET idle_in_transaction_session_timeout = {}; SET statement_timeout = {}",
-        idle.as_millis(),
-        statement.as_millis()
-    )
-    .into();
-    let set_idle_bound = Hook::async_fn(move |client, _| {
-        let set = set.clone();
-        Box::pin(async move { client.batch_execute(&set).await.map_err(HookError::Backend) })
-    });
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    // Bounded waits: with the database down, a call fails in seconds instead of hanging.
-    let bound = Some(Duration::from_secs(5));
-    Pool::builder(manager)
-        .max_size(size)
-        .runtime(deadpool_postgres::Runtime::Tokio1)
-        .wait_timeout(bound)
-        .create_timeout(bound)
-        .recycle_timeout(bound)
-        .post_create(set_idle_bound)
-        .build()
-        .map_err(|error| StoreError::Backend {
-            backend: "postgres",
-            cause: Box::new(error),
-        })
-}
-
-/// The server's bounds on a session's idle transaction (the lease) and on its statements (two
-/// leases), each from a second to PostgreSQL's largest timeout.
-fn session_bounds(lease: Duration) -> (Duration, Duration) {
-    let largest = Duration::from_millis(crate::config::MAX_POSTGRES_TIMEOUT_MS);
-    let bound = |d: Duration| d.clamp(Duration::from_secs(1), largest);
-    (bound(lease), bound(lease.saturating_mul(2)))
-}
-
-/// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
-/// replica of another TTL serves the database (the lock orders replicas that open at once).
-async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), StoreError> {
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
-        .await?;
-    one_ttl::refuse_another(&tx, ttl_seconds).await?;
-    tx.batch_execute(SCHEMA).await?;
-    tx.batch_execute(settings::TABLE).await?;
-    let ttl = settings::stored(ttl_seconds);
-    tx.execute(settings::RECORD_TTL, &[&ttl]).await?;
-    tx.commit().await?;
-    Ok(())
-}
-
 /// This process, as its claims name it.
 fn owner() -> String {
     use std::hash::{BuildHasher, Hasher};
@@ -935,90 +775,6 @@ fn owner() -> String {
         .build_hasher()
         .finish();
     format!("pid {} ({nonce:016x})", std::process::id())
-}
-
-async fn query_opt(
-    client: &impl GenericClient,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Option<Row>, StoreError> {
-    let statement = client.prepare_cached(sql).await?;
-    Ok(client.query_opt(&statement, params).await?)
-}
-
-async fn query_one(
-    client: &impl GenericClient,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Row, StoreError> {
-    let statement = client.prepare_cached(sql).await?;
-    Ok(client.query_one(&statement, params).await?)
-}
-
-async fn execute(
-    client: &impl GenericClient,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<u64, StoreError> {
-    let statement = client.prepare_cached(sql).await?;
-    Ok(client.execute(&statement, params).await?)
-}
-
-/// Locks the claim row of `key` for the transaction, if it still carries `lease`'s fence:
-/// else nothing of the transaction may commit. The lock holds off a takeover until commit.
-async fn fenced(
-    tx: &deadpool_postgres::Transaction<'_>,
-    key: &MessageId,
-    lease: &Lease,
-    owner: &str,
-) -> Result<(), StoreError> {
-    let row = query_opt(
-        tx,
-        "SELECT 1 FROM idempotency_claims
-         WHERE message_id = $1 AND fence = $2 AND owner = $3 FOR UPDATE",
-        &[&key.as_str(), &lease.fence(), &owner],
-    )
-    .await?;
-    row.map(|_| ())
-        .ok_or_else(|| StoreError::ClaimLost(key.to_string()))
-}
-
-/// Deletes the claim of `fence`, if it is still there, and announces its end.
-async fn end_claim(
-    client: &impl GenericClient,
-    key: &str,
-    fence: i64,
-    owner: &str,
-) -> Result<(), StoreError> {
-    execute(
-        client,
-        "DELETE FROM idempotency_claims WHERE message_id = $1 AND fence = $2 AND owner = $3",
-        &[&key, &fence, &owner],
-    )
-    .await?;
-    // Delivered when the transaction commits, and only then.
-    query_one(client, "SELECT pg_notify($1, $2)", &[&CHANNEL, &key]).await?;
-    Ok(())
-}
-
-/// The method, request hash and milliseconds left (negative: expired) of `key`'s claim.
-async fn held(
-    client: &impl GenericClient,
-    key: &MessageId,
-) -> Result<Option<(String, RequestHash, i64)>, StoreError> {
-    let row = query_opt(
-        client,
-        concat!(
-            "SELECT method, request_hash, lease_until - ",
-            now_ms!(),
-            " FROM idempotency_claims WHERE message_id = $1"
-        ),
-        &[&key.as_str()],
-    )
-    .await?;
-    let Some(row) = row else { return Ok(None) };
-    let hash = stored_hash(key, "idempotency_claims.request_hash", row.get(1))?;
-    Ok(Some((row.get(0), hash, row.get(2))))
 }
 
 /// Whether `error` is a connection that closed, or a session the server ended, under a
@@ -1047,104 +803,4 @@ async fn apply_writes(
         write.run_postgres(tx).await.map_err(StoreError::Write)?;
     }
     Ok(())
-}
-
-/// The columns of an entry, as `select_entry` and `select_after_claim` read them.
-const ENTRY_COLUMNS: &str =
-    "e.request_hash, e.response_status, e.response_headers, e.response_body, e.inserted_at, e.method";
-
-async fn select_entry(
-    client: &impl GenericClient,
-    id: &MessageId,
-) -> Result<Option<Entry>, StoreError> {
-    let sql = format!("SELECT {ENTRY_COLUMNS} FROM idempotency_cache e WHERE message_id = $1");
-    let row = query_opt(client, &sql, &[&id.as_str()]).await?;
-    row.map(|row| entry_of(&row, id))
-        .transpose()
-        .map(Option::flatten)
-}
-
-/// What a claim just won finds, in one round trip: the entry, if any, and whether a stream
-/// of the key is open.
-async fn select_after_claim(
-    client: &impl GenericClient,
-    id: &MessageId,
-) -> Result<(Option<Entry>, bool), StoreError> {
-    let sql = format!(
-        "SELECT {ENTRY_COLUMNS},
-           EXISTS (SELECT 1 FROM idempotency_open_streams WHERE message_id = $1)
-         FROM (SELECT 1) AS one LEFT JOIN idempotency_cache e ON e.message_id = $1"
-    );
-    let row = query_one(client, &sql, &[&id.as_str()]).await?;
-    Ok((entry_of(&row, id)?, row.get(6)))
-}
-
-/// The entry in the first six columns of `row` (all null: none).
-fn entry_of(row: &Row, id: &MessageId) -> Result<Option<Entry>, StoreError> {
-    let Some(request_hash) = row.get::<_, Option<String>>(0) else {
-        return Ok(None);
-    };
-    let status: i32 = row.get(1);
-    let row = EntryRow {
-        request_hash,
-        status: u16::try_from(status).map_err(|_| StoreError::Corrupt {
-            message_id: id.to_string(),
-            detail: "response_status".into(),
-        })?,
-        headers: row.get(2),
-        body: row.get(3),
-        inserted_at: row.get(4),
-        method: row.get(5),
-    };
-    row.decode(id).map(Some)
-}
-
-async fn delete_events(client: &impl GenericClient, key: &str) -> Result<(), StoreError> {
-    execute(
-        client,
-        "DELETE FROM idempotency_stream_events WHERE message_id = $1",
-        &[&key],
-    )
-    .await?;
-    Ok(())
-}
-
-/// An open stream and its recorded events, in order; none for a record past its TTL, whose
-/// events are not read (see [`OpenStream::expired`]).
-async fn select_open_stream(
-    client: &impl GenericClient,
-    id: &MessageId,
-    ttl: u64,
-    now: u64,
-) -> Result<Option<(OpenStream, Vec<Bytes>)>, StoreError> {
-    let row = query_opt(
-        client,
-        "SELECT method, request_hash, jsonrpc_id, started_at
-         FROM idempotency_open_streams WHERE message_id = $1",
-        &[&id.as_str()],
-    )
-    .await?;
-    let Some(row) = row else { return Ok(None) };
-    let stream = OpenStreamRow {
-        method: row.get(0),
-        request_hash: row.get(1),
-        jsonrpc_id: row.get(2),
-        started_at: row.get(3),
-    }
-    .decode(id)?;
-    if stream.expired(ttl, now) {
-        return Ok(None);
-    }
-    let statement = client
-        .prepare_cached(
-            "SELECT event FROM idempotency_stream_events WHERE message_id = $1 ORDER BY seq",
-        )
-        .await?;
-    let events = client
-        .query(&statement, &[&id.as_str()])
-        .await?
-        .into_iter()
-        .map(|row| Bytes::from(row.get::<_, Vec<u8>>(0)))
-        .collect();
-    Ok(Some((stream, events)))
 }

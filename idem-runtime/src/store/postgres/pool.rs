@@ -1,0 +1,111 @@
+//! The connections: where the store connects, and the pool whose sessions the server bounds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+use crate::store::postgres::one_ttl::named;
+use crate::store::StoreError;
+
+/// Where and how the PostgreSQL store connects.
+///
+/// ```
+/// use idem_runtime::store::PostgresOptions;
+/// let options = PostgresOptions::new("postgres://app@127.0.0.1:5432/a2a");
+/// assert_eq!(options.pool_size, 16);
+/// assert!(options.listen_url.is_none());
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PostgresOptions {
+    /// The database the pool connects to, as a URL (`postgres://user@host:port/db`) or a
+    /// libpq key-value string. TLS is not built in: use a loopback or Unix-socket address, or
+    /// a TLS-terminating proxy.
+    pub url: String,
+    /// A direct connection for `LISTEN`, when `url` goes through a pooler in transaction mode
+    /// (which does not carry it); `None` listens on `url`.
+    pub listen_url: Option<String>,
+    /// Most pooled connections.
+    pub pool_size: usize,
+}
+
+impl PostgresOptions {
+    /// Options for the database at `url`, listening on the same address.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            listen_url: None,
+            pool_size: 16,
+        }
+    }
+}
+
+/// A pool of `size` connections to the database `options` names, whose sessions the server
+/// ends when one of their transactions has been idle for `lease` (at least a second), and
+/// whose statements it cancels past two leases.
+///
+/// A replica frozen mid-commit (SIGSTOP, a VM paused, a partition with the socket still up)
+/// holds the row lock of its claim; the replica taking the claim over waits on that lock, so
+/// without this bound a retry would hang until the frozen one came back. Once its lease has
+/// run out, a frozen holder's claim is another's to take anyway, and fencing keeps whatever
+/// it sends after waking from committing.
+///
+/// A statement that waits longer (a table another session holds locked) fails its call with
+/// `IDEMPOTENCY_STORE_UNAVAILABLE` instead of holding it for as long as the lock is held: by
+/// then the call's own lease has run out twice. A database host that stops answering (a
+/// partition) is given up by TCP after two leases too.
+pub(super) fn pool_of(
+    options: &PostgresOptions,
+    size: usize,
+    lease: Duration,
+    ttl_seconds: u64,
+) -> Result<Pool, StoreError> {
+    let mut config = named(&options.url, ttl_seconds)?;
+    let (idle, statement) = session_bounds(lease);
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(statement);
+    }
+    // `SET`s once connected, not startup options: poolers refuse startup options they do
+    // not know.
+    let set: Arc<str> = format!(
+        "SET idle_in_transaction_session_timeout = {}; SET statement_timeout = {}",
+        idle.as_millis(),
+        statement.as_millis()
+    )
+    .into();
+    let set_idle_bound = Hook::async_fn(move |client, _| {
+        let set = set.clone();
+        Box::pin(async move { client.batch_execute(&set).await.map_err(HookError::Backend) })
+    });
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    // Bounded waits: with the database down, a call fails in seconds instead of hanging.
+    let bound = Some(Duration::from_secs(5));
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(bound)
+        .create_timeout(bound)
+        .recycle_timeout(bound)
+        .post_create(set_idle_bound)
+        .build()
+        .map_err(|error| StoreError::Backend {
+            backend: "postgres",
+            cause: Box::new(error),
+        })
+}
+
+/// The server's bounds on a session's idle transaction (the lease) and on its statements (two
+/// leases), each from a second to PostgreSQL's largest timeout.
+pub(super) fn session_bounds(lease: Duration) -> (Duration, Duration) {
+    let largest = Duration::from_millis(crate::config::MAX_POSTGRES_TIMEOUT_MS);
+    let bound = |d: Duration| d.clamp(Duration::from_secs(1), largest);
+    (bound(lease), bound(lease.saturating_mul(2)))
+}

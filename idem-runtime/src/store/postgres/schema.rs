@@ -1,0 +1,76 @@
+//! The store's tables on PostgreSQL, created by the first replica to open the database.
+
+use deadpool_postgres::Pool;
+
+use crate::store::postgres::one_ttl;
+use crate::store::{settings, StoreError};
+
+/// The advisory lock key under which replicas that open at once create the schema in turn.
+const SCHEMA_LOCK: i64 = 0x1de3_0001;
+
+/// Spec §4.4's table (BLOB is BYTEA, epoch seconds a BIGINT), the two columns SQLite has too,
+/// the claims, and the streams being recorded. Created under an advisory lock, so replicas
+/// that start together do not race on it.
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS idempotency_cache (
+    message_id       TEXT NOT NULL PRIMARY KEY,
+    request_hash     TEXT NOT NULL,
+    response_status  INTEGER NOT NULL,
+    response_headers BYTEA NOT NULL,
+    response_body    BYTEA NOT NULL,
+    inserted_at      BIGINT NOT NULL,
+    method           TEXT NOT NULL DEFAULT '',
+    last_used_at     BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inserted_at);
+CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at ON idempotency_cache(last_used_at);
+CREATE SEQUENCE IF NOT EXISTS idempotency_fence;
+-- Executions in flight: one row per key, a lease (database clock, epoch ms) and its fence.
+CREATE TABLE IF NOT EXISTS idempotency_claims (
+    message_id   TEXT NOT NULL PRIMARY KEY,
+    method       TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    owner        TEXT NOT NULL,
+    fence        BIGINT NOT NULL,
+    lease_until  BIGINT NOT NULL,
+    -- The owner's count of its claims when it sent this one (see `acquire`).
+    attempt      BIGINT NOT NULL DEFAULT 0
+);
+-- A claims table of an earlier version gets the column. Looked up first: ALTER TABLE would
+-- lock the table, claims and renewals of every replica with it, on each start.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'idempotency_claims'::regclass
+                   AND attname = 'attempt' AND NOT attisdropped) THEN
+        ALTER TABLE idempotency_claims ADD COLUMN attempt BIGINT NOT NULL DEFAULT 0;
+    END IF;
+END $$;
+CREATE TABLE IF NOT EXISTS idempotency_open_streams (
+    message_id   TEXT NOT NULL PRIMARY KEY,
+    method       TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    jsonrpc_id   TEXT NOT NULL,
+    started_at   BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency_stream_events (
+    message_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    event      BYTEA NOT NULL,
+    PRIMARY KEY (message_id, seq)
+);
+";
+
+/// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
+/// replica of another TTL serves the database (the lock orders replicas that open at once).
+pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), StoreError> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+        .await?;
+    one_ttl::refuse_another(&tx, ttl_seconds).await?;
+    tx.batch_execute(SCHEMA).await?;
+    tx.batch_execute(settings::TABLE).await?;
+    let ttl = settings::stored(ttl_seconds);
+    tx.execute(settings::RECORD_TTL, &[&ttl]).await?;
+    tx.commit().await?;
+    Ok(())
+}
