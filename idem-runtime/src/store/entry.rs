@@ -1,0 +1,158 @@
+//! What the store keeps of an answered call (spec §4.4's row) and of a stream still being
+//! recorded, and the columns both backends read them from.
+
+use crate::hash::RequestHash;
+use crate::message_id::MessageId;
+use crate::store::StoreError;
+
+/// A cached outcome (spec §4.4), bound to the method and the request hash it answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The idempotency key.
+    pub message_id: MessageId,
+    /// The JSON-RPC method the key is bound to: reuse under another method is a collision.
+    pub method: String,
+    /// SHA-256 of the canonical params.
+    pub request_hash: RequestHash,
+    /// What was answered.
+    pub response: StoredResponse,
+    /// Unix epoch seconds.
+    pub inserted_at: u64,
+}
+
+/// The response as it was sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// Response headers that belong to the outcome (e.g. `content-type`).
+    pub headers: Vec<(String, String)>,
+    /// Raw response bytes.
+    pub body: Vec<u8>,
+}
+
+impl Entry {
+    /// Whether this entry answers a call of `method` whose params hash to `hash`.
+    pub fn matches(&self, method: &str, hash: &RequestHash) -> bool {
+        self.method == method && &self.request_hash == hash
+    }
+}
+
+/// An entry's columns as both backends store them (spec §4.4: headers as a JSON object).
+pub(crate) struct EntryRow {
+    pub(crate) request_hash: String,
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<u8>,
+    pub(crate) body: Vec<u8>,
+    pub(crate) inserted_at: i64,
+    pub(crate) method: String,
+}
+
+/// An open stream's columns as both backends store them.
+pub(crate) struct OpenStreamRow {
+    pub(crate) method: String,
+    pub(crate) request_hash: String,
+    pub(crate) jsonrpc_id: String,
+    pub(crate) started_at: i64,
+}
+
+impl OpenStreamRow {
+    /// The open stream of key `id` this row holds, or which column is wrong.
+    pub(crate) fn decode(self, id: &MessageId) -> Result<OpenStream, StoreError> {
+        let column = "idempotency_open_streams.request_hash";
+        Ok(OpenStream {
+            message_id: id.clone(),
+            request_hash: stored_hash(id, column, &self.request_hash)?,
+            method: self.method,
+            jsonrpc_id: self.jsonrpc_id,
+            started_at: self.started_at.max(0) as u64,
+        })
+    }
+}
+
+/// The request hash a row of key `id` holds in `column`, or the corruption that names it.
+pub(crate) fn stored_hash(
+    id: &MessageId,
+    column: &str,
+    hex: &str,
+) -> Result<RequestHash, StoreError> {
+    RequestHash::from_hex(hex).ok_or_else(|| StoreError::Corrupt {
+        message_id: id.to_string(),
+        detail: column.to_owned(),
+    })
+}
+
+impl EntryRow {
+    /// The entry of key `id` this row holds, or which column is wrong.
+    pub(crate) fn decode(self, id: &MessageId) -> Result<Entry, StoreError> {
+        let corrupt = |detail: &str| StoreError::Corrupt {
+            message_id: id.to_string(),
+            detail: detail.to_owned(),
+        };
+        let request_hash = stored_hash(id, "request_hash", &self.request_hash)?;
+        let headers: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&self.headers).map_err(|_| corrupt("response_headers"))?;
+        let headers = headers
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(v) => Ok((k, v)),
+                _ => Err(corrupt("response_headers")),
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Entry {
+            message_id: id.clone(),
+            method: self.method,
+            request_hash,
+            response: StoredResponse {
+                status: self.status,
+                headers,
+                body: self.body,
+            },
+            inserted_at: self.inserted_at.max(0) as u64,
+        })
+    }
+}
+
+impl StoredResponse {
+    /// The `response_headers` column: the headers as one JSON object.
+    pub(crate) fn headers_json(&self) -> Vec<u8> {
+        let object: serde_json::Map<String, serde_json::Value> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone().into()))
+            .collect();
+        serde_json::to_vec(&object).expect("a map of strings serializes")
+    }
+}
+
+/// Spec §4.4: expired when `inserted_at + ttl_seconds < now`.
+pub(crate) fn is_expired(inserted_at: u64, ttl_seconds: u64, now_seconds: u64) -> bool {
+    inserted_at.saturating_add(ttl_seconds) < now_seconds
+}
+
+/// A stream being recorded: the durable record of a call whose side effects are committed and
+/// whose response is still being produced (kept apart from the §4.4 table of completed entries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenStream {
+    /// The idempotency key.
+    pub message_id: MessageId,
+    /// The JSON-RPC method of the call.
+    pub method: String,
+    /// SHA-256 of the canonical params.
+    pub request_hash: RequestHash,
+    /// The call's JSON-RPC `id`, as JSON text: the terminal event of an interrupted stream
+    /// carries it, as every recorded event does.
+    pub jsonrpc_id: String,
+    /// Unix epoch seconds: when it started (the sweep takes a record left open a TTL after
+    /// it; the entry it becomes is inserted when it ends).
+    pub started_at: u64,
+}
+
+impl OpenStream {
+    /// Whether the record was left open a TTL after it started: the sweep takes it, and a
+    /// claim that reaches it first takes it for gone too, so that its key runs again as any
+    /// expired key does (a stream this process still records is in flight, never claimed).
+    pub(crate) fn expired(&self, ttl_seconds: u64, now_seconds: u64) -> bool {
+        is_expired(self.started_at, ttl_seconds, now_seconds)
+    }
+}

@@ -1,0 +1,191 @@
+//! How a store fails: the cause the guard answers -32603 with, and the metric's `kind`.
+
+use std::path::PathBuf;
+
+use crate::store::WriteError;
+
+/// The store failed; the guard answers -32603 rather than pretend an outcome is cached.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("{backend}: {}", causes(cause.as_ref()))]
+    /// The database refused an operation, or could not be reached.
+    ///
+    /// Its message carries the whole chain of what the database said (tokio-postgres says
+    /// `db error` and leaves the reason to its source), so it names no `source()`: a report
+    /// that walks the chain, as anyhow's `{:#}` does, would print each cause twice.
+    Backend {
+        /// Which database: `sqlite` or `postgres`.
+        backend: &'static str,
+        /// What it said: downcast it to the driver's error for its details.
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(
+        "the claim of {0} expired and another process took it over; nothing of this call was stored"
+    )]
+    /// The call's lease was taken over (it ran past it): nothing of it was committed.
+    ClaimLost(String),
+    #[error("io: {0}")]
+    /// The database file could not be created or opened.
+    Io(#[from] std::io::Error),
+    #[error("the store is closed")]
+    /// The store was closed; nothing more is written.
+    Closed,
+    #[error("commit failed: {0}")]
+    /// A write transaction failed; nothing in it was stored.
+    Commit(String),
+    #[error("a staged write failed: {}", causes(.0.as_ref()))]
+    /// A write the call staged refused; nothing of the call was stored.
+    Write(WriteError),
+    #[error(
+        "another replica serves this database and keeps entries for {theirs} s, where this \
+         one is configured for {ours} s: replicas that share a database must keep entries for \
+         the same time (AIWG_IDEMPOTENCY_TTL), or the shorter TTL's sweep deletes entries the \
+         others still replay; to change it, stop them all first"
+    )]
+    /// A live replica on the same PostgreSQL database keeps entries for another TTL.
+    TtlMismatch {
+        /// This store's TTL, in seconds.
+        ours: u64,
+        /// The other replica's, as its sessions name it.
+        theirs: u64,
+    },
+    #[error(
+        "database {} is already served by process {pid} (it holds the lock on {}); \
+         one process serves a database file at a time",
+        path.display(),
+        lock.display()
+    )]
+    /// Another live process serves the database file (it holds its lock).
+    InUse {
+        /// The database file.
+        path: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+        /// The process that holds the lock, as it wrote it in the lock file.
+        pid: String,
+    },
+    #[error(
+        "database file {} is served by another process under another name (it was renamed or \
+         moved while served, and SQLite names the file's log after the name it was opened \
+         by); stop that process before serving the file again",
+        path.display()
+    )]
+    /// Another live process serves the database file under the name it had (it holds the
+    /// file's own lock).
+    ServedElsewhere {
+        /// The database file.
+        path: PathBuf,
+    },
+    #[error(
+        "database file {} has {links} names (hard links): SQLite names the file's log after \
+         the name it is opened by, so each name would get a log of its own over one file, and \
+         a process of its own; give the database one name",
+        path.display()
+    )]
+    /// The database file has more than one name; one process per file cannot be enforced.
+    HardLinked {
+        /// The database file.
+        path: PathBuf,
+        /// How many names it has.
+        links: u64,
+    },
+    #[error(
+        "database file {} was deleted or replaced while this process served it; nothing more \
+         is stored until the server restarts",
+        .0.display()
+    )]
+    /// The database file is no longer at its path: what would be committed to it is lost
+    /// once the process ends, so nothing is.
+    Vanished(PathBuf),
+    #[error(
+        "the key's entry was deleted from {}, but process {pid}, which serves it, did not \
+         confirm within {} s that it forgot the entries it holds in memory: until it does, it \
+         may still answer the key from memory (restart it to be sure)",
+        path.display(),
+        waited.as_secs()
+    )]
+    /// An operator's purge committed, but the process serving the SQLite file did not say in
+    /// time that it emptied its memory tier.
+    PurgeUnconfirmed {
+        /// The database file.
+        path: PathBuf,
+        /// The serving process, as it wrote itself in the lock file.
+        pid: String,
+        /// How long the purge waited.
+        waited: std::time::Duration,
+    },
+    #[error("corrupt row for {message_id}: {detail}")]
+    /// A row that cannot be read back as an entry.
+    Corrupt {
+        /// The row's key.
+        message_id: String,
+        /// Which column is wrong.
+        detail: String,
+    },
+}
+
+impl StoreError {
+    /// The `kind` label of the store-error metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Backend { .. } => "backend",
+            Self::ClaimLost(_) => "claim_lost",
+            Self::Io(_) => "io",
+            Self::Closed => "closed",
+            Self::Commit(_) => "commit",
+            Self::Write(_) => "write",
+            Self::TtlMismatch { .. } => "ttl_mismatch",
+            Self::InUse { .. } => "in_use",
+            Self::ServedElsewhere { .. } => "served_elsewhere",
+            Self::HardLinked { .. } => "hard_linked",
+            Self::Vanished(_) => "vanished",
+            Self::PurgeUnconfirmed { .. } => "purge_unconfirmed",
+            Self::Corrupt { .. } => "corrupt",
+        }
+    }
+}
+
+/// An error and the errors under it, as one line: PostgreSQL's own words ("database \"a2a\"
+/// does not exist") are a source or two below the "db error" its client says at the top.
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(error: rusqlite::Error) -> Self {
+        Self::Backend {
+            backend: "sqlite",
+            cause: Box::new(error),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        Self::Backend {
+            backend: "postgres",
+            cause: Box::new(error),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(error: deadpool_postgres::PoolError) -> Self {
+        Self::Backend {
+            backend: "postgres",
+            cause: Box::new(error),
+        }
+    }
+}
