@@ -10,11 +10,13 @@
 //! (`memory_tier.rs`: a replay reads nothing).
 
 mod checkpointer;
+mod connection;
 mod entries;
 mod file_identity;
 pub(crate) mod file_lock;
 pub(crate) mod key_index;
 pub(crate) mod memory_tier;
+mod open_streams;
 pub(crate) mod purge_watch;
 mod readers;
 pub(crate) mod writer;
@@ -27,7 +29,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 use tokio::sync::oneshot;
 
 use crate::clock::{Clock, SystemClock};
@@ -36,59 +38,23 @@ use crate::hash::Spelling;
 use crate::message_id::MessageId;
 use crate::store::settings;
 use crate::store::sqlite::checkpointer::{Checkpointer, Restart};
+pub(crate) use crate::store::sqlite::connection::connect;
+use crate::store::sqlite::connection::{create_private_file, SCHEMA};
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::file_lock::ServingLock;
 use crate::store::sqlite::key_index::KeyIndex;
 use crate::store::sqlite::memory_tier::MemoryTier;
+use crate::store::sqlite::open_streams::{
+    delete_open_stream, insert_event, insert_open_stream, select_open_stream, LiveStreams,
+};
 use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::readers::Readers;
 use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{
-    after, at_most, is_expired, Entry, Found, IfLate, Lease, OpenStream, OpenStreamRow, ReadJob,
-    Settling, Store, StoreError, StoreStats,
+    after, at_most, is_expired, Entry, Found, IfLate, Lease, OpenStream, ReadJob, Settling, Store,
+    StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
-
-/// The table and index of spec §4.4, plus the columns the design needs; `message_id` is
-/// unique without an index of its own.
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS idempotency_cache (
-    -- The rowid, named: VACUUM keeps it, so the rowids the key index holds stay true.
-    entry_id         INTEGER PRIMARY KEY,
-    -- One row per key, as the spec's PRIMARY KEY makes it; the writer keeps it so, and the
-    -- key index finds a key's row in memory (key_index.rs says why not through this column).
-    message_id       TEXT NOT NULL,
-    request_hash     TEXT NOT NULL,
-    response_status  INTEGER NOT NULL,
-    response_headers BLOB NOT NULL,
-    response_body    BLOB NOT NULL,
-    inserted_at      INTEGER NOT NULL,
-    -- The method the key is bound to: the same messageId under another method is a collision.
-    method           TEXT NOT NULL DEFAULT '',
-    -- Last use in epoch milliseconds: the order in which the max_cache_entries bound evicts.
-    last_used_at     INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inserted_at);
--- The LRU order, with the key: the key index loads from it at open, not from the rows. A new
--- row's cells go at its end (one batch shares one last_used_at), never on a random page.
-CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at
-    ON idempotency_cache(last_used_at, message_id);
--- Streams being recorded: their side effects are committed, their response is not finished.
--- A row left here by a process that died is closed as interrupted by the next claim.
-CREATE TABLE IF NOT EXISTS idempotency_open_streams (
-    message_id   TEXT NOT NULL PRIMARY KEY,
-    method       TEXT NOT NULL,
-    request_hash TEXT NOT NULL,
-    jsonrpc_id   TEXT NOT NULL,
-    started_at   INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS idempotency_stream_events (
-    message_id TEXT NOT NULL,
-    seq        INTEGER NOT NULL,
-    event      BLOB NOT NULL,
-    PRIMARY KEY (message_id, seq)
-) WITHOUT ROWID;
-";
 
 /// Most expired rows one sweep step deletes. A step rides in a batch with the calls' writes
 /// and delays them by its own time: at 100 rows, sweeping 100,000 rows under load kept the
@@ -642,119 +608,6 @@ fn sweep_chunk(
     Ok(count)
 }
 
-/// The keys whose stream this process records (see [`SqliteStore`]'s field).
-#[derive(Clone, Default)]
-struct LiveStreams(Arc<Mutex<std::collections::HashSet<MessageId>>>);
-
-impl LiveStreams {
-    fn start(&self, key: &MessageId) {
-        self.keys().insert(key.clone());
-    }
-
-    fn stop(&self, key: &MessageId) {
-        self.keys().remove(key);
-    }
-
-    fn holds(&self, key: &MessageId) -> bool {
-        self.keys().contains(key)
-    }
-
-    fn keys(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<MessageId>> {
-        lock(&self.0)
-    }
-}
-
-/// Returns whether the row is new. Unless `may_exist`, the key is known to have no row, and
-/// is not looked for.
-fn insert_open_stream(
-    conn: &Connection,
-    stream: &OpenStream,
-    may_exist: bool,
-) -> rusqlite::Result<bool> {
-    let existed = may_exist
-        && conn
-            .prepare_cached("SELECT 1 FROM idempotency_open_streams WHERE message_id = ?1")?
-            .exists([stream.message_id.as_str()])?;
-    conn.prepare_cached(
-        "INSERT OR REPLACE INTO idempotency_open_streams
-           (message_id, method, request_hash, jsonrpc_id, started_at)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute(params![
-        stream.message_id.as_str(),
-        stream.method,
-        stream.request_hash.as_str(),
-        stream.jsonrpc_id,
-        stream.started_at as i64,
-    ])?;
-    // Events of an earlier recording under this key (one past its TTL) are not this one's.
-    conn.prepare_cached("DELETE FROM idempotency_stream_events WHERE message_id = ?1")?
-        .execute([stream.message_id.as_str()])?;
-    Ok(!existed)
-}
-
-fn insert_event(
-    conn: &Connection,
-    key: &MessageId,
-    seq: u32,
-    event: &[u8],
-) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO idempotency_stream_events (message_id, seq, event) VALUES (?1, ?2, ?3)",
-    )?
-    .execute(params![key.as_str(), seq, event])?;
-    Ok(())
-}
-
-/// Returns whether there was an open-stream row to delete.
-fn delete_open_stream(conn: &Connection, key: &str) -> Result<bool, StoreError> {
-    conn.prepare_cached("DELETE FROM idempotency_stream_events WHERE message_id = ?1")?
-        .execute([key])?;
-    let deleted = conn
-        .prepare_cached("DELETE FROM idempotency_open_streams WHERE message_id = ?1")?
-        .execute([key])?;
-    Ok(deleted > 0)
-}
-
-/// An open stream and its recorded events, in order; none for a record past its TTL, whose
-/// events are not read (see [`OpenStream::expired`]).
-fn select_open_stream(
-    conn: &Connection,
-    id: &MessageId,
-    ttl: u64,
-    now: u64,
-) -> Result<Option<(OpenStream, Vec<Bytes>)>, StoreError> {
-    let row = conn
-        .prepare_cached(
-            "SELECT method, request_hash, jsonrpc_id, started_at
-             FROM idempotency_open_streams WHERE message_id = ?1",
-        )?
-        .query_row([id.as_str()], |row| {
-            Ok(OpenStreamRow {
-                method: row.get(0)?,
-                request_hash: row.get(1)?,
-                jsonrpc_id: row.get(2)?,
-                started_at: row.get(3)?,
-            })
-        })
-        .optional()?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let stream = row.decode(id)?;
-    if stream.expired(ttl, now) {
-        return Ok(None);
-    }
-    let events = conn
-        .prepare_cached(
-            "SELECT event FROM idempotency_stream_events WHERE message_id = ?1 ORDER BY seq",
-        )?
-        .query_map([id.as_str()], |row| row.get::<_, Vec<u8>>(0))?
-        .map(|event| event.map(Bytes::from))
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Some((stream, events)))
-}
-
 /// The file has not answered within `bound`: its disk, or a long write queued ahead.
 pub(crate) fn no_answer(bound: Duration) -> StoreError {
     let cause = format!(
@@ -764,38 +617,5 @@ pub(crate) fn no_answer(bound: Duration) -> StoreError {
     StoreError::Backend {
         backend: "sqlite",
         cause: cause.into(),
-    }
-}
-
-pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
-    let conn = Connection::open(path)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    // The writer's statements (transaction control, entries, streams, sweep) all stay prepared.
-    conn.set_prepared_statement_cache_capacity(64);
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    // The connection that starts the log over truncates it to this (see the checkpointer).
-    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
-    // Each write in a batch runs under a savepoint, whose undo copies of pages go to a
-    // sub-journal: in memory, not in a temporary file (they never need to survive a crash).
-    conn.pragma_update(None, "temp_store", "MEMORY")?;
-    Ok(conn)
-}
-
-/// Spec §7.6: the cache holds response bytes, so a new file is readable by its owner only.
-/// SQLite gives the -wal and -shm files the permissions of the database file.
-fn create_private_file(path: &Path) -> std::io::Result<()> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    match options.open(path) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        // Named: "No such file or directory" alone does not say which.
-        Err(e) => Err(std::io::Error::new(
-            e.kind(),
-            format!("{}: {e}", path.display()),
-        )),
     }
 }

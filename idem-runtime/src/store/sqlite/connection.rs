@@ -1,0 +1,82 @@
+//! How the file is opened: created readable by its owner only, its schema, and the settings
+//! every connection to it runs with (the log, full syncs).
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+use crate::store::StoreError;
+
+/// The table and index of spec §4.4, plus the columns the design needs; `message_id` is
+/// unique without an index of its own.
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS idempotency_cache (
+    -- The rowid, named: VACUUM keeps it, so the rowids the key index holds stay true.
+    entry_id         INTEGER PRIMARY KEY,
+    -- One row per key, as the spec's PRIMARY KEY makes it; the writer keeps it so, and the
+    -- key index finds a key's row in memory (key_index.rs says why not through this column).
+    message_id       TEXT NOT NULL,
+    request_hash     TEXT NOT NULL,
+    response_status  INTEGER NOT NULL,
+    response_headers BLOB NOT NULL,
+    response_body    BLOB NOT NULL,
+    inserted_at      INTEGER NOT NULL,
+    -- The method the key is bound to: the same messageId under another method is a collision.
+    method           TEXT NOT NULL DEFAULT '',
+    -- Last use in epoch milliseconds: the order in which the max_cache_entries bound evicts.
+    last_used_at     INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inserted_at);
+-- The LRU order, with the key: the key index loads from it at open, not from the rows. A new
+-- row's cells go at its end (one batch shares one last_used_at), never on a random page.
+CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at
+    ON idempotency_cache(last_used_at, message_id);
+-- Streams being recorded: their side effects are committed, their response is not finished.
+-- A row left here by a process that died is closed as interrupted by the next claim.
+CREATE TABLE IF NOT EXISTS idempotency_open_streams (
+    message_id   TEXT NOT NULL PRIMARY KEY,
+    method       TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    jsonrpc_id   TEXT NOT NULL,
+    started_at   INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency_stream_events (
+    message_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    event      BLOB NOT NULL,
+    PRIMARY KEY (message_id, seq)
+) WITHOUT ROWID;
+";
+
+pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    // The writer's statements (transaction control, entries, streams, sweep) all stay prepared.
+    conn.set_prepared_statement_cache_capacity(64);
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    // The connection that starts the log over truncates it to this (see the checkpointer).
+    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
+    // Each write in a batch runs under a savepoint, whose undo copies of pages go to a
+    // sub-journal: in memory, not in a temporary file (they never need to survive a crash).
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(conn)
+}
+
+/// Spec §7.6: the cache holds response bytes, so a new file is readable by its owner only.
+/// SQLite gives the -wal and -shm files the permissions of the database file.
+pub(super) fn create_private_file(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        // Named: "No such file or directory" alone does not say which.
+        Err(e) => Err(std::io::Error::new(
+            e.kind(),
+            format!("{}: {e}", path.display()),
+        )),
+    }
+}
