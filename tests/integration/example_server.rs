@@ -892,6 +892,8 @@ async fn an_oversized_request_gets_413_not_a_reset() {
 }
 
 /// JSON-RPC 2.0 §5 and §4.1, where jsonrpsee alone answers otherwise (`invalid_request.rs`).
+/// A single Invalid Request is HTTP 400 whatever its shape (jsonrpsee said 400 to `42` and
+/// 200 to `{}`); inside a batch's array, 200.
 #[tokio::test]
 async fn invalid_requests_get_32600_and_notifications_no_answer() {
     let server = ServerProcess::start_with(&["--idempotency", "optional"], &[]);
@@ -900,10 +902,33 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
         r#"{"jsonrpc":"1.0","method":"tasks/get","params":{"id":"x"}}"#,
         r#"{"jsonrpc":"2.0","params":{"id":"x"}}"#,
         "42",
+        "null",
+        "{}",
+        "[]",
     ] {
         let reply = post(&server.url, body, &[]).await;
-        assert_eq!(reply.json(), invalid, "{body}");
+        assert_eq!(
+            (reply.status, reply.json()),
+            (400, invalid.clone()),
+            "{body}"
+        );
     }
+    // Where jsonrpsee read the id, the error carries it.
+    let mut with_id = invalid.clone();
+    with_id["id"] = json!(7);
+    for body in [
+        r#"{"jsonrpc":"1.0","id":7,"method":"tasks/get","params":{"id":"x"}}"#,
+        r#"{"jsonrpc":"2.0","id":7,"params":{"id":"x"}}"#,
+    ] {
+        let reply = post(&server.url, body, &[]).await;
+        assert_eq!(
+            (reply.status, reply.json()),
+            (400, with_id.clone()),
+            "{body}"
+        );
+    }
+    let batch = post(&server.url, "[1]", &[]).await;
+    assert_eq!((batch.status, batch.json()), (200, json!([invalid])));
     // Ids jsonrpsee cannot read: it answered nothing, as to a notification, and ran nothing.
     let reason = "the request's id must be a string, an integer from 0 to 18446744073709551615, or null; the call was not run";
     let mut unreadable = invalid.clone();
@@ -925,7 +950,7 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
         let reply = post(&server.url, body, &[]).await;
         assert_eq!(
             (reply.status, reply.json()),
-            (200, unreadable.clone()),
+            (400, unreadable.clone()),
             "id {id}"
         );
     }
@@ -960,7 +985,7 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
         let reply = post(&server.url, body, &[]).await;
         assert_eq!(
             (reply.status, reply.json()),
-            (200, unreadable.clone()),
+            (400, unreadable.clone()),
             "id {id}"
         );
     }
@@ -1009,12 +1034,10 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
     assert_eq!(answers[0]["id"], 7);
     assert_eq!(answers[0]["error"]["code"], -32001);
     assert_eq!(answers[1..], [unreadable.clone(), unreadable]);
-    // An ordinary call is untouched.
+    // An ordinary call's error, as small, is untouched.
     let call = r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"id":"x"}}"#;
-    assert_eq!(
-        post(&server.url, call, &[]).await.json()["error"]["code"],
-        -32001
-    );
+    let not_found = post(&server.url, call, &[]).await;
+    assert_eq!((not_found.status, not_found.error_code()), (200, -32001));
 }
 
 /// How many outbox events of `event_type` the server's SQLite file holds.

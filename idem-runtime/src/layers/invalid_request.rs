@@ -47,12 +47,21 @@ const UNREADABLE_ID: &str = concat!(
     r#"18446744073709551615, or null; the call was not run"}}}"#
 );
 
-/// `response`, or the answer JSON-RPC 2.0 gives to `request` where jsonrpsee's differs.
+/// The end of jsonrpsee's own -32600 to a request whose id it read (the id comes before).
+const INVALID_REQUEST_END: &[u8] = br#","error":{"code":-32600,"message":"Invalid request"}}"#;
+
+/// The largest answer looked at here: jsonrpsee's -32600 with an id of up to 180 characters.
+/// Every other answer of a single request passes unread.
+const LOOKED_AT: u64 = 256;
+
+/// `response`, or the answer JSON-RPC 2.0 gives to `request` where jsonrpsee's differs. An
+/// answer that is one Invalid Request error (not a batch's array) has HTTP 400, as a body that
+/// is not JSON has: the request as a whole is malformed, whatever jsonrpsee's status was (it
+/// said 400 to `null` and 200 to `{}`).
 pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpResponse {
     let size = hyper::body::Body::size_hint(response.body()).exact();
     let batch = request_is_batch(request);
-    if !batch && !matches!(size, Some(n) if n == NULL.len() as u64 || n == PARSE_ERROR.len() as u64)
-    {
+    if !batch && !matches!(size, Some(n) if n <= LOOKED_AT) {
         return response;
     }
     let (mut parts, body) = response.into_parts();
@@ -69,7 +78,12 @@ pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpRes
         _ => None,
     };
     match answer {
-        None => HttpResponse::from_parts(parts, HttpBody::new(http_body_util::Full::new(body))),
+        None => {
+            if body.ends_with(INVALID_REQUEST_END) && !body.starts_with(b"[") {
+                parts.status = StatusCode::BAD_REQUEST;
+            }
+            HttpResponse::from_parts(parts, HttpBody::new(http_body_util::Full::new(body)))
+        }
         Some(Answer::Batch(text)) => {
             let body = HttpBody::new(http_body_util::Full::new(Bytes::from(text)));
             HttpResponse::from_parts(parts, body)
@@ -81,7 +95,10 @@ pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpRes
         }
         Some(Answer::Invalid(errors)) => {
             let text = match errors.as_slice() {
-                [one] if !request_is_batch(request) => one.clone(),
+                [one] if !batch => {
+                    parts.status = StatusCode::BAD_REQUEST;
+                    one.clone()
+                }
                 many => format!("[{}]", many.join(",")),
             };
             let body = HttpBody::new(http_body_util::Full::new(Bytes::from(text)));
