@@ -98,26 +98,44 @@ impl SqlWrite {
         }
     }
 
-    /// Runs it on a SQLite connection.
+    /// Runs it on a SQLite connection. A write that panics fails as one that returns an
+    /// error does: it runs on the store's one writer thread, which every call needs.
     pub fn run(&mut self, conn: &rusqlite::Connection) -> Result<(), WriteError> {
         match &mut self.kind {
-            Kind::Sqlite { run, .. } => run(conn),
+            Kind::Sqlite { run, .. } => {
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(conn)));
+                ran.unwrap_or_else(|panic| Err(panicked(panic)))
+            }
             #[cfg(feature = "postgres")]
             Kind::Postgres(_) => Err(wrong_backend("PostgreSQL", "SQLite")),
         }
     }
 
-    /// Runs it in a PostgreSQL transaction.
+    /// Runs it in a PostgreSQL transaction; a panic fails it, as on SQLite.
     #[cfg(feature = "postgres")]
     pub async fn run_postgres(
         self,
         tx: &tokio_postgres::Transaction<'_>,
     ) -> Result<(), WriteError> {
+        use futures::FutureExt;
         match self.kind {
-            Kind::Postgres(write) => write(tx).await,
+            Kind::Postgres(write) => std::panic::AssertUnwindSafe(async move { write(tx).await })
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| Err(panicked(panic))),
             Kind::Sqlite { .. } => Err(wrong_backend("SQLite", "PostgreSQL")),
         }
     }
+}
+
+/// The error of a write that panicked, with what it said.
+fn panicked(panic: Box<dyn std::any::Any + Send>) -> WriteError {
+    let said = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(text), _) => text,
+        (_, Some(text)) => text.as_str(),
+        _ => "",
+    };
+    format!("the staged write panicked: {said}").into()
 }
 
 /// A write staged for one database and committed on the other: the application's mistake,

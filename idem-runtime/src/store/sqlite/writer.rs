@@ -230,20 +230,26 @@ impl Writer {
         // Stable: the writes that may run again first, in the order they came.
         jobs.sort_by_key(|job| !job.rerunnable());
         let touches = std::mem::take(&mut *self.touches.lock().expect("touches lock"));
-        let attempt = match self.transaction(&mut jobs, &touches, false) {
-            Ok(None) => self.transaction(&mut jobs, &touches, true),
-            done => done,
-        };
-        let outcomes = match attempt {
-            Ok(outcomes) => outcomes.expect("a careful attempt always ends"),
-            Err(e) => {
-                let failure = e.to_string();
-                if !self.conn.is_autocommit() {
-                    let _ = self.conn.execute_batch("ROLLBACK");
+        let mut careful = false;
+        let outcomes = loop {
+            match self.transaction(&mut jobs, &touches, careful) {
+                Ok(Attempt::Committed(outcomes)) => break outcomes,
+                Ok(Attempt::Again) => careful = true,
+                Ok(Attempt::RolledBackBy(guilty, error)) => {
+                    for (job, outcome) in take_out(&mut jobs, guilty, error) {
+                        job.finish(Err(outcome));
+                    }
+                    careful = true;
                 }
-                self.rows = entries::count(&self.conn).unwrap_or(self.rows);
-                let failed = || Err(StoreError::Commit(failure.clone()));
-                jobs.iter().map(|_| failed()).collect()
+                Err(e) => {
+                    let failure = e.to_string();
+                    if !self.conn.is_autocommit() {
+                        let _ = self.conn.execute_batch("ROLLBACK");
+                    }
+                    self.rows = entries::count(&self.conn).unwrap_or(self.rows);
+                    let failed = || Err(StoreError::Commit(failure.clone()));
+                    break jobs.iter().map(|_| failed()).collect();
+                }
             }
         };
         for (job, outcome) in jobs.into_iter().zip(outcomes) {
@@ -252,14 +258,14 @@ impl Writer {
     }
 
     /// The batch's transaction; `Err` when it is lost as a whole. Unless `careful`, the
-    /// writes that may run again run without savepoints, and `Ok(None)` says that one failed
-    /// and the transaction was rolled back: try again carefully.
+    /// writes that may run again run without savepoints, and [`Attempt::Again`] says that one
+    /// failed and the transaction was rolled back: try again carefully.
     fn transaction(
         &mut self,
         jobs: &mut [Box<dyn Job>],
         touches: &HashMap<String, u64>,
         careful: bool,
-    ) -> Result<Option<Vec<Result<(), StoreError>>>, StoreError> {
+    ) -> Result<Attempt, StoreError> {
         // IMMEDIATE takes the write lock up front, waiting on busy_timeout if another
         // connection holds it. A deferred transaction that reads first would fail at once
         // with SQLITE_BUSY when it upgrades to write.
@@ -274,19 +280,29 @@ impl Writer {
         };
         apply_touches(&self.conn, &self.index, touches)?;
         let mut outcomes = Vec::with_capacity(jobs.len());
-        for job in jobs.iter_mut() {
+        for (n, job) in jobs.iter_mut().enumerate() {
+            let outcome = match careful || !job.rerunnable() {
+                true => self.apply_alone(job.as_mut(), &mut batch)?,
+                false => job.apply(&self.conn, &mut batch),
+            };
+            let Err(error) = outcome else {
+                outcomes.push(Ok(()));
+                continue;
+            };
+            if self.conn.is_autocommit() {
+                // SQLite rolled the whole transaction back: by the write's own request, or
+                // for the disk (full, an I/O error), which fails the batch.
+                return match rolled_back_by_the_write(&error) {
+                    true => Ok(Attempt::RolledBackBy(n, error)),
+                    false => Err(StoreError::Commit(format!("transaction lost: {error}"))),
+                };
+            }
             if careful || !job.rerunnable() {
-                outcomes.push(self.apply_alone(job.as_mut(), &mut batch)?);
+                outcomes.push(Err(error));
                 continue;
             }
-            if let Err(error) = job.apply(&self.conn, &mut batch) {
-                if self.conn.is_autocommit() {
-                    return Err(StoreError::Commit(format!("transaction lost: {error}")));
-                }
-                run(&self.conn, "ROLLBACK")?;
-                return Ok(None);
-            }
-            outcomes.push(Ok(()));
+            run(&self.conn, "ROLLBACK")?;
+            return Ok(Attempt::Again);
         }
         let evicted = evict_least_recently_used(&self.conn, batch.rows, self.max_entries)?;
         let evictions = evicted.len() as u64;
@@ -297,7 +313,7 @@ impl Writer {
         crate::telemetry::evicted("lru", evictions);
         self.rows = batch.rows;
         self.publish(batch.changes);
-        Ok(Some(outcomes))
+        Ok(Attempt::Committed(outcomes))
     }
 
     /// Tells the memory tier and the key index what the committed batch changed, before any
@@ -321,7 +337,9 @@ impl Writer {
         }
     }
 
-    /// One job under its own savepoint, so that its failure undoes its own writes only.
+    /// One job under its own savepoint, so that its failure undoes its own writes only: the
+    /// job's outcome, or the savepoint's own failure. A job that fails with the connection in
+    /// autocommit took the whole transaction with it; the caller sees to that.
     fn apply_alone(
         &self,
         job: &mut dyn Job,
@@ -336,16 +354,66 @@ impl Writer {
             }
             Err(error) => {
                 batch.rewind(mark);
-                if self.conn.is_autocommit() {
-                    // SQLite rolled the whole transaction back (disk full, I/O error).
-                    return Err(StoreError::Commit(format!("transaction lost: {error}")));
+                if !self.conn.is_autocommit() {
+                    run(&self.conn, "ROLLBACK TO job")?;
+                    run(&self.conn, "RELEASE job")?;
                 }
-                run(&self.conn, "ROLLBACK TO job")?;
-                run(&self.conn, "RELEASE job")?;
                 Ok(Err(error))
             }
         }
     }
+}
+
+/// How one attempt at a batch's transaction ended, short of losing it.
+enum Attempt {
+    /// Committed, with each job's outcome.
+    Committed(Vec<Result<(), StoreError>>),
+    /// A write that may run again failed outside a savepoint, and the transaction was rolled
+    /// back: try again, each write under a savepoint of its own.
+    Again,
+    /// The job at this index had SQLite roll the whole transaction back, with this error.
+    RolledBackBy(usize, StoreError),
+}
+
+/// The jobs that end with a batch whose transaction the job at `guilty` rolled back: that job,
+/// with `error`, and the writes that ran once before it (they may not run again, and their
+/// work went with the transaction). The rest stay in `jobs`, for the next attempt.
+fn take_out(
+    jobs: &mut Vec<Box<dyn Job>>,
+    guilty: usize,
+    error: StoreError,
+) -> Vec<(Box<dyn Job>, StoreError)> {
+    let lost = || {
+        let why = "another call's write rolled the batch's transaction back";
+        StoreError::Commit(format!("{why}; nothing of this one was stored"))
+    };
+    let spent = jobs[..guilty]
+        .iter()
+        .filter(|job| !job.rerunnable())
+        .count();
+    let mut out: Vec<_> = jobs
+        .drain(guilty - spent..guilty)
+        .map(|job| (job, lost()))
+        .collect();
+    out.push((jobs.remove(guilty - spent), error));
+    out
+}
+
+/// Whether SQLite rolled the transaction back because the write asked it to (a conflict
+/// under `ON CONFLICT ROLLBACK`, a trigger's `RAISE(ROLLBACK, ...)`): a constraint error, the
+/// write's own failure, where a full disk or an I/O error is the batch's.
+fn rolled_back_by_the_write(error: &StoreError) -> bool {
+    let StoreError::Write(write) = error else {
+        return false;
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(write.as_ref());
+    while let Some(error) = cause {
+        if let Some(rusqlite::Error::SqliteFailure(failure, _)) = error.downcast_ref() {
+            return failure.code == rusqlite::ErrorCode::ConstraintViolation;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// A statement without results, prepared once: the writer runs these for every write.

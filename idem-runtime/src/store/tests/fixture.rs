@@ -147,6 +147,17 @@ impl Fixture {
         }
     }
 
+    /// A staged write that panics, as a bug in an application's write would.
+    pub fn panicking(&self) -> SqlWrite {
+        fn bug() -> Result<(), crate::store::WriteError> {
+            panic!("a bug in the write")
+        }
+        match self.backend {
+            Backend::Sqlite => SqlWrite::rerunnable(|_| bug()),
+            Backend::Postgres => SqlWrite::postgres(|_| Box::pin(async { bug() })),
+        }
+    }
+
     /// The names in `effects`, sorted.
     pub async fn effects(&self) -> Vec<String> {
         let sql = "SELECT name FROM effects ORDER BY name";

@@ -288,34 +288,41 @@ pub async fn staged_writes_commit_with_their_entry_and_a_failing_one_fails_alone
         tickets.push(ticket);
     }
     // Concurrent completions (on SQLite they share the writer's batches); call 7 writes a
-    // name twice.
+    // name twice, and call 11's second write panics.
     let completions = tickets.into_iter().enumerate().map(|(n, ticket)| {
         let mut writes = vec![fx.effect(&format!("row-{n:02}"))];
-        if n == 7 {
-            writes.push(fx.effect("row-07"));
+        match n {
+            7 => writes.push(fx.effect("row-07")),
+            11 => writes.push(fx.panicking()),
+            _ => {}
         }
         ticket.complete_with(response(&format!("body-{n}")), writes)
     });
     let outcomes = futures::future::join_all(completions).await;
     for (n, outcome) in outcomes.iter().enumerate() {
-        match n {
-            7 => assert!(matches!(outcome, Err(crate::store::StoreError::Write(_)))),
+        match (n, outcome) {
+            (7, Err(crate::store::StoreError::Write(_))) => {}
+            (11, Err(crate::store::StoreError::Write(panic))) => {
+                assert!(panic.to_string().contains("panicked: a bug"), "{panic}")
+            }
             _ => assert!(outcome.is_ok(), "{n}: {outcome:?}"),
         }
     }
     let expected: Vec<String> = (0..20)
-        .filter(|n| *n != 7)
+        .filter(|n| *n != 7 && *n != 11)
         .map(|n| format!("row-{n:02}"))
         .collect();
     assert_eq!(
         fx.effects().await,
         expected,
-        "call 7's first row was undone with it"
+        "call 7's and call 11's first rows were undone with them"
     );
-    assert!(cached_body(&cache, &key(7)).await.is_none());
+    for failed in [7, 11] {
+        assert!(cached_body(&cache, &key(failed)).await.is_none());
+        // Its key was released: a retry claims it and executes.
+        assert!(wins(&cache, &key(failed), &hash).await);
+    }
     assert_eq!(cached_body(&cache, &key(8)).await.unwrap(), b"body-8");
-    // Its key was released: a retry claims it and executes.
-    assert!(wins(&cache, &key(7), &hash).await);
 }
 
 pub async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_the_next_claim(

@@ -366,6 +366,148 @@ async fn a_write_that_runs_once_runs_once_through_a_redone_batch() {
     assert_eq!(fx.effects().await, vec!["once".to_owned()]);
 }
 
+/// A write that has SQLite roll the whole transaction back (`INSERT OR ROLLBACK` on a taken
+/// name, as a trigger's `RAISE(ROLLBACK)` would) fails its own call: the others in its batch
+/// commit, with their entries, as if it had not been there.
+#[tokio::test]
+async fn a_write_that_rolls_the_batch_back_fails_its_own_call_only() {
+    let (fx, results) = one_batch(|fx| {
+        vec![
+            fx.effect("a"),
+            crate::store::SqlWrite::rerunnable(|db| {
+                db.execute(
+                    "INSERT OR ROLLBACK INTO effects (name) VALUES ('taken')",
+                    [],
+                )?;
+                Ok(())
+            }),
+            fx.effect("c"),
+            once("d"),
+        ]
+    })
+    .await;
+    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+    let failed = results[1].as_ref().unwrap_err();
+    assert!(
+        matches!(failed, crate::store::StoreError::Write(_)),
+        "{failed}"
+    );
+    assert!(
+        failed.to_string().contains("UNIQUE"),
+        "its own error: {failed}"
+    );
+    assert!(
+        results[3].is_ok(),
+        "a write that runs once, queued after it"
+    );
+    assert_eq!(fx.effects().await, ["a", "c", "d", "taken"]);
+}
+
+/// A write that panics fails its own call, as an error would; the writer thread, which every
+/// call needs, lives on.
+#[tokio::test]
+async fn a_write_that_panics_fails_its_own_call_and_the_writer_lives() {
+    let (fx, results) = one_batch(|fx| {
+        vec![
+            fx.effect("a"),
+            crate::store::SqlWrite::rerunnable(|_| panic!("a bug in the application")),
+            fx.effect("c"),
+            crate::store::SqlWrite::once(|_| panic!("a bug, run once")),
+            once("d"),
+        ]
+    })
+    .await;
+    assert!(results[0].is_ok() && results[2].is_ok() && results[4].is_ok());
+    for failed in [&results[1], &results[3]] {
+        let failed = failed.as_ref().unwrap_err();
+        assert!(failed.to_string().contains("panicked: a bug"), "{failed}");
+    }
+    assert_eq!(fx.effects().await, ["a", "c", "d", "taken"]);
+    let store = fx.store(&config(86_400, 100)).await;
+    store.apply(vec![fx.effect("after")]).await.unwrap();
+    assert_eq!(fx.effects().await, ["a", "after", "c", "d", "taken"]);
+}
+
+/// A write of `name` that may run only once, as `Database::transact`'s.
+fn once(name: &str) -> crate::store::SqlWrite {
+    let name = name.to_owned();
+    crate::store::SqlWrite::once(move |db| {
+        db.execute("INSERT INTO effects (name) VALUES (?1)", [&name])?;
+        Ok(())
+    })
+}
+
+/// Each of the writes `writes` makes, in a call of its own (the ones that may run again
+/// with an entry, as a call's staged writes commit), all queued while the application holds
+/// the file's write lock so that they commit in one batch; with `taken` already in effects.
+async fn one_batch(
+    writes: impl FnOnce(&Fixture) -> Vec<crate::store::SqlWrite>,
+) -> (Fixture, Vec<Result<(), crate::store::StoreError>>) {
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let store = cache.store().clone();
+    fx.create_effects(&store).await;
+    store.apply(vec![fx.effect("taken")]).await.unwrap();
+    let writes = writes(&fx);
+    let (release, lock_released) = std::sync::mpsc::channel::<()>();
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    let path = fx.path.clone();
+    let holder = std::thread::spawn(move || {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        locked.send(()).unwrap();
+        lock_released.recv().unwrap();
+        conn.execute_batch("COMMIT").unwrap();
+    });
+    is_locked.recv().unwrap();
+    // The writer takes this one and waits for the lock; the calls queue up behind it.
+    let first = tokio::spawn({
+        let store = store.clone();
+        async move { store.apply(Vec::new()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let calls: Vec<_> = writes
+        .into_iter()
+        .enumerate()
+        .map(|(n, write)| {
+            let (cache, store) = (cache.clone(), store.clone());
+            tokio::spawn(async move {
+                if !write.is_rerunnable() {
+                    return store.apply(vec![write]).await;
+                }
+                let hash = request_hash(b"{}").unwrap();
+                let Claim::Execute(ticket) = cache
+                    .claim(&key(n as u32), "message/send", &hash)
+                    .await
+                    .unwrap()
+                else {
+                    panic!("a fresh key")
+                };
+                ticket
+                    .complete_with(response("x"), vec![write])
+                    .await
+                    .map(drop)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    first.await.unwrap().unwrap();
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(call.await.unwrap());
+    }
+    for (n, result) in results.iter().enumerate() {
+        let stored = cached_body(&cache, &key(n as u32)).await.is_some();
+        assert!(
+            !stored || result.is_ok(),
+            "call {n} failed but has an entry"
+        );
+    }
+    (fx, results)
+}
+
 /// A fresh key's insert skips the read for its row (the key index knows it has none); two
 /// stores of one key in the same batch must still count one row, or the LRU bound drifts.
 #[tokio::test]
