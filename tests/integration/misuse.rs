@@ -228,3 +228,100 @@ async fn an_attributed_method_that_is_not_governed_says_so() {
     assert!(reason.contains("IdempotencyBuilder::govern"), "{reason}");
     assert_eq!(server.executions(), 0);
 }
+
+/// A result or an event whose `Serialize` panics: a bug in the application's types.
+#[derive(Clone)]
+pub struct Unserializable;
+
+impl serde::Serialize for Unserializable {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        panic!("a bug in Serialize")
+    }
+}
+
+#[rpc(server)]
+pub trait Buggy {
+    #[method(name = "message/send", with_extensions)]
+    async fn send(&self, message: Value) -> RpcResult<Replayable<Unserializable>>;
+
+    #[method(name = "message/stream", with_extensions)]
+    async fn stream(&self, message: Value) -> RpcResult<idem::EventStream<Unserializable>>;
+}
+
+struct BuggyAgent {
+    executions: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl BuggyServer for BuggyAgent {
+    #[idempotent]
+    async fn send(
+        &self,
+        ext: &Extensions,
+        _message: Value,
+    ) -> RpcResult<Replayable<Unserializable>> {
+        let _ = ext;
+        self.executions.fetch_add(1, Ordering::SeqCst);
+        Ok(Unserializable.into())
+    }
+
+    #[idempotent]
+    async fn stream(
+        &self,
+        ext: &Extensions,
+        _message: Value,
+    ) -> RpcResult<idem::EventStream<Unserializable>> {
+        let _ = ext;
+        self.executions.fetch_add(1, Ordering::SeqCst);
+        let events = futures::stream::iter([Ok(Unserializable)]);
+        Ok(idem::EventStream::new(events))
+    }
+}
+
+/// A result whose serialization panics is the call's panic, cached as one (spec §7.5), for an
+/// answer and for a stream's event alike: never an unwinding guard that caches nothing (and
+/// runs again on the retry), nor a stream whose readers wait for an end that never comes.
+#[tokio::test]
+async fn a_result_that_panics_as_it_is_serialized_is_cached_as_the_call_s_panic() {
+    let db = Db::new();
+    let executions = Arc::new(AtomicUsize::new(0));
+    let agent = BuggyAgent {
+        executions: executions.clone(),
+    };
+    let config = idem::IdempotencyConfig::default();
+    let server = TestServer::serve(
+        &db.path,
+        config,
+        db.clock.clone(),
+        agent.into_rpc(),
+        executions,
+    )
+    .await;
+    let body = send(1, &new_id(), "x");
+    let first = post_activated(&server.url, body.clone()).await;
+    assert_eq!(
+        first.data_code(),
+        "IDEMPOTENCY_EXECUTION_PANICKED",
+        "{}",
+        first.describe()
+    );
+    let replay = post_activated(&server.url, body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+
+    let body = stream_request(2, &new_id(), "x", json!({}));
+    let mut first = SseReply::open(&server.url, body.clone(), &[("A2A-Extensions", URI)]).await;
+    let events = tokio::time::timeout(std::time::Duration::from_secs(10), first.rest())
+        .await
+        .expect("the stream ends");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        events[0]["error"]["data"]["code"],
+        "IDEMPOTENCY_EXECUTION_PANICKED"
+    );
+    let mut replay = SseReply::open(&server.url, body, &[("A2A-Extensions", URI)]).await;
+    replay.rest().await;
+    assert!(replay.replayed());
+    assert_eq!(replay.raw(), first.raw());
+    assert_eq!(server.executions(), 2, "each executed once");
+}

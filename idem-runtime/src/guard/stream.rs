@@ -313,11 +313,17 @@ async fn next_frame<T: Serialize>(
     id: &Id<'static>,
     recording: &Recording,
 ) -> Next {
-    let payload: Payload = match AssertUnwindSafe(events.next()).catch_unwind().await {
-        Ok(None) => return Next::End,
-        Ok(Some(item)) => item.and_then(|event| {
+    // The event is serialized inside the catch too: a `Serialize` that panics is the stream's
+    // panic, which ends it, not the recorder's, which would leave its readers waiting.
+    let next = async {
+        let item = events.next().await?;
+        Some(item.and_then(|event| {
             serde_json::value::to_raw_value(&event).map_err(|e| not_serializable(&e))
-        }),
+        }))
+    };
+    let payload: Payload = match AssertUnwindSafe(next).catch_unwind().await {
+        Ok(None) => return Next::End,
+        Ok(Some(payload)) => payload,
         Err(_panic) => Err(IdempotencyError::new(ErrorCode::ExecutionPanicked).into()),
     };
     let frame = sse::frame(&response_bytes(id, &payload));

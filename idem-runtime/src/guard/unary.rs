@@ -45,9 +45,11 @@ impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjec
             Decision::Replay(entry) => replay_json(&call, &entry),
             Decision::Attach(_) => unreachable!("unary calls wait instead of attaching"),
             Decision::Execute(ticket) => {
-                let payload = run_catching(&call.method, body)
+                // Serialized inside the catch: a result whose `Serialize` panics is a panic
+                // of the call, cached as one, not an unwinding guard that caches nothing.
+                let payload = run_catching(&call.method, async { into_payload(body.await) })
                     .await
-                    .and_then(into_payload);
+                    .and_then(|payload| payload);
                 store_json(&call, ticket, payload, ctx.unit.as_ref()).await
             }
         };
