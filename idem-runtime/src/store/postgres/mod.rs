@@ -529,9 +529,16 @@ impl Store for PostgresStore {
             if writes.is_empty() {
                 // One statement, its own transaction; the bound, if due, in another.
                 if self.store_entry(&client, &entry, lease.fence()).await? {
-                    let tx = client.transaction().await?;
-                    self.enforce_bound(&tx, SWEEP_CHUNK).await?;
-                    tx.commit().await?;
+                    let bound = async {
+                        let tx = client.transaction().await?;
+                        self.enforce_bound(&tx, SWEEP_CHUNK).await?;
+                        Ok::<_, StoreError>(tx.commit().await?)
+                    };
+                    // The entry is committed: the call succeeded, and the next commit or
+                    // sweep enforces the bound instead.
+                    if let Err(error) = bound.await {
+                        tracing::warn!(%error, "the LRU bound could not be enforced after a commit");
+                    }
                 }
                 return Ok(());
             }
@@ -564,8 +571,10 @@ impl Store for PostgresStore {
             let mut client = self.client().await?;
             let opened = async {
                 let tx = client.transaction().await?;
-                fenced(&tx, &stream.message_id, lease, &self.owner).await?;
                 apply_writes(&tx, writes).await?;
+                // Fenced after the writes, as `put` is: the claim's row stays unlocked while
+                // they wait on the application's locks, so its lease is renewed meanwhile.
+                fenced(&tx, &stream.message_id, lease, &self.owner).await?;
                 let id = stream.message_id.as_str();
                 execute(
                     &tx,

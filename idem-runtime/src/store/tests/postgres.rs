@@ -817,3 +817,70 @@ async fn a_table_far_past_its_bound_is_evicted_in_chunks() {
         "the newest entry kept"
     );
 }
+
+/// A stream whose staged writes wait on the application's locks for longer than a lease keeps
+/// its claim: the claim's row is not locked while they wait, so its lease is renewed, and a
+/// retry on another replica finds the stream running instead of taking it over (and storing
+/// it as interrupted) the moment the writes commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_writes_wait_past_its_lease_keeps_its_claim() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_millis(1000)).await;
+    fx.create_effects(a.store()).await;
+    let hash = request_hash(b"{}").unwrap();
+    let mut ticket = won(&a, &key(1), "message/stream", &hash).await;
+    // Another session holds the row the stream's write inserts, for one and a half leases.
+    let locker = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
+    locker
+        .batch_execute("BEGIN; INSERT INTO effects (name) VALUES ('held')")
+        .await
+        .unwrap();
+    let write = fx.effect("held");
+    let opening = tokio::spawn(async move {
+        let opened = ticket
+            .open_stream("5".into(), bytes_of("event 0"), vec![write])
+            .await;
+        (ticket, opened)
+    });
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let retried = b.claim(&key(1), "message/stream", &hash).await.unwrap();
+    assert!(
+        matches!(retried, Claim::InFlight(_)),
+        "the stream's claim was taken past its renewals"
+    );
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    let (ticket, opened) = opening.await.unwrap();
+    opened.expect("the stream opened under its claim");
+    ticket
+        .append_event(1, bytes_of("event 1"))
+        .await
+        .expect("the claim is still the stream's");
+    assert_eq!(fx.effects().await, ["held"]);
+}
+
+/// A call whose entry committed succeeds even when the LRU bound, enforced after it in a
+/// transaction of its own, cannot be (here the row to evict is locked past the statement
+/// bound): its answer is stored, and the next commit or sweep evicts instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_that_cannot_be_enforced_after_a_commit_fails_no_call() {
+    let Some(fx) = fixture().await else { return };
+    let config = config(86_400, 2).with(|c| c.claim_lease = Duration::from_millis(600));
+    let cache = fx.cache(&config).await;
+    execute(&cache, &key(0), "{}", "oldest").await;
+    execute(&cache, &key(1), "{}", "newer").await;
+    let locker = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
+    let lock_oldest = format!(
+        "BEGIN; SELECT * FROM idempotency_cache WHERE message_id = '{}' FOR UPDATE",
+        key(0)
+    );
+    locker.batch_execute(&lock_oldest).await.unwrap();
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&cache, &key(2), "message/send", &hash).await;
+    let stored = ticket.complete(response("past the bound")).await;
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    stored.expect("the entry committed: the call succeeded");
+    assert_eq!(
+        cached_body(&cache, &key(2)).await.unwrap(),
+        b"past the bound"
+    );
+}
