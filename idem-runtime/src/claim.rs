@@ -430,11 +430,6 @@ impl Ticket {
         &self.key
     }
 
-    /// The method it runs.
-    pub(crate) fn method(&self) -> &str {
-        &self.method
-    }
-
     /// The store's claim: a ticket is handed out only once it is won.
     fn lease(&self) -> &Lease {
         self.lease.as_ref().expect("a ticket holds its lease")

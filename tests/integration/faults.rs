@@ -13,7 +13,7 @@ use std::process::Command;
 use idem_conformance::server_process::ServerProcess;
 use idem_conformance::side_effects::{Counts, SideEffects};
 
-use crate::support::{new_id, post, post_activated, send, until_completed, Reply};
+use crate::support::{metric, new_id, post, post_activated, send, until_completed, Reply};
 
 /// A small ext4 file system, mounted on a temporary directory; unmounted on drop.
 struct SmallFs {
@@ -132,14 +132,6 @@ fn working(server: &ServerProcess) -> i64 {
         .unwrap();
     let sql = "SELECT COUNT(*) FROM tasks WHERE state = 'working'";
     conn.query_row(sql, [], |row| row.get(0)).unwrap()
-}
-
-async fn metric(url: &str, series: &str) -> f64 {
-    let text = reqwest::get(format!("{url}/metrics")).await.unwrap();
-    let text = text.text().await.unwrap();
-    let line = text.lines().find(|l| l.starts_with(series));
-    line.and_then(|l| l.rsplit_once(' ')?.1.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// Waits (at most 5 s: stderr is read on a thread of its own) until the server logged `text`.

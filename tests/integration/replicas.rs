@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::support::{
-    new_id, post_activated, send_with, stream_request, try_post, until_completed, Reply, SseReply,
-    ACTIVATED,
+    metric, new_id, post_activated, send_with, stream_request, try_post, until_completed, Reply,
+    SseReply, ACTIVATED,
 };
 use futures::FutureExt;
 use idem_conformance::postgres::{self, TestDatabase};
@@ -228,6 +228,16 @@ async fn a_stream_taken_over_elsewhere_ends_with_claim_lost_where_it_ran() {
         "the interrupted outcome is cached"
     );
     assert_eq!(db.counts(), (1, 1), "executed once");
+    // Counted as the calls they were: one executed (its lost claim a store error of its
+    // kind, not a second outcome), one replayed.
+    let calls = |outcome| {
+        format!("idempotency_calls_total{{method=\"message/stream\",outcome=\"{outcome}\"}}")
+    };
+    for (outcome, count) in [("executed", 1.0), ("store_error", 0.0), ("replayed", 1.0)] {
+        assert_eq!(metric(&a.url, &calls(outcome)).await, count, "{outcome}");
+    }
+    let lost = "idempotency_store_errors_total{kind=\"claim_lost\"}";
+    assert_eq!(metric(&a.url, lost).await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -547,3 +547,13 @@ pub async fn websocket_call(url: &str, request: &str) -> Value {
     socket.read_exact(&mut body).await.unwrap();
     serde_json::from_slice(&body).unwrap()
 }
+
+/// The value of the metric sample `series` (its name and labels as rendered) at `url`'s
+/// `GET /metrics`; 0 when absent, as a counter that never moved is not rendered.
+pub async fn metric(url: &str, series: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics")).await.unwrap();
+    let text = text.text().await.unwrap();
+    let line = text.lines().find(|l| l.starts_with(series));
+    line.and_then(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .unwrap_or(0.0)
+}

@@ -317,19 +317,26 @@ fn reject(call: &GovernedCall, error: IdempotencyError) -> ErrorObjectOwned {
 
 /// The store failed a governed call: nothing of it is cached, and the key is released (once a
 /// write the disk did not answer in time has settled: it may still land, and is then replayed).
+/// Counted as the call's outcome.
 pub(crate) fn store_failure(call: &GovernedCall, error: StoreError) -> ErrorObjectOwned {
-    key_failure(&call.key, &call.method, &error)
+    telemetry::store_error(Some(&call.method), &error);
+    named_failure(&call.key, &error)
 }
 
-/// The store failed the call of `key` (a stream's included, mid-way): its error, which names
-/// the key, `IDEMPOTENCY_CLAIM_LOST` when another process took the claim over.
+/// The store failed a stream of `key` mid-way: the error its last event carries. Counted as a
+/// store error only: the call was counted when it started (`executed`).
 pub(crate) fn key_failure(
     key: &crate::message_id::MessageId,
-    method: &str,
     error: &StoreError,
 ) -> ErrorObjectOwned {
+    telemetry::store_error(None, error);
+    named_failure(key, error)
+}
+
+/// The failure, naming the key; `IDEMPOTENCY_CLAIM_LOST` when another process took the claim
+/// over.
+fn named_failure(key: &crate::message_id::MessageId, error: &StoreError) -> ErrorObjectOwned {
     tracing::error!(message_id = %key, error = %error, "idempotency cache failed");
-    telemetry::store_error(Some(method), error);
     failure(error)
         .with_detail("message_id", key.message_id())
         .into()
@@ -363,7 +370,7 @@ mod tests {
     fn a_store_failure_of_a_key_names_a_lost_claim_as_such() {
         let key = MessageId::parse_str("0b5f3c8e-8f0e-4d47-9a43-6c2f1f3a7b10").unwrap();
         let data = |error: StoreError| {
-            let failure = key_failure(&key, "message/stream", &error);
+            let failure = key_failure(&key, &error);
             let data: serde_json::Value =
                 serde_json::from_str(failure.data().expect("data").get()).unwrap();
             (data["code"].clone(), data["message_id"].clone())

@@ -354,7 +354,7 @@ async fn record<T: Serialize>(
                         // not answer has settled): the next claim closes it as interrupted, and
                         // nothing executes again.
                         tracing::error!("a stream's event could not be recorded; the stream ends");
-                        let failure = key_failure(ticket.key(), ticket.method(), &e);
+                        let failure = key_failure(ticket.key(), &e);
                         recording.push(error_frame(&id, failure));
                         recording.finish();
                         return;
@@ -370,13 +370,13 @@ async fn record<T: Serialize>(
     drop(events);
     if let Some(ticket) = ticket {
         let body = recording.joined(last.as_deref().unwrap_or_default());
-        let (key, method) = (ticket.key().clone(), ticket.method().to_owned());
+        let key = ticket.key().clone();
         if let Err(e) = ticket.close_stream(event_stream(body)).await {
             tracing::error!(
                 "a finished stream could not be stored; a retry gets it as interrupted"
             );
             // Tell the client, which would otherwise take the stream for stored.
-            recording.push(error_frame(&id, key_failure(&key, &method, &e)));
+            recording.push(error_frame(&id, key_failure(&key, &e)));
             recording.finish();
             return;
         }
