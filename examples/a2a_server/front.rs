@@ -5,13 +5,17 @@
 //! Parse error; RFC 9110 §15.5.16 makes it a 415). Everything else passes through. Its
 //! answers echo the activation as the idempotency layer's own do, by that layer's rule.
 
-use std::future::{ready, Ready};
+use std::future::ready;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::future::Either;
+use bytes::Bytes;
+use futures::future::{BoxFuture, Either};
+use futures::FutureExt;
 use http::header::{ACCEPT_ENCODING, ALLOW, CONTENT_ENCODING, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
 use idem::layers::HttpLayer;
 use jsonrpsee::server::{HttpBody, HttpResponse};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -30,14 +34,22 @@ pub struct FrontLayer {
     card: Arc<str>,
     metrics: PrometheusHandle,
     idempotency: HttpLayer,
+    /// The most of a refused request's body read for its calls' ids: the server's limit.
+    max_body_bytes: usize,
 }
 
 impl FrontLayer {
-    pub fn new(card: &Value, metrics: PrometheusHandle, idempotency: HttpLayer) -> Self {
+    pub fn new(
+        card: &Value,
+        metrics: PrometheusHandle,
+        idempotency: HttpLayer,
+        max_body_bytes: usize,
+    ) -> Self {
         Self {
             card: card.to_string().into(),
             metrics,
             idempotency,
+            max_body_bytes,
         }
     }
 }
@@ -63,30 +75,53 @@ pub struct FrontService<S> {
 impl<S, B> tower::Service<http::Request<B>> for FrontService<S>
 where
     S: tower::Service<http::Request<B>, Response = HttpResponse>,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Response = HttpResponse;
     type Error = S::Error;
-    type Future = Either<Ready<Result<HttpResponse, S::Error>>, S::Future>;
+    type Future = Either<BoxFuture<'static, Result<HttpResponse, S::Error>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        match self.front.answer(&request) {
-            Some(mut answer) => {
-                let echo = answer.headers_mut();
-                self.front.idempotency.echo(request.headers(), echo);
-                Either::Left(ready(Ok(answer)))
+        let headers = request.headers().clone();
+        let answer = match self.front.answer(&request) {
+            Answer::Pass => return Either::Right(self.inner.call(request)),
+            Answer::Now(answer) => ready(answer).boxed(),
+            Answer::VersionNotSupported(requested) => {
+                let limit = self.front.max_body_bytes;
+                version_not_supported(requested, request.into_body(), limit).boxed()
             }
-            None => Either::Right(self.inner.call(request)),
-        }
+        };
+        let idempotency = self.front.idempotency.clone();
+        Either::Left(
+            async move {
+                let mut answer = answer.await;
+                idempotency.echo(&headers, answer.headers_mut());
+                Ok(answer)
+            }
+            .boxed(),
+        )
     }
 }
 
+/// What is done here with a request.
+enum Answer {
+    /// Answered here, as is.
+    Now(HttpResponse),
+    /// Refused for its `A2A-Version`, once its body is read for the calls' ids.
+    VersionNotSupported(String),
+    /// jsonrpsee's.
+    Pass,
+}
+
 impl FrontLayer {
-    /// The answer given here, if the request gets one.
-    fn answer<B>(&self, request: &http::Request<B>) -> Option<HttpResponse> {
+    /// What is done here with `request`.
+    fn answer<B>(&self, request: &http::Request<B>) -> Answer {
         let (method, path) = (request.method(), request.uri().path());
         if path != CARD_PATH && path != METRICS_PATH || method == Method::POST {
             // POST is JSON-RPC on every path, these two included.
@@ -94,22 +129,36 @@ impl FrontLayer {
         }
         // HEAD is GET without the body (RFC 9110 §9.3.2), which hyper leaves out.
         if method != Method::GET && method != Method::HEAD {
-            return Some(not_allowed(method));
+            return Answer::Now(not_allowed(method));
         }
-        Some(match path {
+        Answer::Now(match path {
             CARD_PATH => response(self.card.to_string(), JSON),
             _ => response(self.metrics.render(), PROMETHEUS_TEXT),
         })
     }
 
     /// What is refused here of a request that jsonrpsee would otherwise read.
-    fn refusal<B>(&self, request: &http::Request<B>) -> Option<HttpResponse> {
+    fn refusal<B>(&self, request: &http::Request<B>) -> Answer {
         if let Some(requested) = version::unsupported(request.headers()) {
-            Some(response(version::not_supported_body(&requested), JSON))
+            Answer::VersionNotSupported(requested)
+        } else if let Some(coding) = content_coding(request.headers()) {
+            Answer::Now(unsupported_coding(&coding))
         } else {
-            content_coding(request.headers()).map(|coding| unsupported_coding(&coding))
+            Answer::Pass
         }
     }
+}
+
+/// -32009 to each call of `body` (read up to `limit` bytes; past it, or unreadable, the calls
+/// are unknown and the error's id is `null`).
+async fn version_not_supported<B>(requested: String, body: B, limit: usize) -> HttpResponse
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let body = Limited::new(body, limit).collect().await;
+    let body = body.map(|read| read.to_bytes()).unwrap_or_default();
+    response(version::not_supported(&requested, &body), JSON)
 }
 
 const JSON: &str = "application/json";

@@ -177,7 +177,12 @@ async fn start(
                 .layer(BodyTimeoutLayer {
                     idle: cli.body_timeout,
                 })
-                .layer(FrontLayer::new(&card, metrics, idem.http_layer()))
+                .layer(FrontLayer::new(
+                    &card,
+                    metrics,
+                    idem.http_layer(),
+                    usize::try_from(limits.max_request_body_bytes).unwrap_or(usize::MAX),
+                ))
                 .layer(principal::layer(cli.principal_header.clone()))
                 .layer(idem.http_layer()),
         )

@@ -2,7 +2,7 @@
 //! 0.3; an unsupported one gets VersionNotSupportedError (-32009).
 
 use http::HeaderMap;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// The values of `A2A-Version` this agent serves: each version as Major.Minor, and with its
 /// patch number 0, which a client may name as its SDK's full version.
@@ -17,17 +17,31 @@ pub fn unsupported(headers: &HeaderMap) -> Option<String> {
     (!SUPPORTED.contains(&requested.as_str())).then_some(requested)
 }
 
-/// The JSON-RPC error for it. Answered before the body is read, so the call's id is unknown
-/// and `null`, as JSON-RPC 2.0 allows for errors detected before the id.
-pub fn not_supported_body(requested: &str) -> String {
-    json!({
-        "jsonrpc": "2.0",
-        "id": null,
-        "error": {
-            "code": -32009,
-            "message": "Version not supported",
-            "data": { "requested": requested, "supported": ["0.3", "1.0"] }
+/// The JSON-RPC answer to `body`, sent with `requested`: VersionNotSupportedError for each
+/// call, under its id (JSON-RPC 2.0 §5: `null` only where the id cannot be read), as one
+/// error or, for a batch, an array of them. Nothing of the body is run.
+pub fn not_supported(requested: &str, body: &[u8]) -> String {
+    let error = |id: &Value| {
+        let id = match id {
+            Value::String(_) | Value::Number(_) => id.clone(),
+            _ => Value::Null,
+        };
+        json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "error": {
+                "code": -32009,
+                "message": "Version not supported",
+                "data": { "requested": requested, "supported": ["0.3", "1.0"] }
+            }
+        })
+    };
+    let answer = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(calls)) if !calls.is_empty() => {
+            Value::Array(calls.iter().map(|call| error(&call["id"])).collect())
         }
-    })
-    .to_string()
+        Ok(call) => error(&call["id"]),
+        Err(_) => error(&Value::Null),
+    };
+    answer.to_string()
 }

@@ -722,9 +722,22 @@ async fn an_unsupported_a2a_version_is_refused_before_anything_runs() {
     let refused = post(&server.url, body.clone(), &headers).await;
     assert_eq!(refused.error_code(), -32009);
     assert_eq!(refused.json()["error"]["data"]["requested"], "9.9");
+    assert_eq!(refused.json()["id"], 7, "under the call's own id");
     assert!(
         refused.echoes_extension(),
         "answered in front, by the layer's rule"
+    );
+    // A batch gets one error per call, each under its id; a body that is not JSON, id null.
+    let second = rpc("GetTask", json!({"id": "t"})).replacen(r#""id":7"#, r#""id":"b""#, 1);
+    let batch = post(&server.url, format!("[{body},{second}]"), &headers).await;
+    let answers = batch.json();
+    assert_eq!(answers[0]["id"], 7, "{answers}");
+    assert_eq!(answers[1]["id"], "b", "{answers}");
+    assert_eq!(answers[1]["error"]["code"], -32009, "{answers}");
+    let unread = post(&server.url, "{not json", &headers).await;
+    assert_eq!(
+        (unread.error_code(), unread.json()["id"].clone()),
+        (-32009, json!(null))
     );
     assert_eq!(count(server.db(), "SELECT COUNT(*) FROM tasks", &[]), 0);
     let empty = [("A2A-Extensions", URI), ("A2A-Version", "")];
