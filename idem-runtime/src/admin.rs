@@ -33,7 +33,7 @@ use crate::config::IdempotencyConfig;
 use crate::message_id::MessageId;
 use crate::store::settings;
 use crate::store::sqlite::{file_lock, purge_watch};
-use crate::store::{is_expired, StoreError, StoreStats};
+use crate::store::{expired_before, is_expired, StoreError, StoreStats};
 
 /// One key as the database holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,15 +121,19 @@ fn sqlite_by_key(sql: &str) -> String {
     sql.replace("message_id = $1", subquery)
 }
 
+/// `$1`: the time before which an expired entry was inserted (`expired_before`). SKIP
+/// LOCKED: a row a server is writing is a key stored again, live; deleted once that commits,
+/// the entry just answered would be gone (the servers' sweep skips it alike).
 #[cfg(feature = "postgres")]
 const PURGE_EXPIRED: &str = "
 DELETE FROM idempotency_cache WHERE message_id IN (
-    SELECT message_id FROM idempotency_cache WHERE inserted_at + $2 < $1 LIMIT $3)";
+    SELECT message_id FROM idempotency_cache WHERE inserted_at < $1 LIMIT $2
+    FOR UPDATE SKIP LOCKED)";
 /// `PURGE_EXPIRED` for SQLite: rows by rowid (no index of keys there), found through the
 /// index on `inserted_at`.
 const SQLITE_PURGE_EXPIRED: &str = "
 DELETE FROM idempotency_cache WHERE rowid IN (
-    SELECT rowid FROM idempotency_cache WHERE inserted_at < $1 - $2 LIMIT $3)";
+    SELECT rowid FROM idempotency_cache WHERE inserted_at < $1 LIMIT $2)";
 
 impl Admin {
     /// Connects to `target`: a SQLite file that exists, or a `postgres://` URL. What counts
@@ -259,12 +263,12 @@ impl Admin {
     /// served SQLite file it returns, as [`purge`](Self::purge) does, once the serving
     /// process has forgotten what it held in memory.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let (now, ttl) = (self.clock.now_seconds() as i64, self.ttl_seconds as i64);
+        let before = expired_before(self.ttl_seconds, self.clock.now_seconds());
         let (mut total, mut last_generation) = (0, None);
         loop {
             let deleted = match &self.db {
                 Db::Sqlite(conn, _) => {
-                    let chunk = move |c: &Connection| purge_expired_sqlite(c, now, ttl);
+                    let chunk = move |c: &Connection| purge_expired_sqlite(c, before);
                     let (deleted, generation) = sqlite(conn, chunk).await?;
                     last_generation = generation.or(last_generation);
                     deleted
@@ -272,7 +276,7 @@ impl Admin {
                 #[cfg(feature = "postgres")]
                 Db::Postgres(client) => {
                     client
-                        .execute(PURGE_EXPIRED, &[&now, &ttl, &PURGE_CHUNK])
+                        .execute(PURGE_EXPIRED, &[&before, &PURGE_CHUNK])
                         .await?
                 }
             };
@@ -408,13 +412,9 @@ fn purge_sqlite(conn: &Connection, key: &str) -> Result<Option<i64>, StoreError>
 
 /// One chunk of expired rows deleted, and the purge recorded for the serving process where
 /// it deleted any, in one transaction: how many, and the purge's generation.
-fn purge_expired_sqlite(
-    conn: &Connection,
-    now: i64,
-    ttl: i64,
-) -> Result<(u64, Option<i64>), StoreError> {
+fn purge_expired_sqlite(conn: &Connection, before: i64) -> Result<(u64, Option<i64>), StoreError> {
     let tx = conn.unchecked_transaction()?;
-    let named = rusqlite::named_params! {"$1": now, "$2": ttl, "$3": PURGE_CHUNK};
+    let named = rusqlite::named_params! {"$1": before, "$2": PURGE_CHUNK};
     let deleted = tx.execute(SQLITE_PURGE_EXPIRED, named)? as u64;
     let generation = match deleted {
         0 => None,
@@ -549,7 +549,7 @@ mod tests {
                 "{plan}"
             );
         }
-        let plan = plan(SQLITE_PURGE_EXPIRED, &[&0, &0, &0]);
+        let plan = plan(SQLITE_PURGE_EXPIRED, &[&0, &0]);
         assert!(plan.contains("INDEX idx_idempotency_inserted_at"), "{plan}");
     }
 }

@@ -130,6 +130,13 @@ pub(crate) fn is_expired(inserted_at: u64, ttl_seconds: u64, now_seconds: u64) -
     inserted_at.saturating_add(ttl_seconds) < now_seconds
 }
 
+/// The time (epoch seconds) before which a row was inserted if it is expired now, as
+/// [`is_expired`] decides: what SQL compares `inserted_at` (or a stream's `started_at`) with.
+/// Computed here, so that no TTL, however large, wraps around or overflows in the database.
+pub(crate) fn expired_before(ttl_seconds: u64, now_seconds: u64) -> i64 {
+    i64::try_from(now_seconds.saturating_sub(ttl_seconds)).unwrap_or(i64::MAX)
+}
+
 /// A stream being recorded: the durable record of a call whose side effects are committed and
 /// whose response is still being produced (kept apart from the §4.4 table of completed entries).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,6 +4,8 @@
 //! parameter in PostgreSQL and the first named one in SQLite), and run on any connection to
 //! the database: the store's own readers, or the admin tool's connection beside the servers.
 
+use crate::store::expired_before;
+
 /// The figures of one store, as of `now`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -27,13 +29,13 @@ pub struct StoreStats {
 /// How many methods [`StoreStats::top_methods`] lists.
 pub const TOP_METHODS: usize = 5;
 
-/// Totals: `$1` is now, `$2` the TTL, both in seconds (spec §4.4: expired when
-/// `inserted_at + ttl < now`).
+/// Totals: `$1` is the time before which an entry was inserted if it is expired now
+/// (`expired_before`: spec §4.4, expired when `inserted_at + ttl < now`).
 pub(crate) const TOTALS: &str = "
 SELECT CAST(count(*) AS BIGINT),
        CAST(coalesce(sum(length(response_body)), 0) AS BIGINT),
-       CAST(coalesce(sum(CASE WHEN inserted_at + $2 < $1 THEN 1 ELSE 0 END), 0) AS BIGINT),
-       CAST(coalesce(sum(CASE WHEN inserted_at + $2 >= $1 AND inserted_at + $2 < $1 + 3600
+       CAST(coalesce(sum(CASE WHEN inserted_at < $1 THEN 1 ELSE 0 END), 0) AS BIGINT),
+       CAST(coalesce(sum(CASE WHEN inserted_at >= $1 AND inserted_at < $1 + 3600
                               THEN 1 ELSE 0 END), 0) AS BIGINT),
        min(inserted_at)
 FROM idempotency_cache";
@@ -52,9 +54,7 @@ impl StoreStats {
         now: u64,
         ttl: u64,
     ) -> rusqlite::Result<Self> {
-        let (now, ttl) = (now as i64, ttl as i64);
-        // Bound by name: SQLite numbers `$N` parameters in the order they first appear.
-        let params = rusqlite::named_params! {"$1": now, "$2": ttl};
+        let params = rusqlite::named_params! {"$1": expired_before(ttl, now)};
         let mut stats = conn.query_row(TOTALS, params, |row| {
             Ok(Self::from_totals(
                 row.get(0)?,
@@ -81,8 +81,9 @@ impl StoreStats {
         now: u64,
         ttl: u64,
     ) -> Result<Self, tokio_postgres::Error> {
-        let (now, ttl) = (now as i64, ttl as i64);
-        let row = client.query_one(TOTALS, &[&now, &ttl]).await?;
+        let row = client
+            .query_one(TOTALS, &[&expired_before(ttl, now)])
+            .await?;
         let mut stats =
             Self::from_totals(row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
         stats.open_streams = client.query_one(OPEN_STREAMS, &[]).await?.get::<_, i64>(0) as u64;

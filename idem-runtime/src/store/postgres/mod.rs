@@ -43,8 +43,8 @@ use crate::store::postgres::rows::{
 };
 use crate::store::postgres::schema::create_schema;
 use crate::store::{
-    at_most, is_expired, Acquired, Elsewhere, Entry, Found, Lease, OpenStream, ReadJob, Store,
-    StoreError, StoreStats,
+    at_most, expired_before, is_expired, Acquired, Elsewhere, Entry, Found, Lease, OpenStream,
+    ReadJob, Store, StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -290,9 +290,13 @@ impl PostgresStore {
         let max = self.max_entries.min(i64::MAX as u64) as i64;
         let evicted = execute(
             client,
+            // SKIP LOCKED: a row another replica is writing (a key stored again past its TTL,
+            // a touch) is not the least recently used any more; deleted after it committed,
+            // the entry just answered would be gone.
             "DELETE FROM idempotency_cache WHERE message_id IN (
                SELECT message_id FROM idempotency_cache ORDER BY last_used_at, message_id
-               LIMIT LEAST($2, GREATEST(0, (SELECT COUNT(*) FROM idempotency_cache) - $1)))",
+               LIMIT LEAST($2, GREATEST(0, (SELECT COUNT(*) FROM idempotency_cache) - $1))
+               FOR UPDATE SKIP LOCKED)",
             &[&max, &at_most],
         )
         .await?;
@@ -622,10 +626,12 @@ impl Store for PostgresStore {
             let client = self.client().await?;
             let appended = execute(
                 &client,
+                // FOR SHARE: a takeover under way holds the claim's row; the event waits for
+                // it and is then refused, never recorded under a claim already taken.
                 "INSERT INTO idempotency_stream_events (message_id, seq, event)
                  SELECT $1, $2, $3 WHERE EXISTS
                    (SELECT 1 FROM idempotency_claims
-                    WHERE message_id = $1 AND fence = $4 AND owner = $5)",
+                    WHERE message_id = $1 AND fence = $4 AND owner = $5 FOR SHARE)",
                 &[
                     &key.as_str(),
                     &(seq as i32),
@@ -687,7 +693,7 @@ impl Store for PostgresStore {
 
     async fn sweep(&self) -> Result<u64, StoreError> {
         let client = self.client().await?;
-        let (ttl, now) = (self.ttl_seconds as i64, self.clock.now_seconds() as i64);
+        let before = expired_before(self.ttl_seconds, self.clock.now_seconds());
         self.flush_touches(&client).await?;
         let mut total = 0;
         loop {
@@ -695,9 +701,9 @@ impl Store for PostgresStore {
             let deleted = execute(
                 &client,
                 "DELETE FROM idempotency_cache WHERE message_id IN (
-                   SELECT message_id FROM idempotency_cache WHERE inserted_at < $2::BIGINT - $1::BIGINT
-                   LIMIT $3 FOR UPDATE SKIP LOCKED)",
-                &[&ttl, &now, &SWEEP_CHUNK],
+                   SELECT message_id FROM idempotency_cache WHERE inserted_at < $1
+                   LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                &[&before, &SWEEP_CHUNK],
             )
             .await?;
             total += deleted;
@@ -712,7 +718,7 @@ impl Store for PostgresStore {
             &client,
             concat!(
                 "WITH gone AS (
-                   DELETE FROM idempotency_open_streams o WHERE started_at + $1 < $2
+                   DELETE FROM idempotency_open_streams o WHERE started_at < $1
                    AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
                                    WHERE c.message_id = o.message_id AND c.lease_until > ",
                 now_ms!(),
@@ -720,7 +726,7 @@ impl Store for PostgresStore {
                  DELETE FROM idempotency_stream_events e USING gone
                  WHERE e.message_id = gone.message_id"
             ),
-            &[&ttl, &now],
+            &[&before],
         )
         .await?;
         execute(

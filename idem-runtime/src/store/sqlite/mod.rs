@@ -51,8 +51,8 @@ use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::readers::Readers;
 use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
 use crate::store::{
-    after, at_most, is_expired, Entry, Found, IfLate, Lease, OpenStream, ReadJob, Settling, Store,
-    StoreError, StoreStats,
+    after, at_most, expired_before, is_expired, Entry, Found, IfLate, Lease, OpenStream, ReadJob,
+    Settling, Store, StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -581,24 +581,22 @@ fn sweep_chunk(
     live: &LiveStreams,
     changes: &mut Vec<Change>,
 ) -> Result<u64, StoreError> {
+    // `inserted_at + ttl < now` (spec §4.4), written so that the index on `inserted_at`
+    // finds the expired rows instead of a scan of the table.
+    let before = expired_before(ttl, now);
     let deleted = entries::delete(
         conn,
-        // `inserted_at + ttl < now` (spec §4.4), written so that the index on `inserted_at`
-        // finds the expired rows instead of a scan of the table.
         "DELETE FROM idempotency_cache WHERE rowid IN
-           (SELECT rowid FROM idempotency_cache WHERE inserted_at < ?2 - ?1 LIMIT ?3)
+           (SELECT rowid FROM idempotency_cache WHERE inserted_at < ?1 LIMIT ?2)
          RETURNING rowid, message_id",
-        params![ttl as i64, now as i64, SWEEP_CHUNK as i64],
+        params![before, SWEEP_CHUNK as i64],
     )?;
     let count = deleted.len() as u64;
     changes.extend(deleted);
-    let mut old = conn.prepare_cached(
-        "SELECT message_id FROM idempotency_open_streams WHERE started_at + ?1 < ?2",
-    )?;
+    let mut old = conn
+        .prepare_cached("SELECT message_id FROM idempotency_open_streams WHERE started_at < ?1")?;
     let old = old
-        .query_map(params![ttl as i64, now as i64], |row| {
-            row.get::<_, String>(0)
-        })?
+        .query_map([before], |row| row.get::<_, String>(0))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     for key in old.into_iter().map(MessageId::from_stored) {
         if !live.holds(&key) && delete_open_stream(conn, key.as_str())? {

@@ -97,6 +97,26 @@ pub async fn sweep_deletes_only_expired_rows(fx: Fixture) {
     assert_eq!(cached_body(&cache, &key(9999)).await.unwrap(), b"fresh");
 }
 
+/// A TTL past any date (in code, `u64::MAX`; from the environment, up to 2^63 - 1) keeps
+/// every entry: the sweep deletes none, and the figures count none as expired. Spec §4.4's
+/// `inserted_at + ttl < now` never holds; in SQL, as a sum, it overflowed or wrapped around.
+pub async fn a_ttl_past_any_date_expires_nothing(fx: Fixture) {
+    for (n, ttl) in [u64::MAX, i64::MAX as u64].into_iter().enumerate() {
+        // One store at a time: a second TTL beside a serving store is refused.
+        let cache = fx.cache(&config(ttl, 100)).await;
+        execute(&cache, &key(n as u32), "{}", "kept").await;
+        fx.clock.advance(Duration::from_secs(86_400 * 365));
+        assert_eq!(cache.store().sweep().await.unwrap(), 0, "ttl {ttl}");
+        assert_eq!(cached_body(&cache, &key(0)).await.unwrap(), b"kept");
+        let stats = cache.store().stats().await.unwrap();
+        assert_eq!(
+            (stats.entries, stats.expired),
+            (n as u64 + 1, 0),
+            "ttl {ttl}"
+        );
+    }
+}
+
 pub async fn lru_bound_evicts_least_recently_used_on_insert(fx: Fixture) {
     let cache = fx.cache(&config(86_400, 3)).await;
     for n in 1..=3 {
@@ -565,6 +585,7 @@ on_both_backends!(
     entries_survive_close_and_reopen,
     ttl_expiry_is_a_miss_and_reinsert_replaces_the_stale_row,
     sweep_deletes_only_expired_rows,
+    a_ttl_past_any_date_expires_nothing,
     lru_bound_evicts_least_recently_used_on_insert,
     bound_holds_across_reopen,
     sixty_four_concurrent_claims_one_winner,

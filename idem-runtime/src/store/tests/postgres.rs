@@ -884,3 +884,96 @@ async fn a_bound_that_cannot_be_enforced_after_a_commit_fails_no_call() {
         b"past the bound"
     );
 }
+
+/// A session of its own that holds, until [`release`](Held::release), the row locks `sql`
+/// takes: a replica's commit under way, as another replica or the operator's tool meets it.
+struct Held(tokio_postgres::Client);
+
+impl Held {
+    async fn take(fx: &Fixture, sql: &str) -> Self {
+        let client = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
+        client
+            .batch_execute(&format!("BEGIN; {sql}"))
+            .await
+            .unwrap();
+        Self(client)
+    }
+
+    /// Commits, a moment after whatever meets the locks has started waiting on them.
+    async fn release(self) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.0.batch_execute("COMMIT").await.unwrap();
+    }
+}
+
+/// The LRU eviction passes over a row another replica is writing: that row (here a use of
+/// the least recently used entry, as a key stored again would be) is not the least recently
+/// used once it commits, and deleted then, the entry just answered would be gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lru_bound_passes_over_an_entry_being_written() {
+    let Some(fx) = fixture().await else { return };
+    let cache = fx.cache(&config(86_400, 2)).await;
+    execute(&cache, &key(0), "{}", "least recently used").await;
+    fx.clock.advance(Duration::from_secs(1));
+    execute(&cache, &key(1), "{}", "next").await;
+    let used = format!(
+        "UPDATE idempotency_cache SET last_used_at = 9000000000000 WHERE message_id = '{}'",
+        key(0)
+    );
+    let held = Held::take(&fx, &used).await;
+    let new = key(2);
+    let (_, stored) = tokio::join!(held.release(), execute(&cache, &new, "{}", "new"));
+    assert_eq!(stored.response.body, b"new");
+    assert!(cached_body(&cache, &key(0)).await.is_some(), "used: kept");
+    assert!(
+        cached_body(&cache, &key(1)).await.is_none(),
+        "now the least recently used"
+    );
+}
+
+/// The operator's `purge --expired` passes over an expired row a server is storing again
+/// (a new call of the key past its TTL): deleted once that commits, the live entry would go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_expired_passes_over_an_entry_being_stored_again() {
+    let Some(fx) = fixture().await else { return };
+    let cache = fx.cache(&config(60, 100)).await;
+    execute(&cache, &key(1), "{}", "first").await;
+    // Expired by the wall clock, which the admin tool reads.
+    fx.execute("UPDATE idempotency_cache SET inserted_at = 1000")
+        .await;
+    let stored_again = format!(
+        "UPDATE idempotency_cache SET inserted_at = 9000000000 WHERE message_id = '{}'",
+        key(1)
+    );
+    let held = Held::take(&fx, &stored_again).await;
+    let admin = crate::admin::Admin::open(fx.url.as_ref().unwrap(), &config(60, 100))
+        .await
+        .unwrap();
+    let (_, purged) = tokio::join!(held.release(), admin.purge_expired());
+    assert_eq!(purged.unwrap(), 0);
+    let live = "SELECT COUNT(*) FROM idempotency_cache WHERE inserted_at = 9000000000";
+    assert_eq!(fx.count(live).await, 1, "the entry stored again is live");
+}
+
+/// A stream's event meets a takeover under way (its claim's row locked by the replica taking
+/// it over): it waits for it and is refused, never recorded under a claim already taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_event_waits_out_a_takeover_under_way_and_is_refused() {
+    let Some(fx) = fixture().await else { return };
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let mut ticket = won(&cache, &key(1), "message/stream", &hash).await;
+    ticket
+        .open_stream("5".into(), bytes_of("event 0"), Vec::new())
+        .await
+        .unwrap();
+    let takeover = "UPDATE idempotency_claims SET fence = fence + 1000000, owner = 'another'";
+    let held = Held::take(&fx, takeover).await;
+    let (_, appended) = tokio::join!(held.release(), ticket.append_event(1, bytes_of("event 1")));
+    assert!(
+        matches!(appended, Err(StoreError::ClaimLost(_))),
+        "{appended:?}"
+    );
+    let events = "SELECT COUNT(*) FROM idempotency_stream_events";
+    assert_eq!(fx.count(events).await, 1, "only the event recorded before");
+}
