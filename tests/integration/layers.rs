@@ -612,6 +612,28 @@ async fn failures_are_cached_and_replayed_like_successes() {
     assert_eq!(server.executions(), 1);
 }
 
+/// A method's own -32600 is its answer, HTTP 200 as any method's error, cached and replayed
+/// as sent: a resend of its very bytes (answered from them) and a retry under another id
+/// alike. Only a body that is not a Request is a 400.
+#[tokio::test]
+async fn a_method_s_own_invalid_request_error_keeps_its_status_on_every_replay() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let first = post_activated(&server.url, send(1, &mid, "invalid")).await;
+    assert_eq!((first.status, first.error_code()), (200, -32600));
+    let resent = post_activated(&server.url, send(1, &mid, "invalid")).await;
+    assert!(resent.replayed());
+    assert_eq!((resent.status, &resent.body), (200, &first.body));
+    let retried = post_activated(&server.url, send(2, &mid, "invalid")).await;
+    assert!(retried.replayed());
+    assert_eq!(
+        (retried.status, retried.json()["id"].clone()),
+        (200, json!(2))
+    );
+    assert_eq!(server.executions(), 1);
+}
+
 #[tokio::test]
 async fn a_panicking_body_is_cached_as_a_failure_and_the_server_lives() {
     let db = Db::new();

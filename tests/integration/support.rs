@@ -91,6 +91,8 @@ impl TestAgentServer for Agent {
                 Some(json!({"execution": n})),
             )),
             "panic" => panic!("the body panicked on purpose"),
+            // A method's own refusal with JSON-RPC's Invalid Request code.
+            "invalid" => Err(jsonrpsee::types::ErrorCode::InvalidRequest.into()),
             _ => {
                 let history = configuration.and_then(|c| c.history_length);
                 let task = json!({"kind": "task", "id": format!("task-{n}"), "echo": text,

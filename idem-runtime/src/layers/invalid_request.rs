@@ -54,10 +54,11 @@ const INVALID_REQUEST_END: &[u8] = br#","error":{"code":-32600,"message":"Invali
 /// Every other answer of a single request passes unread.
 const LOOKED_AT: u64 = 256;
 
-/// `response`, or the answer JSON-RPC 2.0 gives to `request` where jsonrpsee's differs. An
-/// answer that is one Invalid Request error (not a batch's array) has HTTP 400, as a body that
-/// is not JSON has: the request as a whole is malformed, whatever jsonrpsee's status was (it
-/// said 400 to `null` and 200 to `{}`).
+/// `response`, or the answer JSON-RPC 2.0 gives to `request` where jsonrpsee's differs. A body
+/// that is not a Request, answered with one Invalid Request error (not a batch's array), has
+/// HTTP 400, as a body that is not JSON has: the request as a whole is malformed, whatever
+/// jsonrpsee's status was (it said 400 to `null` and 200 to `{}`). A method's own -32600 keeps
+/// its status: it is the call's answer, cached and replayed as sent.
 pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpResponse {
     let size = hyper::body::Body::size_hint(response.body()).exact();
     let batch = request_is_batch(request);
@@ -68,18 +69,25 @@ pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpRes
     let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
         return HttpResponse::from_parts(parts, HttpBody::empty());
     };
+    // Where the body is a Request (JSON-RPC 2.0 §4), jsonrpsee dispatched it: an error in the
+    // answer is its method's, cached and replayed with its status, whatever its code.
     let answer = match &body[..] {
         NULL => Some(answer_to_null(request)),
-        PARSE_ERROR => match serde_json::from_slice::<serde::de::IgnoredAny>(request) {
-            Ok(_json) => Some(Answer::Invalid(vec![INVALID_REQUEST.to_owned()])),
-            Err(not_json) => return refused(StatusCode::BAD_REQUEST, PARSE, not_json.to_string()),
-        },
+        PARSE_ERROR if !is_request(request) => {
+            match serde_json::from_slice::<serde::de::IgnoredAny>(request) {
+                Ok(_json) => Some(Answer::Invalid(vec![INVALID_REQUEST.to_owned()])),
+                Err(not_json) => {
+                    return refused(StatusCode::BAD_REQUEST, PARSE, not_json.to_string())
+                }
+            }
+        }
         answers if batch => with_unread_ids(request, answers).map(Answer::Batch),
         _ => None,
     };
     match answer {
         None => {
-            if body.ends_with(INVALID_REQUEST_END) && !body.starts_with(b"[") {
+            let invalid = body.ends_with(INVALID_REQUEST_END) && !body.starts_with(b"[");
+            if invalid && !is_request(request) {
                 parts.status = StatusCode::BAD_REQUEST;
             }
             HttpResponse::from_parts(parts, HttpBody::new(http_body_util::Full::new(body)))
@@ -241,6 +249,18 @@ fn unread_ids(probes: &[Probe<'_>]) -> usize {
 struct Probe<'a> {
     #[serde(borrow)]
     id: Option<&'a serde_json::value::RawValue>,
+}
+
+/// Whether `request` is one Request object (JSON-RPC 2.0 §4: `jsonrpc` "2.0" and a `method`),
+/// which jsonrpsee dispatches unless it cannot read its id (then it answers `null`).
+fn is_request(request: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Request {
+        jsonrpc: String,
+        #[allow(dead_code)]
+        method: String,
+    }
+    serde_json::from_slice::<Request>(request).is_ok_and(|r| r.jsonrpc == "2.0")
 }
 
 fn request_is_batch(request: &[u8]) -> bool {
