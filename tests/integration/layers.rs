@@ -837,6 +837,30 @@ async fn in_a_batch_an_undecodable_entry_under_a_held_key_is_422_too() {
     assert_eq!(server.executions(), 1);
 }
 
+/// The same, where the key is taken by an entry before it in the same batch: jsonrpsee runs
+/// a batch's entries one after the other, so the first executes and stores, and the
+/// undecodable one after it, under another payload, is the 422 it would be alone.
+#[tokio::test]
+async fn in_a_batch_an_undecodable_entry_under_a_key_taken_earlier_in_it_is_422() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let undecodable = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"message/send","params":{{"message":{{"messageId":"{mid}","parts":[]}},"configuration":{{"historyLength":"ten"}}}}}}"#
+    );
+    let batch = format!("[{}, {undecodable}]", send(1, &mid, "x"));
+    let reply = post_activated(&server.url, batch).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.batch_answer(1)["result"]["echo"], "x");
+    assert_eq!(
+        reply.batch_answer(2)["error"]["code"],
+        -32422,
+        "{}",
+        reply.json()
+    );
+    assert_eq!(server.executions(), 1);
+}
+
 /// A body over the limit is read, dropped and answered 413 with the error that names the
 /// limit, never a reset connection, whether its length was announced or it came chunked
 /// (jsonrpsee alone answers a chunked one 500); a body at the limit is served as usual.

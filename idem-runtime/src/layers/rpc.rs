@@ -136,8 +136,9 @@ where
                 let Ok(BatchEntry::Call(request)) = entry else {
                     continue;
                 };
-                let held = match request.extensions().get::<GovernedCall>().cloned() {
-                    Some(call) => held_by_another(&call).await,
+                let call = request.extensions().get::<GovernedCall>().cloned();
+                let held = match &call {
+                    Some(call) => held_by_another(call).await,
                     None => None,
                 };
                 match held {
@@ -145,14 +146,14 @@ where
                         *entry = Err(BatchEntryErr::new(request.id.clone().into_owned(), error))
                     }
                     // What goes to the method: its guard should take it.
-                    None => governed.extend(Unguarded::of(request).map(|call| (place, call))),
+                    None => governed.extend(Unguarded::of(request).map(|u| (place, u, call))),
                 }
             }
             let response = inner.batch(batch).await;
-            governed.retain(|(_, (reach, _))| !reach.reached());
+            governed.retain(|(_, (reach, _), _)| !reach.reached());
             match governed.is_empty() {
                 true => response,
-                false => Unguarded::in_batch(response, &governed),
+                false => Unguarded::in_batch(response, &governed).await,
             }
         }
     }
@@ -340,25 +341,30 @@ impl<'a> Unguarded<'a> {
         MethodResponse::error(self.id, error).with_extensions(extensions)
     }
 
-    /// A batch's answers, those in the places of `unguarded` calls replaced as in [`answer`],
-    /// the others written again as jsonrpsee wrote them (jsonrpsee's batch answer is one piece
-    /// of JSON, and it makes a batch only of answers it serializes). A replacement may take
-    /// the answer a little past jsonrpsee's size limit.
-    fn in_batch(
+    /// A batch's answers, those in the places of `unguarded` calls replaced as in [`answer`]
+    /// (a key that an entry before it took in the same batch included), the others written
+    /// again as jsonrpsee wrote them (jsonrpsee's batch answer is one piece of JSON, and it
+    /// makes a batch only of answers it serializes). A replacement may take the answer a
+    /// little past jsonrpsee's size limit.
+    async fn in_batch(
         response: MethodResponse,
-        unguarded: &[(usize, (GuardReach, Self))],
+        unguarded: &[(usize, (GuardReach, Self), Option<GovernedCall>)],
     ) -> MethodResponse {
         let Ok(answers) = serde_json::from_str::<Vec<Answer<'_>>>(response.as_json().get()) else {
             return response; // one answer for the whole batch: none of a call's to replace
         };
         let mut rebuilt = BatchResponseBuilder::new_with_limit(usize::MAX);
         for (place, answer) in answers.into_iter().enumerate() {
-            let mistake = unguarded.iter().find(|(at, _)| *at == place);
+            let mistake = unguarded.iter().find(|(at, ..)| *at == place);
             let code = answer.error.as_ref().map(|e| e.code);
             let one = match mistake {
-                Some((_, (_, call))) if !refused_before_the_body(code) => {
+                Some((_, (_, call), _)) if !refused_before_the_body(code) => {
                     MethodResponse::error(answer.id, call.error())
                 }
+                Some((_, _, Some(governed))) => match held_by_another(governed).await {
+                    Some(collision) => MethodResponse::error(answer.id, collision),
+                    None => answer.written_again(),
+                },
                 _ => answer.written_again(),
             };
             let _ = rebuilt.append(one);
