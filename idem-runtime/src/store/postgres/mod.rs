@@ -35,7 +35,7 @@ use crate::message_id::MessageId;
 use crate::store::postgres::claims::{end_claim, fenced, held};
 use crate::store::postgres::listener::{Listener, CHANNEL};
 use crate::store::postgres::one_ttl::named;
-use crate::store::postgres::pool::{pool_of, session_bounds};
+use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds};
 use crate::store::postgres::renewer::Renewer;
 use crate::store::postgres::rows::{
     delete_events, execute, query_one, query_opt, select_after_claim, select_entry,
@@ -128,7 +128,8 @@ impl PostgresStore {
         let (lease, ttl) = (config.claim_lease, config.ttl_seconds);
         let pool = pool_of(&options, options.pool_size, lease, ttl)?;
         create_schema(&pool, ttl).await?;
-        let listen = named(options.listen_url.as_ref().unwrap_or(&options.url), ttl)?;
+        let mut listen = named(options.listen_url.as_ref().unwrap_or(&options.url), ttl)?;
+        bound_the_link(&mut listen, lease);
         let owner = owner();
         let store = Self {
             listener: Listener::start(listen),
@@ -256,10 +257,15 @@ impl PostgresStore {
         }
         let (ids, used): (Vec<String>, Vec<i64>) =
             touches.into_iter().map(|(k, v)| (k, v as i64)).unzip();
+        // SKIP LOCKED: a use is a hint, and a row another session is writing is being used or
+        // stored again anyway. Waiting for it, two replicas flushing the same keys in another
+        // order could deadlock, and fail the call whose commit flushed.
         execute(
             client,
             "UPDATE idempotency_cache AS c SET last_used_at = GREATEST(c.last_used_at, t.used)
-             FROM unnest($1::text[], $2::bigint[]) AS t(id, used) WHERE c.message_id = t.id",
+             FROM unnest($1::text[], $2::bigint[]) AS t(id, used) WHERE c.message_id = t.id
+             AND c.message_id IN (SELECT message_id FROM idempotency_cache
+                                  WHERE message_id = ANY($1) FOR UPDATE SKIP LOCKED)",
             &[&ids, &used],
         )
         .await?;

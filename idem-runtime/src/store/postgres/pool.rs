@@ -64,9 +64,7 @@ pub(super) fn pool_of(
 ) -> Result<Pool, StoreError> {
     let mut config = named(&options.url, ttl_seconds)?;
     let (idle, statement) = session_bounds(lease);
-    if config.get_tcp_user_timeout().is_none() {
-        config.tcp_user_timeout(statement);
-    }
+    bound_the_link(&mut config, lease);
     // `SET`s once connected, not startup options: poolers refuse startup options they do
     // not know.
     let set: Arc<str> = format!(
@@ -102,10 +100,67 @@ pub(super) fn pool_of(
         })
 }
 
+/// tokio-postgres's keepalive idle time unless a URL sets another: the system's own.
+const SYSTEM_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+
+/// `config`, its link given up after about two leases once the database host stops
+/// answering (a partition, a NAT entry gone): while sending, by TCP's user timeout; while
+/// idle, as the listener's connection mostly is, by keepalive probes (the system's own wait
+/// two hours first, and every wake-up meanwhile was lost). Values the URL sets are kept.
+pub(super) fn bound_the_link(config: &mut tokio_postgres::Config, lease: Duration) {
+    let (_, bound) = session_bounds(lease);
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(bound);
+    }
+    if config.get_keepalives_idle() == SYSTEM_KEEPALIVE_IDLE {
+        // Half the bound idle, then three probes a sixth of it apart; the system counts
+        // both in whole seconds, and refuses 0.
+        let second = Duration::from_secs(1);
+        config
+            .keepalives(true)
+            .keepalives_idle((bound / 2).max(second))
+            .keepalives_interval((bound / 6).max(second))
+            .keepalives_retries(3);
+    }
+}
+
 /// The server's bounds on a session's idle transaction (the lease) and on its statements (two
 /// leases), each from a second to PostgreSQL's largest timeout.
 pub(super) fn session_bounds(lease: Duration) -> (Duration, Duration) {
     let largest = Duration::from_millis(crate::config::MAX_POSTGRES_TIMEOUT_MS);
     let bound = |d: Duration| d.clamp(Duration::from_secs(1), largest);
     (bound(lease), bound(lease.saturating_mul(2)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_is_given_up_after_two_leases_unless_the_url_says_otherwise() {
+        let lease = Duration::from_secs(9);
+        let mut config: tokio_postgres::Config = "postgres://app@db/a2a".parse().unwrap();
+        bound_the_link(&mut config, lease);
+        assert_eq!(config.get_tcp_user_timeout(), Some(&(lease * 2)));
+        assert!(config.get_keepalives());
+        assert_eq!(config.get_keepalives_idle(), lease);
+        assert_eq!(config.get_keepalives_interval(), Some(lease / 3));
+        assert_eq!(config.get_keepalives_retries(), Some(3));
+        let mut short: tokio_postgres::Config = "postgres://app@db/a2a".parse().unwrap();
+        bound_the_link(&mut short, Duration::from_millis(600));
+        assert_eq!(
+            short.get_keepalives_idle(),
+            Duration::from_secs(1),
+            "whole seconds"
+        );
+        assert_eq!(
+            short.get_keepalives_interval(),
+            Some(Duration::from_secs(1))
+        );
+        let url = "postgres://app@db/a2a?tcp_user_timeout=5&keepalives_idle=60";
+        let mut own: tokio_postgres::Config = url.parse().unwrap();
+        bound_the_link(&mut own, lease);
+        assert_eq!(own.get_tcp_user_timeout(), Some(&Duration::from_secs(5)));
+        assert_eq!(own.get_keepalives_idle(), Duration::from_secs(60));
+    }
 }

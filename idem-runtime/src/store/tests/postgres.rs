@@ -977,3 +977,34 @@ async fn a_stream_event_waits_out_a_takeover_under_way_and_is_refused() {
     let events = "SELECT COUNT(*) FROM idempotency_stream_events";
     assert_eq!(fx.count(events).await, 1, "only the event recorded before");
 }
+
+/// Uses are written without waiting on a row another session is writing: two replicas
+/// flushing the same keys in other orders cannot deadlock (and fail the call whose commit
+/// flushed), and the sweep never waits on a commit under way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uses_are_written_without_waiting_on_a_row_being_written() {
+    let Some(fx) = fixture().await else { return };
+    let cache = fx.cache(&config(86_400, 100)).await;
+    execute(&cache, &key(1), "{}", "used").await;
+    execute(&cache, &key(2), "{}", "used too").await;
+    fx.clock.advance(Duration::from_secs(1));
+    cache.store().get(&key(1)).await.unwrap().unwrap();
+    cache.store().get(&key(2)).await.unwrap().unwrap();
+    let writing = format!(
+        "UPDATE idempotency_cache SET response_status = 200 WHERE message_id = '{}'",
+        key(1)
+    );
+    let held = Held::take(&fx, &writing).await;
+    let swept = tokio::time::timeout(Duration::from_secs(5), cache.store().sweep()).await;
+    held.release().await;
+    assert_eq!(swept.expect("the sweep did not wait").unwrap(), 0);
+    let used = format!(
+        "SELECT last_used_at FROM idempotency_cache WHERE message_id = '{}'",
+        key(2)
+    );
+    assert_eq!(
+        fx.count(&used).await as u64,
+        T0_MS + 1000,
+        "the other use was written"
+    );
+}
