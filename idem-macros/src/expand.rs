@@ -1,7 +1,8 @@
 //! Splices the idempotency guard around a validated method's body.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::quote;
+use syn::spanned::Spanned;
 use syn::{Ident, Type};
 
 use crate::args::Args;
@@ -15,6 +16,8 @@ pub(crate) fn expand(args: &Args, method: Method) -> TokenStream {
     let body = &func.body;
     let new_body = match shape {
         Shape::Async(ret) => {
+            // Spanned on the return type: a type the guard cannot store is reported there.
+            let guard = respanned(guard.clone(), ret.span());
             let body = typed_async_block(&ret, body);
             quote!(#guard(#ext, #body).await)
         }
@@ -44,4 +47,21 @@ fn typed_async_block(ret: &Type, body: &TokenStream) -> TokenStream {
             #out
         }
     }
+}
+
+/// `tokens`, every one of them spanned at `span`.
+fn respanned(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respanned(group.stream(), span));
+                inner.set_span(span);
+                token = TokenTree::Group(inner);
+            }
+            token.set_span(span);
+            token
+        })
+        .collect()
 }
