@@ -244,8 +244,8 @@ impl Missions {
     }
 
     /// Follows a task to its end, for a client whose stream broke: the task as it is now,
-    /// then, once its mission ends, its artifacts and the final status. A task that ended
-    /// already gets its task and final status at once.
+    /// then, once its mission ends (or a cancel ends it), its artifacts and the final status.
+    /// A task that ended already gets its task and final status at once.
     pub async fn follow(
         &self,
         task_id: String,
@@ -256,11 +256,17 @@ impl Missions {
         if task.state.is_terminal() {
             return Ok(now.chain(stream::iter(ending(Ok(task)))).boxed());
         }
-        let missions = self.clone();
+        let (missions, mut cancels) = (self.clone(), self.cancels.subscribe());
         let end = async move {
             let due = Duration::from_millis(loaded.due_at_ms.saturating_sub(clock::now_ms()));
-            tokio::time::sleep(due).await;
-            missions.ended(task.id).await
+            // A cancel meanwhile ends it at once, as it ends the task's own stream.
+            match missions
+                .ended_before(Instant::now() + due, &task.id, &mut cancels)
+                .await
+            {
+                Some(ended) => Ok(ended),
+                None => missions.ended(task.id).await,
+            }
         };
         Ok(now
             .chain(stream::once(end).flat_map(|ended| stream::iter(ending(ended))))

@@ -693,6 +693,42 @@ async fn a_streamed_task_canceled_mid_way_ends_its_stream_at_once() {
     assert_eq!(replay.raw(), stream.raw());
 }
 
+/// A resubscription closes when its task is terminal too: a cancel ends it at once with the
+/// final `canceled` status, not at the mission's old deadline.
+#[tokio::test]
+async fn a_resubscription_ends_at_once_when_its_task_is_canceled() {
+    let server = ServerProcess::start(&[]);
+    let sent = post(
+        &server.url,
+        send_with(
+            1,
+            "message/send",
+            &new_id(),
+            "long",
+            json!({"durationMs": 20000}),
+        ),
+        &[("A2A-Extensions", URI)],
+    )
+    .await;
+    let id = json!({"id": sent.json()["result"]["id"]});
+    let started = Instant::now();
+    let resubscribe =
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/resubscribe", "params": id});
+    let mut following = SseReply::open(&server.url, resubscribe.to_string(), &[]).await;
+    let now = following.next_event().await.unwrap();
+    assert_eq!(now["result"]["status"]["state"], "working", "{now}");
+    let canceled = call(&server.url, "tasks/cancel", id).await;
+    assert_eq!(canceled.json()["result"]["status"]["state"], "canceled");
+    let rest = following.rest().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "ended at the cancel, not at the 20 s deadline"
+    );
+    let last = rest.last().unwrap_or_else(|| panic!("an end: {rest:?}"));
+    assert_eq!(last["result"]["status"]["state"], "canceled", "{rest:?}");
+    assert_eq!(last["result"]["final"], true);
+}
+
 const V1_0: &[(&str, &str)] = &[("A2A-Extensions", URI), ("A2A-Version", "1.0")];
 
 #[tokio::test]
