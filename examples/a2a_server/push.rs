@@ -28,12 +28,18 @@ impl PushConfig {
     pub fn parse(value: &Value) -> RpcResult<Self> {
         let config: Self = serde_json::from_value(value.clone())
             .map_err(|e| errors::invalid_params(format!("push notification config: {e}")))?;
-        if !(config.url.starts_with("http://") || config.url.starts_with("https://")) {
-            return Err(errors::invalid_params(
-                "push notification config: url must be an http:// or https:// URL",
-            ));
+        // Refused now, not retried for ever: a URL the relay cannot post to held the task's
+        // later events back behind it.
+        let refused =
+            |why: String| errors::invalid_params(format!("push notification config: {why}"));
+        let url = reqwest::Url::parse(&config.url).map_err(|e| refused(format!("url: {e}")))?;
+        match (url.scheme(), url.host()) {
+            ("http", Some(_)) => Ok(config),
+            ("https", _) => Err(refused(
+                "this agent posts to http:// webhooks only (it is built without TLS)".into(),
+            )),
+            _ => Err(refused("url must be an http:// URL with a host".into())),
         }
-        Ok(config)
     }
 
     /// The config's id, given the task it belongs to.

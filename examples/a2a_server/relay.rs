@@ -73,8 +73,10 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Starts the relay; it runs as long as the process.
 pub fn spawn(store: TaskStore, push: PushConfigs) {
+    // No redirects: a webhook's host is the one the client named, not one it bounces to.
     let client = reqwest::Client::builder()
         .timeout(DELIVERY_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("an HTTP client");
     let relay = Relay {
@@ -292,8 +294,11 @@ impl Delivery {
         let delivered = match self.deliver(event).await {
             Ok(()) => {
                 self.retries.lock().expect("relay lock").remove(&event.id);
+                // Not marked: the event goes again before the task's next one, which must
+                // not overtake it (in order per task, at least once).
                 if let Err(error) = self.store.mark_delivered(vec![event.id]).await {
                     tracing::warn!(id = event.id, ?error, "relay: delivered, not marked");
+                    return false;
                 }
                 true
             }

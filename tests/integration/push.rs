@@ -683,9 +683,17 @@ async fn push_configs_on(server: ServerProcess) {
     )
     .await;
     assert_eq!(missing["error"]["code"], -32602);
-    let bad = json!({"taskId": task_id, "pushNotificationConfig": {"url": "ftp://x"}});
-    let bad = call(url, "tasks/pushNotificationConfig/set", bad).await;
-    assert_eq!(bad["error"]["code"], -32602);
+    // Refused when set, never retried for ever: no TLS here, and URLs the relay cannot post to.
+    for hook in [
+        "ftp://x",
+        "https://hooks.example/a2a",
+        "http://exa mple/",
+        "hooks",
+    ] {
+        let bad = json!({"taskId": task_id, "pushNotificationConfig": {"url": hook}});
+        let bad = call(url, "tasks/pushNotificationConfig/set", bad).await;
+        assert_eq!(bad["error"]["code"], -32602, "{hook}: {bad}");
+    }
 }
 
 /// Two replicas on one PostgreSQL database share its outbox, and only one relay delivers it:
