@@ -25,7 +25,9 @@ pub struct SendConfiguration {
     pub history_length: Option<u32>,
     /// Answer once the task is terminal, not as soon as it is working.
     pub blocking: Option<bool>,
-    /// A webhook for the task's events, set with the task.
+    /// A webhook for the task's events, set with the task (1.0 names it
+    /// `taskPushNotificationConfig`).
+    #[serde(alias = "taskPushNotificationConfig")]
     pub push_notification_config: Option<Value>,
 }
 

@@ -240,6 +240,36 @@ async fn every_event_reaches_a_webhook_that_fails_and_restarts_across_a_server_c
 /// Events waiting for a webhook that keeps failing wait out their backoff in their rows, and
 /// the relay reads past them: more of them than it reads at once (512) hold back no other
 /// task's event. Before, the oldest 512 were read again and again, and nothing behind them.
+/// A 1.0 client names the webhook of its `SendMessage` `taskPushNotificationConfig`: it is
+/// set with the task, and the task's events reach it (before, it was ignored without a word).
+#[tokio::test]
+async fn a_1_0_send_sets_its_webhook_under_the_1_0_name() {
+    let receiver = Receiver::start(0).await;
+    let server = ServerProcess::start(&[]);
+    let message =
+        json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": "notify me"}]});
+    let webhook = json!({"url": receiver.url(), "token": "one-oh"});
+    let params = json!({"message": message,
+        "configuration": {"taskPushNotificationConfig": webhook},
+        "metadata": {"durationMs": 200}});
+    let headers = [
+        ("A2A-Extensions", crate::support::URI),
+        ("A2A-Version", "1.0"),
+    ];
+    let reply = post(&server.url, rpc("SendMessage", params), &headers).await;
+    assert!(
+        reply.json()["result"]["task"]["id"].is_string(),
+        "{}",
+        reply.describe()
+    );
+    receiver.wait_for("mission.completed").await;
+    let tokens: Vec<_> = receiver.taken().into_iter().map(|d| d.token).collect();
+    assert!(
+        tokens.iter().all(|t| t.as_deref() == Some("one-oh")),
+        "{tokens:?}"
+    );
+}
+
 #[tokio::test]
 async fn events_waiting_for_a_failing_webhook_never_hold_back_another_tasks() {
     let failing = Receiver::start(usize::MAX).await;
