@@ -200,7 +200,8 @@ impl Agent {
         shape: Shape,
         id: String,
     ) -> RpcResult<EventStream<Value>> {
-        let progress = self.missions.follow(id).await?;
+        // 0.3 streams a task that ended; 1.0 (§3.1.6) refuses it with -32004.
+        let progress = self.missions.follow(id, shape == Shape::V03).await?;
         let events = progress.map(move |step| step.map(|step| shape.stream_event(&step)));
         EventStream::live(ext, events)
     }

@@ -42,6 +42,15 @@ pub fn task_terminal(task_id: &str, state: &str) -> ErrorObjectOwned {
     )
 }
 
+/// -32004 UnsupportedOperationError: A2A 1.0 (§3.1.6) has no subscription to a task that ended.
+pub fn subscription_to_ended_task(task_id: &str, state: &str) -> ErrorObjectOwned {
+    ErrorObjectOwned::owned(
+        -32004,
+        "Task is in a terminal state: there is nothing to subscribe to (GetTask reads it)",
+        Some(json!({ "taskId": task_id, "state": state })),
+    )
+}
+
 /// -32005 ContentTypeNotSupportedError: a part this agent cannot work on (it reads text).
 pub fn content_type_not_supported(index: usize, kind: &str) -> ErrorObjectOwned {
     ErrorObjectOwned::owned(

@@ -245,15 +245,23 @@ impl Missions {
 
     /// Follows a task to its end, for a client whose stream broke: the task as it is now,
     /// then, once its mission ends (or a cancel ends it), its artifacts and the final status.
-    /// A task that ended already gets its task and final status at once.
+    /// A task that ended already gets its task and final status at once, or unless
+    /// `ended_allowed`, -32004.
     pub async fn follow(
         &self,
         task_id: String,
+        ended_allowed: bool,
     ) -> RpcResult<BoxStream<'static, RpcResult<Progress>>> {
         let loaded = self.store.load(task_id).await?;
         let task = loaded.task;
         let now = stream::iter([Ok(Progress::Task(task.clone()))]);
         if task.state.is_terminal() {
+            if !ended_allowed {
+                return Err(errors::subscription_to_ended_task(
+                    &task.id,
+                    task.state.name(),
+                ));
+            }
             return Ok(now.chain(stream::iter(ending(Ok(task)))).boxed());
         }
         let (missions, mut cancels) = (self.clone(), self.cancels.subscribe());

@@ -1284,17 +1284,35 @@ async fn a_client_whose_stream_broke_follows_its_task_again_even_across_a_crash(
     let events = SseReply::open(&url, resubscribe, &[]).await.rest().await;
     assert_eq!(events.len(), 3, "task, artifact, final status: {events:?}");
     assert_eq!(events[0]["result"]["status"]["state"], "completed");
+    // 1.0 (§3.1.6) has no subscription to a task that ended: -32004.
     let v10 = rpc("SubscribeToTask", json!({"id": task_id}));
+    let refused = post(&url, v10, &[("A2A-Version", "1.0")]).await;
+    assert_eq!(refused.error_code(), -32004, "{}", refused.describe());
+    assert_eq!(refused.json()["error"]["data"]["state"], "completed");
+    // A running task's, in 1.0's shapes.
+    let body = send_with(
+        2,
+        "message/send",
+        &new_id(),
+        "again",
+        json!({"durationMs": 800}),
+    );
+    let running = post(&url, body, &[("A2A-Extensions", URI)]).await;
+    let v10 = rpc(
+        "SubscribeToTask",
+        json!({"id": running.json()["result"]["id"]}),
+    );
     let events = SseReply::open(&url, v10, &[("A2A-Version", "1.0")])
         .await
         .rest()
         .await;
     assert_eq!(
         events[0]["result"]["task"]["status"]["state"],
-        "TASK_STATE_COMPLETED"
+        "TASK_STATE_WORKING"
     );
-    assert!(
-        events.last().unwrap()["result"]["statusUpdate"].is_object(),
+    let last = &events.last().unwrap()["result"]["statusUpdate"];
+    assert_eq!(
+        last["status"]["state"], "TASK_STATE_COMPLETED",
         "{events:?}"
     );
 
