@@ -163,7 +163,7 @@ impl Agent {
         let unit = UnitOfWork::of(ext)?;
         let configuration = configuration.unwrap_or_default();
         let push = Self::push_config(&configuration)?;
-        let blocking = configuration.blocking.unwrap_or(false);
+        let blocking = configuration.waits_for_the_end(shape);
         let task = self.missions.send(&unit, message, orders, blocking).await?;
         if let Some(push) = &push {
             self.push.stage(&unit, &task.id, push)?;

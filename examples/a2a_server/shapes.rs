@@ -23,12 +23,31 @@ pub enum Shape {
 #[serde(rename_all = "camelCase")]
 pub struct SendConfiguration {
     pub history_length: Option<u32>,
-    /// Answer once the task is terminal, not as soon as it is working.
+    /// 0.3: answer once the task is terminal, not as soon as it is working (default false).
     pub blocking: Option<bool>,
+    /// 1.0: answer as soon as the task is working; by default a 1.0 send waits for its end
+    /// (1.0.1 §3.2.2).
+    pub return_immediately: Option<bool>,
     /// A webhook for the task's events, set with the task (1.0 names it
     /// `taskPushNotificationConfig`).
     #[serde(alias = "taskPushNotificationConfig")]
     pub push_notification_config: Option<Value>,
+}
+
+impl SendConfiguration {
+    /// Whether a send answers only once its task is terminal: 0.3's `blocking`, default
+    /// false; 1.0's `returnImmediately` negated, default true (a 1.0 client's `blocking`, of
+    /// an earlier draft, is read too).
+    pub fn waits_for_the_end(&self, shape: Shape) -> bool {
+        match shape {
+            Shape::V03 => self.blocking.unwrap_or(false),
+            Shape::V10 => self
+                .return_immediately
+                .map(|immediately| !immediately)
+                .or(self.blocking)
+                .unwrap_or(true),
+        }
+    }
 }
 
 impl Shape {

@@ -731,11 +731,25 @@ async fn a_resubscription_ends_at_once_when_its_task_is_canceled() {
 
 const V1_0: &[(&str, &str)] = &[("A2A-Extensions", URI), ("A2A-Version", "1.0")];
 
+/// 1.0's shapes; and a 1.0 send waits for its task's end unless `returnImmediately` (1.0.1
+/// §3.2.2), where 0.3's waits only with `blocking: true`.
 #[tokio::test]
 async fn a2a_1_0_send_and_get_have_the_1_0_shapes() {
     let server = ServerProcess::start(&[]);
     let message = json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": "hi"}]});
-    let body = rpc("SendMessage", json!({"message": message}));
+    let body = rpc(
+        "SendMessage",
+        json!({"message": message, "metadata": {"durationMs": 300}}),
+    );
+    let waited = post(&server.url, body, V1_0).await.json()["result"].clone();
+    let state = &waited["task"]["status"]["state"];
+    assert_eq!(state, "TASK_STATE_COMPLETED", "by default: {waited}");
+    let message = json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": "hi"}]});
+    let configuration = json!({"returnImmediately": true});
+    let body = rpc(
+        "SendMessage",
+        json!({"message": message, "configuration": configuration}),
+    );
     let sent = post(&server.url, body, V1_0).await.json()["result"].clone();
     let task = &sent["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_WORKING", "{sent}");
