@@ -193,7 +193,9 @@ impl Missions {
             let end = async move {
                 match missions.ended_before(due, &task.id, &mut cancels).await {
                     Some(ended) => Ok(ended),
-                    None => missions.complete(task.id).await,
+                    // Tried again while the store fails, as the timer does: one failed
+                    // write must not end the stream, whose outcome is cached, with an error.
+                    None => missions.complete_until_done(task.id).await,
                 }
             };
             stream::iter([Ok(working)])
@@ -407,23 +409,24 @@ impl Missions {
         tokio::spawn(async move {
             let wait = due_at_ms.saturating_sub(clock::now_ms());
             tokio::time::sleep(Duration::from_millis(wait)).await;
-            missions.complete_until_done(task_id).await;
+            let _ = missions.complete_until_done(task_id).await;
         });
     }
 
     /// Completes a mission, trying again while the store fails (a database outage, say):
-    /// a mission is never left working past its time by one failed write.
-    async fn complete_until_done(&self, task_id: String) {
+    /// a mission is never left working past its time by one failed write. The task as it
+    /// ended (completed here, or canceled before), or -32001 if it is gone.
+    async fn complete_until_done(&self, task_id: String) -> RpcResult<Task> {
         let mut pause = Duration::from_millis(250);
         loop {
             match self.complete(task_id.clone()).await {
                 Ok(task) => {
                     tracing::info!(%task_id, state = task.state.name(), "mission ended");
-                    return;
+                    return Ok(task);
                 }
                 Err(error) if error.code() == errors::TASK_NOT_FOUND => {
                     tracing::warn!(%task_id, "a mission's task is gone");
-                    return;
+                    return Err(error);
                 }
                 Err(error) => {
                     tracing::warn!(%task_id, ?error, ?pause, "mission could not complete; trying again");
@@ -449,7 +452,7 @@ impl Missions {
                 let late = clock::now_ms().saturating_sub(OVERDUE_SWEEP.as_millis() as u64);
                 for (task_id, due_at_ms) in working {
                     if due_at_ms < late {
-                        missions.complete_until_done(task_id).await;
+                        let _ = missions.complete_until_done(task_id).await;
                     }
                 }
             }

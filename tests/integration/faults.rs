@@ -249,6 +249,52 @@ async fn a_read_only_database_file_fails_the_calls_and_service_resumes_when_writ
     recovered(&mut server, &failed, before).await;
 }
 
+/// A stream whose mission's completion meets a read-only file (one failed write) keeps trying,
+/// as the mission's timer does, and ends with its completed task once the file is writable,
+/// not with an error that would be its cached outcome.
+#[tokio::test]
+async fn a_stream_whose_completion_fails_once_ends_completed_once_it_commits() {
+    let Some(fs) = SmallFs::mount("the stream completion test") else {
+        return;
+    };
+    let db = fs.file("a2a.db");
+    let server = ServerProcess::start_on(Some(path(&db)), &[], &[]);
+    let body =
+        crate::support::stream_request(1, &new_id(), "go", serde_json::json!({"durationMs": 1600}));
+    let headers = [("A2A-Extensions", crate::support::URI)];
+    let mut stream = crate::support::SseReply::open(&server.url, body.clone(), &headers).await;
+    let started = std::time::Instant::now();
+    stream.next_event().await.expect("the task");
+    let halfway = stream
+        .next_event()
+        .await
+        .expect("the working status at halfway");
+    assert_eq!(halfway["result"]["status"]["state"], "working");
+    let files = [path(&db).to_owned(), format!("{}-wal", path(&db))];
+    let chattr = |flag: &str| {
+        for file in &files {
+            run(&["chattr", flag, file]).expect("chattr on ext4");
+        }
+    };
+    chattr("+i");
+    // Past the deadline: the completion has failed at least once.
+    tokio::time::sleep(std::time::Duration::from_millis(2000).saturating_sub(started.elapsed()))
+        .await;
+    chattr("-i");
+    let rest = stream.rest().await;
+    let last = rest.last().unwrap_or_else(|| panic!("an end: {rest:?}"));
+    assert_eq!(last["result"]["status"]["state"], "completed", "{rest:?}");
+    assert_eq!(last["result"]["final"], true);
+    let mut replay = crate::support::SseReply::open(&server.url, body, &headers).await;
+    replay.rest().await;
+    assert!(replay.replayed());
+    assert_eq!(
+        replay.raw(),
+        stream.raw(),
+        "the completed stream is what is cached"
+    );
+}
+
 #[tokio::test]
 async fn a_deleted_database_file_is_never_written_to_again() {
     let mut server = ServerProcess::start(&[]);
