@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use futures::future::{join_all, BoxFuture};
 use serde_json::{json, Value};
 
-use client::{CardEntry, Client, Reply};
+use client::{CardEntry, Client, Reply, EXTENSION_URI};
 use request::{new_message_id, send, send_with_id_field};
 use request_hash::request_hash;
 pub use side_effects::Db;
@@ -53,6 +53,7 @@ pub enum Scenario {
     MalformedMessageId,
     NotActivated,
     ConcurrentDuplicates,
+    CachedFailure,
     Ac3,
     StreamFresh,
     StreamReplay,
@@ -66,13 +67,14 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 16] = [
+    pub const ALL: [Scenario; 17] = [
         Scenario::AgentCard,
         Scenario::Ac1,
         Scenario::Ac2,
         Scenario::MalformedMessageId,
         Scenario::NotActivated,
         Scenario::ConcurrentDuplicates,
+        Scenario::CachedFailure,
         Scenario::Ac3,
         Scenario::StreamFresh,
         Scenario::StreamReplay,
@@ -93,6 +95,7 @@ impl Scenario {
             Scenario::MalformedMessageId => "idempotency-v1-malformed-message-id",
             Scenario::NotActivated => "idempotency-v1-not-activated",
             Scenario::ConcurrentDuplicates => "idempotency-v1-concurrent-duplicates",
+            Scenario::CachedFailure => "idempotency-v1-cached-failure",
             Scenario::Ac3 => "idempotency-v1-ac3",
             Scenario::Ac4 => "idempotency-v1-ac4",
             Scenario::StreamFresh => "idempotency-v1-stream-fresh",
@@ -175,6 +178,7 @@ pub async fn check(scenario: Scenario, target: &Target, restart: Option<Restart<
         (Scenario::MalformedMessageId, _) => malformed_message_id(target).await,
         (Scenario::NotActivated, _) => not_activated(target).await,
         (Scenario::ConcurrentDuplicates, _) => concurrent_duplicates(target).await,
+        (Scenario::CachedFailure, _) => return cached_failure(target).await,
         (Scenario::Ac3, _) => ac3(target, card.ttl_seconds).await,
         (Scenario::Ac4, Some(restart)) => ac4(target, card.ttl_seconds, restart).await,
         (Scenario::StreamFresh, _) => streams::stream_fresh(target).await,
@@ -258,6 +262,11 @@ pub async fn ac1(target: &Target) -> Result<(), String> {
 
     let replay = target.post(&body).await?;
     expect_replay_of(&first, &replay, "identical retry")?;
+    // §3.2: activated in a comma-separated list with another extension.
+    let listed = format!("https://example.invalid/another-extension/v1, {EXTENSION_URI}");
+    let headers = [("A2A-Extensions", listed.as_str())];
+    let among_others = target.client.post_with(body.clone(), &headers).await?;
+    expect_replay_of(&first, &among_others, "retry activating it among others")?;
     let reordered = target.post(&request::reordered(&body)).await?;
     expect_replay_of(
         &first,
@@ -351,7 +360,9 @@ pub async fn malformed_message_id(target: &Target) -> Result<(), String> {
 }
 
 /// The malformed messageIds (§7.1), each with how failure messages name it; `None` is missing.
-fn malformed_message_ids() -> [(&'static str, Option<Value>); 5] {
+/// §4.2 asks for the canonical form: UUID parsers that also read the hyphenless, braced and
+/// URN forms must not let them through.
+fn malformed_message_ids() -> [(&'static str, Option<Value>); 8] {
     [
         ("\"not-a-uuid\"", Some(json!("not-a-uuid"))),
         ("\"\" (empty)", Some(json!(""))),
@@ -360,6 +371,18 @@ fn malformed_message_ids() -> [(&'static str, Option<Value>); 5] {
         (
             "the nil UUID",
             Some(json!("00000000-0000-0000-0000-000000000000")),
+        ),
+        (
+            "32 hex digits without hyphens",
+            Some(json!("9b2e7c1a3f4d4e5a8b6c0d1e2f3a4b5c")),
+        ),
+        (
+            "a braced UUID",
+            Some(json!("{9b2e7c1a-3f4d-4e5a-8b6c-0d1e2f3a4b5c}")),
+        ),
+        (
+            "a URN",
+            Some(json!("urn:uuid:9b2e7c1a-3f4d-4e5a-8b6c-0d1e2f3a4b5c")),
         ),
     ]
 }
@@ -392,22 +415,54 @@ pub async fn concurrent_duplicates(target: &Target) -> Result<(), String> {
         .await
         .into_iter()
         .collect::<Result<_, _>>()?;
-    if let Some(bad) = replies.iter().find(|r| r.status != 200) {
-        return Err(format!("expected HTTP 200 for all, got {}", bad.describe()));
-    }
-    let mut fresh = 0;
+    let mut fresh = Vec::new();
     for reply in &replies {
-        fresh += usize::from(!reply.try_replayed()?);
+        if !reply.try_replayed()? {
+            fresh.push(reply);
+        }
     }
-    ensure(fresh == 1, || {
-        format!("expected exactly 1 response without Idempotent-Replayed, got {fresh}")
+    ensure(fresh.len() == 1, || {
+        let n = fresh.len();
+        format!("expected exactly 1 response without Idempotent-Replayed, got {n}")
     })?;
+    expect_fresh(fresh[0], "the one execution")?;
+    if let Some(bad) = replies.iter().find(|r| r.status != fresh[0].status) {
+        return Err(format!("a replay's status differs: {}", bad.describe()));
+    }
     ensure(replies.iter().all(|r| r.body == replies[0].body), || {
         "the responses differ; all must be the one cached response".into()
     })?;
     target
         .side_effects
         .expect_added(before, 1, "the concurrent duplicates")
+}
+
+/// §4.3.2: a failed response is cached like a successful one. A send continuing a task that
+/// does not exist fails (A2A's TaskNotFound); its retry is that failure replayed, not run
+/// again. Skipped where the server answers it with a result: it has no such failure to cache.
+pub async fn cached_failure(target: &Target) -> Outcome {
+    let body = request::send_to_task(1, &new_message_id(), &new_message_id(), "no such task");
+    let checked = async {
+        let before = target.side_effects.snapshot()?;
+        let first = target.post(&body).await?;
+        if first.try_json()?.get("error").is_none() {
+            return Ok(Some(format!(
+                "the server answered a send to a task that does not exist with {}",
+                first.describe()
+            )));
+        }
+        let retry = target.post(&body).await?;
+        expect_replay_of(&first, &retry, "retry of the failed send")?;
+        let added = target
+            .side_effects
+            .expect_added(before, 0, "the failed send and its replay");
+        added.map(|()| None)
+    };
+    match checked.await {
+        Ok(None) => Outcome::Pass,
+        Ok(Some(why)) => Outcome::Skip(why),
+        Err(reason) => Outcome::Fail(reason),
+    }
 }
 
 /// A first execution: a JSON-RPC result, no replay header, the extension echoed (§3.2, §4.3.3).

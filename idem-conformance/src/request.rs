@@ -24,6 +24,14 @@ pub fn send_with_id_field(
     request_0_3("message/send", jsonrpc_id, message_id, text, metadata)
 }
 
+/// A `message/send` request whose message continues the task `task_id`.
+pub fn send_to_task(jsonrpc_id: u64, message_id: &str, task_id: &str, text: &str) -> String {
+    let mut body: Value = serde_json::from_str(&send(jsonrpc_id, message_id, text, json!({})))
+        .expect("a request is JSON");
+    body["params"]["message"]["taskId"] = json!(task_id);
+    body.to_string()
+}
+
 /// A `message/stream` request (A2A 0.3) with a well-formed `messageId`.
 pub fn stream(jsonrpc_id: u64, message_id: &str, text: &str, metadata: Value) -> String {
     stream_with_id_field(jsonrpc_id, Some(json!(message_id)), text, metadata)

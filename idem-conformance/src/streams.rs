@@ -449,6 +449,12 @@ pub async fn stream_disconnect_retry(target: &Target) -> Result<(), String> {
             retry.events[0]
         )
     })?;
+    // The mission ran to its end: the client's leaving did not cancel (or fail) it.
+    let last = retry.events.last().expect("a sequence");
+    let state = &last["result"]["status"]["state"];
+    ensure(state == "completed", || {
+        format!("retry after the disconnect: the task must end completed, got {last}")
+    })?;
     target
         .side_effects
         .expect_added(before, 1, "the interrupted stream and its retry")

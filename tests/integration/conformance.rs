@@ -96,7 +96,15 @@ async fn the_readme_s_program_passes_the_harness() {
             Outcome::Fail(reason) => panic!("{}: {reason}", scenario.name()),
         }
     }
+    // The README's program answers any send with a task: cached-failure is skipped too.
     assert_eq!(passed, 12, "of {}", Scenario::ALL.len());
+}
+
+/// §4.3.2 on the example server: a failed send (to a task that does not exist) is cached and
+/// replayed, not run again.
+#[tokio::test]
+async fn a_failed_send_is_cached_and_replayed() {
+    passes(Scenario::CachedFailure, &[]).await;
 }
 
 #[tokio::test]
@@ -259,9 +267,15 @@ fn cli_reports_each_scenario_and_exits_zero() {
         };
         assert!(stdout.contains(&expected), "{expected:?} in:\n{stdout}");
     }
+    let required = "NOTE: required acceptance scenarios not run (see SKIP above): \
+                    idempotency-v1-ac3, idempotency-v1-ac4\n";
     assert!(
-        stdout.ends_with("13 passed, 0 failed, 3 skipped\n"),
+        stdout.ends_with(&format!("14 passed, 0 failed, 3 skipped\n{required}")),
         "{stdout}"
+    );
+    assert!(
+        !stdout.contains("side effects were not counted"),
+        "--db was given"
     );
 }
 
@@ -275,7 +289,11 @@ fn cli_exits_non_zero_when_scenarios_fail() {
         stdout.contains("FAIL idempotency-v1-ac1: AgentCard: "),
         "{stdout}"
     );
-    assert!(stdout.ends_with("0 passed, 16 failed\n"), "{stdout}");
+    assert!(stdout.contains("0 passed, 17 failed\n"), "{stdout}");
+    assert!(
+        stdout.contains("NOTE: side effects were not counted (no --db)"),
+        "said loudly: {stdout}"
+    );
 }
 
 /// A loopback port that was free a moment ago.
