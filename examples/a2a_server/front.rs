@@ -158,7 +158,15 @@ where
 {
     let body = Limited::new(body, limit).collect().await;
     let body = body.map(|read| read.to_bytes()).unwrap_or_default();
-    response(version::not_supported(&requested, &body), JSON)
+    match version::not_supported(&requested, &body) {
+        Some(errors) => response(errors, JSON),
+        None => {
+            // Notifications only: JSON-RPC answers nothing, as jsonrpsee does (HTTP 204).
+            let mut nothing = HttpResponse::new(HttpBody::empty());
+            *nothing.status_mut() = StatusCode::NO_CONTENT;
+            nothing
+        }
+    }
 }
 
 const JSON: &str = "application/json";

@@ -19,8 +19,9 @@ pub fn unsupported(headers: &HeaderMap) -> Option<String> {
 
 /// The JSON-RPC answer to `body`, sent with `requested`: VersionNotSupportedError for each
 /// call, under its id (JSON-RPC 2.0 §5: `null` only where the id cannot be read), as one
-/// error or, for a batch, an array of them. Nothing of the body is run.
-pub fn not_supported(requested: &str, body: &[u8]) -> String {
+/// error or, for a batch, an array of them; none for notifications (§4.1), so `None` for a
+/// body of notifications only. Nothing of the body is run.
+pub fn not_supported(requested: &str, body: &[u8]) -> Option<String> {
     let error = |id: &Value| {
         let id = match id {
             Value::String(_) | Value::Number(_) => id.clone(),
@@ -36,12 +37,20 @@ pub fn not_supported(requested: &str, body: &[u8]) -> String {
             }
         })
     };
+    // A notification is an object without `id`; anything else is answered.
+    let notification = |call: &Value| call.is_object() && call.get("id").is_none();
     let answer = match serde_json::from_slice::<Value>(body) {
         Ok(Value::Array(calls)) if !calls.is_empty() => {
-            Value::Array(calls.iter().map(|call| error(&call["id"])).collect())
+            let errors: Vec<_> = calls
+                .iter()
+                .filter(|call| !notification(call))
+                .map(|call| error(&call["id"]))
+                .collect();
+            (!errors.is_empty()).then_some(Value::Array(errors))
         }
-        Ok(call) => error(&call["id"]),
-        Err(_) => error(&Value::Null),
+        Ok(call) if notification(&call) => None,
+        Ok(call) => Some(error(&call["id"])),
+        Err(_) => Some(error(&Value::Null)),
     };
-    answer.to_string()
+    answer.map(|answer| answer.to_string())
 }

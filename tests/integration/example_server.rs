@@ -789,6 +789,14 @@ async fn an_unsupported_a2a_version_is_refused_before_anything_runs() {
         (unread.error_code(), unread.json()["id"].clone()),
         (-32009, json!(null))
     );
+    // A notification is not answered (JSON-RPC 2.0 §4.1), alone or in a batch.
+    let notification = r#"{"jsonrpc":"2.0","method":"tasks/get","params":{"id":"t"}}"#;
+    let alone = post(&server.url, notification, &headers).await;
+    assert_eq!((alone.status, alone.body.len()), (204, 0));
+    let mixed = post(&server.url, format!("[{body},{notification}]"), &headers).await;
+    let answers = mixed.json();
+    assert_eq!(answers.as_array().map(Vec::len), Some(1), "{answers}");
+    assert_eq!(answers[0]["id"], 7, "{answers}");
     assert_eq!(count(server.db(), "SELECT COUNT(*) FROM tasks", &[]), 0);
     let empty = [("A2A-Extensions", URI), ("A2A-Version", "")];
     let served = post(&server.url, body, &empty).await;
@@ -976,7 +984,14 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
             "{body}"
         );
     }
-    // Where jsonrpsee read the id, the error carries it.
+    // Where jsonrpsee read the id, the error carries it, however long.
+    let long = "a".repeat(300);
+    let body = format!(r#"{{"jsonrpc":"2.0","id":"{long}","params":{{}}}}"#);
+    let reply = post(&server.url, body, &[]).await;
+    assert_eq!(
+        (reply.status, reply.json()["id"].clone()),
+        (400, json!(long))
+    );
     let mut with_id = invalid.clone();
     with_id["id"] = json!(7);
     for body in [

@@ -171,6 +171,18 @@ async fn each_outcome_moves_its_own_counter_and_no_label_names_a_key() {
     );
     let waits = [stream[0], ("result", "attached")];
     assert_eq!(m.get("idempotency_in_flight_waits_total", &waits), 1.0);
+    // A stream refused in a batch is a rejected call too, counted by its refusal.
+    let batched = format!("[{}]", stream_request(8, &new_id(), "x", json!({})));
+    let refused = post_activated(url, batched).await;
+    assert_eq!(
+        refused.json()[0]["error"]["data"]["code"],
+        "IDEMPOTENCY_STREAM_IN_BATCH"
+    );
+    let m = Metrics::scrape(url).await;
+    let rejected = [stream[0], ("outcome", "rejected")];
+    assert_eq!(m.get("idempotency_calls_total", &rejected), 1.0);
+    let in_batch = [stream[0], ("code", "IDEMPOTENCY_STREAM_IN_BATCH")];
+    assert_eq!(m.get("idempotency_rejections_total", &in_batch), 1.0);
     assert_eq!(
         m.get("idempotency_in_flight_wait_seconds_count", &stream),
         1.0

@@ -131,7 +131,12 @@ impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObje
             return Err(layer_missing(false));
         };
         if scope.is_batch() {
-            return Err(IdempotencyError::new(ErrorCode::StreamInBatch).into());
+            let refused = IdempotencyError::new(ErrorCode::StreamInBatch);
+            return Err(match &ctx.governed {
+                // Counted as the governed call's outcome, as every other refusal is.
+                Some(call) => crate::guard::reject(call, refused),
+                None => refused.into(),
+            });
         }
         match (ctx.governed, ctx.undeduplicated_id) {
             (Some(call), _) => run_governed(&call, body, ctx.unit).await,

@@ -50,9 +50,10 @@ const UNREADABLE_ID: &str = concat!(
 /// The end of jsonrpsee's own -32600 to a request whose id it read (the id comes before).
 const INVALID_REQUEST_END: &[u8] = br#","error":{"code":-32600,"message":"Invalid request"}}"#;
 
-/// The largest answer looked at here: jsonrpsee's -32600 with an id of up to 180 characters.
-/// Every other answer of a single request passes unread.
-const LOOKED_AT: u64 = 256;
+/// jsonrpsee's -32600 but the id it echoes: an answer to a request longer than this plus the
+/// request itself (no id is longer) is no Invalid Request, and passes unread.
+const INVALID_REQUEST_AROUND_ID: usize =
+    br#"{"jsonrpc":"2.0","id":"#.len() + INVALID_REQUEST_END.len();
 
 /// `response`, or the answer JSON-RPC 2.0 gives to `request` where jsonrpsee's differs. A body
 /// that is not a Request, answered with one Invalid Request error (not a batch's array), has
@@ -62,7 +63,8 @@ const LOOKED_AT: u64 = 256;
 pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpResponse {
     let size = hyper::body::Body::size_hint(response.body()).exact();
     let batch = request_is_batch(request);
-    if !batch && !matches!(size, Some(n) if n <= LOOKED_AT) {
+    let looked_at = (request.len() + INVALID_REQUEST_AROUND_ID) as u64;
+    if !batch && !matches!(size, Some(n) if n <= looked_at) {
         return response;
     }
     let (mut parts, body) = response.into_parts();
