@@ -341,3 +341,82 @@ async fn duplicates_of_a_stream_that_fails_before_streaming_all_get_its_json_err
     assert_eq!(replies.iter().filter(|r| r.replayed()).count(), 4);
     assert_eq!(server.executions(), 1);
 }
+
+/// A live stream (not deduplicated: `EventStream::live`, as a resubscription) whose events
+/// are counted as they are produced.
+mod live {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use idem::EventStream;
+    use jsonrpsee::core::{async_trait, RpcResult};
+    use jsonrpsee::proc_macros::rpc;
+    use jsonrpsee::Extensions;
+    use serde_json::{json, Value};
+
+    #[rpc(server)]
+    pub trait Follow {
+        #[method(name = "tasks/resubscribe", with_extensions)]
+        async fn follow(&self, id: String) -> RpcResult<EventStream<Value>>;
+    }
+
+    pub struct Follower {
+        pub produced: Arc<AtomicUsize>,
+    }
+
+    #[async_trait]
+    impl FollowServer for Follower {
+        async fn follow(&self, ext: &Extensions, id: String) -> RpcResult<EventStream<Value>> {
+            let produced = self.produced.clone();
+            let events = futures::stream::unfold(0u32, move |n| {
+                let produced = produced.clone();
+                let id = id.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    produced.fetch_add(1, Ordering::SeqCst);
+                    (n < 1000).then(|| (Ok(json!({"id": id, "n": n})), n + 1))
+                }
+            });
+            EventStream::live(ext, events)
+        }
+    }
+}
+
+/// A live stream whose client hangs up stops producing: nothing replays it, so events no one
+/// reads are not made (a follower left open to a long task's end before).
+#[tokio::test]
+async fn a_live_stream_stops_once_its_client_hangs_up() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use live::FollowServer;
+
+    let db = Db::new();
+    let produced = Arc::new(AtomicUsize::new(0));
+    let follower = live::Follower {
+        produced: produced.clone(),
+    };
+    let server = TestServer::serve(
+        &db.path,
+        config(),
+        db.clock.clone(),
+        follower.into_rpc(),
+        produced.clone(),
+    )
+    .await;
+    let body =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/resubscribe", "params": {"id": "t"}});
+    let mut stream = SseReply::open(&server.url, body.to_string(), &[]).await;
+    assert_eq!(stream.next_event().await.unwrap()["result"]["n"], 0);
+    assert_eq!(stream.next_event().await.unwrap()["result"]["n"], 1);
+    drop(stream); // the client hangs up
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after_hang_up = produced.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        produced.load(Ordering::SeqCst),
+        after_hang_up,
+        "still producing for no one"
+    );
+}

@@ -1,11 +1,12 @@
 //! A stream's events as they are produced: kept in order, read by any number of readers (the
 //! original caller, and retries that attach while it runs), each at its own pace.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use bytes::Bytes;
 use futures::Stream;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 /// The most bytes a recorded stream may hold. A stream that would grow past it is ended with a
 /// JSON-RPC error event (-32603, `IDEMPOTENCY_STREAM_TOO_LARGE` in `data.code`) and stored so,
@@ -15,8 +16,12 @@ pub const MAX_RECORDED_STREAM_BYTES: usize = 8 * 1024 * 1024;
 /// The frames of one execution.
 pub(crate) struct Recording {
     state: Mutex<State>,
-    /// Bumped on every change, so readers wait without polling.
+    /// Bumped on every change, so readers wait without polling. Each reader holds one of its
+    /// receivers: their count is the readers left.
     changed: watch::Sender<u64>,
+    /// Whether a reader ever came, and the news that one did.
+    read: AtomicBool,
+    first_reader: Notify,
 }
 
 #[derive(Default)]
@@ -31,6 +36,8 @@ impl Recording {
         Self {
             state: Mutex::default(),
             changed: watch::Sender::new(0),
+            read: AtomicBool::new(false),
+            first_reader: Notify::new(),
         }
     }
 
@@ -74,9 +81,21 @@ impl Recording {
         joined(&self.lock().frames, last)
     }
 
+    /// Once a reader came and every reader has gone (a client that hung up): what a stream no
+    /// one replays waits on, to stop producing events no one reads.
+    pub(crate) async fn abandoned(&self) {
+        while !self.read.load(Ordering::SeqCst) {
+            self.first_reader.notified().await;
+        }
+        self.changed.closed().await;
+    }
+
     /// The frames from the first, then live ones as they come, until the recording finishes.
     pub(crate) fn reader(self: std::sync::Arc<Self>) -> impl Stream<Item = Bytes> + Send + 'static {
         let changes = self.changed.subscribe();
+        self.read.store(true, Ordering::SeqCst);
+        // One permit at most: the recorder's wait takes it whenever it starts.
+        self.first_reader.notify_one();
         futures::stream::unfold(
             (self, 0usize, changes),
             |(rec, next, mut changes)| async move {
@@ -148,5 +167,24 @@ mod tests {
         rec.push(Bytes::from(vec![0; MAX_RECORDED_STREAM_BYTES - 1]));
         assert!(rec.fits(b"x"));
         assert!(!rec.fits(b"xy"));
+    }
+
+    #[tokio::test]
+    async fn a_recording_is_abandoned_once_its_readers_came_and_went() {
+        let rec = Arc::new(Recording::new());
+        let abandoned = tokio::spawn({
+            let rec = rec.clone();
+            async move { rec.abandoned().await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!abandoned.is_finished(), "no reader came yet");
+        let reader = rec.clone().reader();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!abandoned.is_finished(), "a reader reads");
+        drop(reader);
+        tokio::time::timeout(std::time::Duration::from_secs(5), abandoned)
+            .await
+            .expect("abandoned once the reader went")
+            .unwrap();
     }
 }

@@ -351,7 +351,20 @@ async fn record<T: Serialize>(
 ) {
     let mut seq = 1;
     let last = loop {
-        match next_frame(&mut events, &id, &recording).await {
+        let next = match &ticket {
+            Some(_) => next_frame(&mut events, &id, &recording).await,
+            // Not deduplicated, so replayed to no one: once its client hangs up, the events
+            // are read by no one, and the stream stops.
+            None => tokio::select! {
+                next = next_frame(&mut events, &id, &recording) => next,
+                () = recording.abandoned() => {
+                    drop(events);
+                    recording.finish();
+                    return;
+                }
+            },
+        };
+        match next {
             Next::Event(frame) => {
                 if let Some(ticket) = &ticket {
                     if let Err(e) = ticket.append_event(seq, frame.clone()).await {
