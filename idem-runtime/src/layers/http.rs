@@ -181,7 +181,7 @@ where
     // mid-execution (its retry would run it again); the call runs to its end, stored.
     let mut response = tokio::spawn(inner.call(request)).await??;
     if let Some(body) = body {
-        response = invalid_request::corrected(&body, response).await;
+        response = invalid_request::corrected(&body, response, scope.dispatched()).await;
     }
     response = invalid_request::refusal_as_json_rpc(response);
     Ok(answered(&scope, response))

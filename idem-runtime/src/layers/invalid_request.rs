@@ -60,9 +60,20 @@ const INVALID_REQUEST_AROUND_ID: usize =
 /// HTTP 400, as a body that is not JSON has: the request as a whole is malformed, whatever
 /// jsonrpsee's status was (it said 400 to `null` and 200 to `{}`). A method's own -32600 keeps
 /// its status: it is the call's answer, cached and replayed as sent.
-pub(crate) async fn corrected(request: &[u8], response: HttpResponse) -> HttpResponse {
-    let size = hyper::body::Body::size_hint(response.body()).exact();
+///
+/// `dispatched`: the RPC layer saw a call of the request, so a single request's answer is
+/// that call's and passes unread (where the RPC layer is not installed, the request is read
+/// to tell).
+pub(crate) async fn corrected(
+    request: &[u8],
+    response: HttpResponse,
+    dispatched: bool,
+) -> HttpResponse {
     let batch = request_is_batch(request);
+    if dispatched && !batch {
+        return response;
+    }
+    let size = hyper::body::Body::size_hint(response.body()).exact();
     let looked_at = (request.len() + INVALID_REQUEST_AROUND_ID) as u64;
     if !batch && !matches!(size, Some(n) if n <= looked_at) {
         return response;

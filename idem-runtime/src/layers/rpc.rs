@@ -80,6 +80,9 @@ where
         &self,
         mut request: Request<'a>,
     ) -> impl Future<Output = MethodResponse> + Send + 'a {
+        if let Some(scope) = request.extensions().get::<HttpScope>() {
+            scope.mark_dispatched();
+        }
         let checked = self.admit(&mut request, true);
         let governed = request.extensions().get::<GovernedCall>().cloned();
         let unguarded = Unguarded::of(&request);

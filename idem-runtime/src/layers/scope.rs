@@ -40,6 +40,9 @@ struct ScopeInner {
     /// The whole request body's spelling, when the HTTP layer read it: once its single call
     /// is answered with the stored bytes, a resend of the same request is answered with them.
     request_spelling: Option<Spelling>,
+    /// Whether jsonrpsee dispatched a call of the request to the RPC layer: its answer is
+    /// then the call's, never jsonrpsee's refusal of the body.
+    dispatched: AtomicBool,
     state: Mutex<ScopeState>,
 }
 
@@ -69,8 +72,17 @@ impl HttpScope {
             activated,
             caller,
             request_spelling,
+            dispatched: AtomicBool::new(false),
             state: Mutex::default(),
         }))
+    }
+
+    pub(crate) fn mark_dispatched(&self) {
+        self.0.dispatched.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn dispatched(&self) -> bool {
+        self.0.dispatched.load(Ordering::Relaxed)
     }
 
     /// The spelling of the request's body, if it is a single call (not a batch).
