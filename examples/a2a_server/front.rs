@@ -88,24 +88,26 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let headers = request.headers().clone();
-        let answer = match self.front.answer(&request) {
-            Answer::Pass => return Either::Right(self.inner.call(request)),
-            Answer::Now(answer) => ready(answer).boxed(),
+        match self.front.answer(&request) {
+            Answer::Pass => Either::Right(self.inner.call(request)),
+            Answer::Now(mut answer) => {
+                self.front
+                    .idempotency
+                    .echo(request.headers(), answer.headers_mut());
+                Either::Left(ready(Ok(answer)).boxed())
+            }
             Answer::VersionNotSupported(requested) => {
+                let (parts, body) = request.into_parts();
+                let idempotency = self.front.idempotency.clone();
                 let limit = self.front.max_body_bytes;
-                version_not_supported(requested, request.into_body(), limit).boxed()
+                let answered = async move {
+                    let mut answer = version_not_supported(requested, body, limit).await;
+                    idempotency.echo(&parts.headers, answer.headers_mut());
+                    Ok(answer)
+                };
+                Either::Left(answered.boxed())
             }
-        };
-        let idempotency = self.front.idempotency.clone();
-        Either::Left(
-            async move {
-                let mut answer = answer.await;
-                idempotency.echo(&headers, answer.headers_mut());
-                Ok(answer)
-            }
-            .boxed(),
-        )
+        }
     }
 }
 
