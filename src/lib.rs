@@ -8,9 +8,10 @@
 //! that opens the store and hands out the layers), [`IdempotencyConfig`], the two return types
 //! an `#[idempotent]` method may have ([`Replayable`] for one answer, [`EventStream`] for a
 //! stream), [`UnitOfWork`] (the writes that commit with the cache entry), and the errors
-//! ([`IdempotencyError`], [`ErrorCode`]). The rest has a module of its own: [`store`] (the
-//! SQLite and PostgreSQL stores, the application's [`store::Database`]), [`layers`], [`hash`],
-//! [`message_id`], [`config`], [`testing`] (the manual clock).
+//! ([`IdempotencyError`], [`ErrorCode`]), and [`Caller`] (who calls, for key scoping). The
+//! rest has a module of its own: [`store`] (the SQLite and PostgreSQL stores, the
+//! application's [`store::Database`]), [`layers`], [`hash`], [`message_id`], [`config`],
+//! [`telemetry`] (the metrics), [`admin`] (the operator's view), [`testing`] (the manual clock).
 //!
 //! ```
 //! use idem::{idempotent, Replayable};

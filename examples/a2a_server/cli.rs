@@ -32,7 +32,8 @@ usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|option
 
 environment: AIWG_IDEMPOTENCY_TTL (seconds), AIWG_IDEMPOTENCY_MAX_ENTRIES,
              AIWG_IDEMPOTENCY_CLAIM_LEASE_MS, AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS,
-             AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS (milliseconds),
+             AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS, AIWG_IDEMPOTENCY_DISK_TIMEOUT_MS
+             (milliseconds),
              AIWG_IDEMPOTENCY_MEMORY_TIER_BYTES (see the README),
              RUST_LOG (logs go to stderr)
 ";

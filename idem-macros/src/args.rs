@@ -13,7 +13,14 @@ pub(crate) struct Args {
 
 /// Parses the attribute's arguments: empty, or `crate = "path"` / `crate = path`.
 pub(crate) fn parse(attr: TokenStream) -> Result<Args> {
-    let metas = Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr)?;
+    let metas = Punctuated::<Meta, Token![,]>::parse_terminated
+        .parse2(attr)
+        .map_err(|not_meta| {
+            Error::new(
+                not_meta.span(),
+                "#[idempotent] takes no value here: its only argument is `crate = \"...\"`",
+            )
+        })?;
     let mut krate = None;
     for meta in metas {
         if !meta.path().is_ident("crate") {

@@ -1,6 +1,6 @@
 //! Splices the idempotency guard around a validated method's body.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
+use proc_macro2::{Span, TokenStream};
 use quote::quote;
 use syn::spanned::Spanned;
 use syn::{Ident, Type};
@@ -16,16 +16,42 @@ pub(crate) fn expand(args: &Args, method: Method) -> TokenStream {
     let body = &func.body;
     let new_body = match shape {
         Shape::Async(ret) => {
-            // Spanned on the return type: a type the guard cannot store is reported there.
-            let guard = respanned(guard.clone(), ret.span());
-            let body = typed_async_block(&ret, body);
-            quote!(#guard(#ext, #body).await)
+            // Spanned on the return type, the guarded future and the guard's call alike: a
+            // type the guard cannot store is reported there.
+            let body = outer_spanned(typed_async_block(&ret, body), ret.span());
+            outer_spanned(quote!(#guard(#ext, #body).await), ret.span())
         }
-        Shape::BoxedFuture => quote!(::std::boxed::Box::pin(#guard(#ext, { #body }))),
+        Shape::BoxedFuture(output) => {
+            // The guard runs inside an `async move` block that `Box::pin` returns, the shape
+            // of `#[async_trait]`'s own bodies: `#[tracing::instrument]` under this attribute
+            // recognises it and instruments the future, the guard and the body in it. A `return`
+            // in a hand-written body cannot skip the guard: it would return from the block.
+            let span = output.map_or_else(Span::call_site, |ty| ty.span());
+            // The caller's hygiene, so that the error is shown where `span` points: the body
+            // cannot see the name (it is bound after it), and `__`-names are no user's.
+            let future = Ident::new("__idem_future", span);
+            let call = outer_spanned(quote!(#guard(#ext, #future).await), span);
+            quote!(::std::boxed::Box::pin(async move {
+                let #future = { #body };
+                #call
+            }))
+        }
         Shape::ImplFuture => quote!(#guard(#ext, { #body })),
     };
-    let (attrs, vis, sig) = (&func.attrs, &func.vis, &func.sig);
-    quote!(#(#attrs)* #vis #sig { #new_body })
+    let (attrs, vis, sig, inner) = (&func.attrs, &func.vis, &func.sig, &func.inner_attrs);
+    quote!(#(#attrs)* #vis #sig { #(#inner)* #new_body })
+}
+
+/// `tokens` with their outermost tokens (not what their groups hold) spanned at `span`, so
+/// that an expression made of them is reported there.
+fn outer_spanned(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            token.set_span(span);
+            token
+        })
+        .collect()
 }
 
 /// An `async move` block whose output is pinned to the declared return type.
@@ -47,21 +73,4 @@ fn typed_async_block(ret: &Type, body: &TokenStream) -> TokenStream {
             #out
         }
     }
-}
-
-/// `tokens`, every one of them spanned at `span`.
-fn respanned(tokens: TokenStream, span: Span) -> TokenStream {
-    tokens
-        .into_iter()
-        .map(|mut token| {
-            if let TokenTree::Group(group) = &token {
-                let mut inner =
-                    proc_macro2::Group::new(group.delimiter(), respanned(group.stream(), span));
-                inner.set_span(span);
-                token = TokenTree::Group(inner);
-            }
-            token.set_span(span);
-            token
-        })
-        .collect()
 }

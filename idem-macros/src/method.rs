@@ -8,8 +8,8 @@ use proc_macro2::TokenStream;
 use quote::quote;
 use syn::parse::{Parse, ParseStream};
 use syn::{
-    braced, Attribute, Error, FnArg, Ident, Item, Pat, Result, ReturnType, Signature, Type,
-    TypeParamBound, Visibility,
+    braced, Attribute, Error, FnArg, GenericArgument, Ident, Item, Pat, PathArguments, Result,
+    ReturnType, Signature, Type, TypeParamBound, Visibility,
 };
 
 /// A function whose body is kept as written.
@@ -17,7 +17,9 @@ pub(crate) struct FnTokens {
     pub(crate) attrs: Vec<Attribute>,
     pub(crate) vis: Visibility,
     pub(crate) sig: Signature,
-    /// What is between the body's braces.
+    /// The body's own `#![...]` attributes, which must stay first in the function's body.
+    pub(crate) inner_attrs: Vec<Attribute>,
+    /// What is between the body's braces, after its inner attributes.
     pub(crate) body: TokenStream,
 }
 
@@ -28,11 +30,13 @@ impl Parse for FnTokens {
         let sig = input.parse()?;
         let content;
         braced!(content in input);
+        let inner_attrs = content.call(Attribute::parse_inner)?;
         let body = content.parse()?;
         Ok(Self {
             attrs,
             vis,
             sig,
+            inner_attrs,
             body,
         })
     }
@@ -50,24 +54,29 @@ pub(crate) struct Method {
 pub(crate) enum Shape {
     /// `async fn`; carries the declared return type (`()` if none).
     Async(Box<Type>),
-    /// What `#[async_trait]` leaves: `fn ... -> Pin<Box<dyn Future<...> + Send + '_>>`.
-    BoxedFuture,
+    /// What `#[async_trait]` leaves: `fn ... -> Pin<Box<dyn Future<...> + Send + '_>>`, or a
+    /// `BoxFuture<'_, ...>`; carries the future's `Output` type where it is spelled out.
+    BoxedFuture(Option<Box<Type>>),
     /// `fn ... -> impl Future<...>`.
     ImplFuture,
 }
 
 const NOT_A_METHOD: &str = "#[idempotent] goes on a method of an `impl ...Server for ...` block";
+const ON_AN_IMPL: &str = "#[idempotent] goes on each method to guard, not on the impl block: \
+                          move it onto the send methods";
 
 /// Parses and validates the item the attribute is on.
 pub(crate) fn parse(item: TokenStream) -> Result<Method> {
     let func = match syn::parse2::<FnTokens>(item.clone()) {
         Ok(func) => func,
         Err(_) => match syn::parse2::<Item>(item.clone()) {
+            Ok(Item::Impl(i)) => return Err(Error::new_spanned(head(&Item::Impl(i)), ON_AN_IMPL)),
             Ok(other) => return Err(Error::new_spanned(head(&other), NOT_A_METHOD)),
             Err(_) => return Err(Error::new_spanned(item, NOT_A_METHOD)),
         },
     };
     require_receiver(&func.sig)?;
+    refuse_a_second_attribute(&func.attrs)?;
     let shape = shape(&func.sig)?;
     let ext = extensions_param(&func.sig)?;
     Ok(Method { func, ext, shape })
@@ -106,6 +115,18 @@ fn require_receiver(sig: &Signature) -> Result<()> {
     ))
 }
 
+/// A second `#[idempotent]` (written twice, or once more by a macro) would guard the call
+/// again inside the first guard, which then waits on its own claim.
+fn refuse_a_second_attribute(attrs: &[Attribute]) -> Result<()> {
+    match attrs.iter().find(|a| last_ident_is(a.path(), "idempotent")) {
+        Some(again) => Err(Error::new_spanned(
+            again,
+            "#[idempotent] is given twice on this method: keep one",
+        )),
+        None => Ok(()),
+    }
+}
+
 fn shape(sig: &Signature) -> Result<Shape> {
     let ret = match &sig.output {
         ReturnType::Default => None,
@@ -118,7 +139,12 @@ fn shape(sig: &Signature) -> Result<Shape> {
         ));
     }
     match ret.map(|ty| peel(ty)) {
-        Some(Type::Path(path)) if last_ident_is(&path.path, "Pin") => Ok(Shape::BoxedFuture),
+        Some(Type::Path(path)) if last_ident_is(&path.path, "Pin") => {
+            Ok(Shape::BoxedFuture(pinned_output(&path.path)))
+        }
+        Some(Type::Path(path)) if last_ident_is(&path.path, "BoxFuture") => Ok(Shape::BoxedFuture(
+            type_args(&path.path).next().cloned().map(Box::new),
+        )),
         Some(Type::ImplTrait(imp)) if imp.bounds.iter().any(is_future_bound) => {
             Ok(Shape::ImplFuture)
         }
@@ -126,11 +152,51 @@ fn shape(sig: &Signature) -> Result<Shape> {
             let (fn_token, ident) = (&sig.fn_token, &sig.ident);
             Err(Error::new_spanned(
                 quote!(#fn_token #ident),
-                "#[idempotent] wraps the method body in a future: make this an `async fn` \
-                 (or return `Pin<Box<dyn Future<...>>>` / `impl Future<...>`)",
+                "#[idempotent] wraps the method body in a future: make this an `async fn`, \
+                 here and in the `#[rpc]` trait (or return `Pin<Box<dyn Future<...>>>`, \
+                 `BoxFuture<...>` or `impl Future<...>`)",
             ))
         }
     }
+}
+
+/// `X` of `Pin<Box<dyn Future<Output = X> + ...>>`: the user's own tokens where
+/// `#[async_trait]` made the signature, so an error about it is shown there.
+fn pinned_output(pin: &syn::Path) -> Option<Box<Type>> {
+    let Some(Type::Path(boxed)) = type_args(pin).next().map(peel) else {
+        return None;
+    };
+    let Some(Type::TraitObject(object)) = type_args(&boxed.path).next().map(peel) else {
+        return None;
+    };
+    object.bounds.iter().find_map(|bound| match bound {
+        TypeParamBound::Trait(t) if last_ident_is(&t.path, "Future") => {
+            let last = t.path.segments.last()?;
+            let PathArguments::AngleBracketed(args) = &last.arguments else {
+                return None;
+            };
+            args.args.iter().find_map(|arg| match arg {
+                GenericArgument::AssocType(assoc) if assoc.ident == "Output" => {
+                    Some(Box::new(assoc.ty.clone()))
+                }
+                _ => None,
+            })
+        }
+        _ => None,
+    })
+}
+
+/// The type arguments of a path's last segment.
+fn type_args(path: &syn::Path) -> impl Iterator<Item = &Type> {
+    let args = path.segments.last().map(|seg| &seg.arguments);
+    let args = match args {
+        Some(PathArguments::AngleBracketed(args)) => Some(&args.args),
+        _ => None,
+    };
+    args.into_iter().flatten().filter_map(|arg| match arg {
+        GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    })
 }
 
 fn is_future_bound(bound: &TypeParamBound) -> bool {
@@ -156,7 +222,8 @@ fn extensions_param(sig: &Signature) -> Result<Ident> {
         return Err(Error::new_spanned(
             &sig.ident,
             "#[idempotent] needs the request's `Extensions`: add `with_extensions` to this \
-             method's `#[method(...)]` and take an `ext: &Extensions` parameter",
+             method's `#[method(...)]` and take an `ext: &Extensions` parameter (spelled \
+             `Extensions`: an alias of it is not recognised)",
         ));
     };
     match &*param.pat {

@@ -39,7 +39,8 @@ use crate::wire::{decode, response_bytes, Payload, JSON};
     label = "this method returns a type that #[idempotent] cannot store",
     note = "an #[idempotent] method returns `RpcResult<Replayable<T>>` (one answer) or \
             `RpcResult<EventStream<T>>` (a stream), with `T: Serialize`; `Ok(value.into())` \
-            makes a `Replayable`"
+            makes a `Replayable`, and an error of another type becomes an `ErrorObjectOwned` \
+            with `.map_err(Into::into)`"
 )]
 pub trait Guarded: sealed::Sealed + Sized + Send + 'static {
     /// Runs `body` under the guard described by `ctx`. Not called directly.

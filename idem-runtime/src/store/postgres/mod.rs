@@ -162,7 +162,8 @@ impl PostgresStore {
     }
 
     /// `operation`, or the error that the database did not answer it in time: within the
-    /// sessions' statement bound and their idle bound together (three leases, at least 3 s).
+    /// sessions' statement bound and their idle bound together (three leases, each bound at least
+    /// 1 s, so at least 2 s).
     ///
     /// A database process stopped while its host still answers TCP (SIGSTOP, a paused
     /// container) ends no statement, and neither `statement_timeout` nor `tcp_user_timeout`

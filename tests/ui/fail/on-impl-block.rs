@@ -1,0 +1,16 @@
+use idem::{idempotent, Replayable};
+use jsonrpsee::core::RpcResult;
+use jsonrpsee::Extensions;
+
+struct S;
+
+#[idempotent]
+impl S {
+    async fn send(&self, _ext: &Extensions) -> RpcResult<Replayable<u64>> {
+        Ok(1.into())
+    }
+}
+
+fn main() {
+    let _ = S.send(&Extensions::new());
+}
