@@ -15,8 +15,9 @@
 //! the key (an operator's purge may have deleted it since, and SQLite may reuse its rowid).
 //!
 //! Memory: an 8-byte fingerprint and its rowids (32 bytes in the table), about 45 bytes per
-//! entry with the table's overhead; 4.5 MB at the default bound of 100,000 entries. A rowid an
-//! operator's purge freed stays until its key is written again or the process restarts.
+//! entry with the table's overhead; 4.5 MB at the default bound of 100,000 entries. The rows an
+//! operator's purge deletes stay in it until the next sweep after the purge was seen, which
+//! reloads it from the file ([`KeyIndex::reload`]).
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -53,24 +54,39 @@ impl Rows {
     }
 }
 
+/// The keys of the rows a file holds, read in one transaction.
+pub(crate) struct StoredKeys {
+    /// The entries' rowids and keys.
+    pub(crate) entries: Vec<(i64, String)>,
+    /// The keys of the open streams.
+    pub(crate) streams: Vec<String>,
+}
+
 impl KeyIndex {
-    /// An index of the rows already in the file: the entries' rowids and keys, and the keys
-    /// of the open streams.
-    pub(crate) fn new<'a>(
-        entries: impl IntoIterator<Item = (i64, &'a str)>,
-        streams: impl IntoIterator<Item = &'a str>,
-    ) -> Self {
+    /// An index of the rows already in the file.
+    pub(crate) fn new(stored: &StoredKeys) -> Self {
         let index = Self {
             seed: RandomState::new(),
             keys: Mutex::new(Keys::default()),
         };
-        for (rowid, key) in entries {
-            index.entry_added(key, rowid);
-        }
-        for key in streams {
-            index.stream_added(key);
-        }
+        index.reload(stored);
         index
+    }
+
+    /// Holds exactly `stored` from now on: after rows were deleted behind the writer's back
+    /// (an operator's purge), which the index would otherwise keep until a restart.
+    pub(crate) fn reload(&self, stored: &StoredKeys) {
+        let fresh = Self {
+            seed: self.seed.clone(),
+            keys: Mutex::new(Keys::default()),
+        };
+        for (rowid, key) in &stored.entries {
+            fresh.entry_added(key, *rowid);
+        }
+        for key in &stored.streams {
+            fresh.stream_added(key);
+        }
+        *self.keys() = fresh.keys.into_inner().expect("a new lock");
     }
 
     /// `false` only when no row holds `key`, neither an entry nor an open stream.
@@ -180,7 +196,7 @@ mod tests {
 
     #[test]
     fn knows_every_row_and_where_the_entries_are() {
-        let index = KeyIndex::new([(1, "a"), (2, "b")], ["c"]);
+        let index = KeyIndex::new(&stored(&[(1, "a"), (2, "b")], &["c"]));
         assert!(index.may_hold("a") && index.may_hold("b") && index.may_hold("c"));
         assert!(!index.may_hold("d"));
         assert_eq!(index.entry_rows("a"), vec![1]);
@@ -204,5 +220,22 @@ mod tests {
         index.stream_removed("c");
         assert!(!index.may_hold("a") && !index.may_hold("c"));
         assert_eq!(index.len(), 1, "b is left");
+    }
+
+    #[test]
+    fn a_reload_holds_what_the_file_holds_and_nothing_else() {
+        let index = KeyIndex::new(&stored(&[(1, "a"), (2, "b")], &["c"]));
+        index.reload(&stored(&[(2, "b"), (3, "d")], &["e"]));
+        assert!(!index.may_hold("a") && !index.may_hold("c"));
+        assert!(index.may_hold("b") && index.may_hold("d") && index.may_hold("e"));
+        assert_eq!(index.entry_rows("d"), vec![3]);
+        assert_eq!(index.len(), 3);
+    }
+
+    fn stored(entries: &[(i64, &str)], streams: &[&str]) -> StoredKeys {
+        StoredKeys {
+            entries: entries.iter().map(|(r, k)| (*r, k.to_string())).collect(),
+            streams: streams.iter().map(|k| k.to_string()).collect(),
+        }
     }
 }

@@ -43,6 +43,8 @@ struct State {
     bytes: usize,
     /// Deletions so far, per slot of keys.
     deletions: Vec<u64>,
+    /// Operators' purges seen so far (see [`MemoryTier::purges_seen`]).
+    purges_seen: u64,
 }
 
 struct Resident {
@@ -116,15 +118,24 @@ impl MemoryTier {
         self.shrink(&mut state);
     }
 
-    /// An entry was committed (a new one, or one replacing an expired row).
-    pub(crate) fn insert(&self, entry: Arc<Entry>) {
+    /// An entry was committed (a new one, or one replacing an expired row), in a transaction
+    /// during which `purges_seen` was [`purges_seen`](Self::purges_seen): kept unless an
+    /// operator's purge was seen since (it may have deleted the row right after the commit).
+    pub(crate) fn insert(&self, entry: Arc<Entry>, purges_seen: u64) {
         if self.budget == 0 {
             return;
         }
         let mut state = self.state();
         state.remove(&entry.message_id);
-        state.admit(entry);
-        self.shrink(&mut state);
+        if state.purges_seen == purges_seen {
+            self.admit(&mut state, entry);
+        }
+    }
+
+    /// How many operators' purges the tier has forgotten everything for: the writer takes it
+    /// before its commit, when no purge can commit, and hands it to [`insert`](Self::insert).
+    pub(crate) fn purges_seen(&self) -> u64 {
+        self.state().purges_seen
     }
 
     /// The deletion count of `key`'s slot: taken before a read, handed to [`fill`](Self::fill).
@@ -145,8 +156,7 @@ impl MemoryTier {
         {
             return;
         }
-        state.admit(entry);
-        self.shrink(&mut state);
+        self.admit(&mut state, entry);
     }
 
     /// The store committed the deletion of these keys' rows.
@@ -163,6 +173,7 @@ impl MemoryTier {
     pub(crate) fn forget_all(&self) {
         let mut state = self.state();
         state.deletions.iter_mut().for_each(|count| *count += 1);
+        state.purges_seen += 1;
         state.residents.clear();
         state.spellings.clear();
         state.hand.clear();
@@ -173,6 +184,16 @@ impl MemoryTier {
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         self.state().bytes
+    }
+
+    /// Keeps `entry` if it fits the budget at all: one larger would first push out every
+    /// entry not used lately, then itself.
+    fn admit(&self, state: &mut State, entry: Arc<Entry>) {
+        if entry_bytes(&entry) > self.budget {
+            return;
+        }
+        state.admit(entry);
+        self.shrink(state);
     }
 
     /// Evicts until the tier fits its budget.
@@ -286,11 +307,11 @@ mod tests {
     fn stays_within_its_byte_budget_and_keeps_what_is_used() {
         let tier = MemoryTier::new(10_000);
         let first = entry(0, 1_000);
-        tier.insert(first.clone());
+        tier.insert(first.clone(), tier.purges_seen());
         for n in 1..100 {
             // The first entry is used between inserts: the clock hand spares it.
             assert!(tier.get(&first.message_id, |_| true).is_some(), "at {n}");
-            tier.insert(entry(n, 1_000));
+            tier.insert(entry(n, 1_000), tier.purges_seen());
             assert!(tier.bytes() <= 10_000, "{} bytes", tier.bytes());
         }
         assert!(
@@ -307,22 +328,48 @@ mod tests {
     fn a_body_is_charged_what_it_holds_allocated_not_only_what_it_uses() {
         let tier = MemoryTier::new(1 << 20);
         let exact = entry(1, 1_000);
-        tier.insert(exact.clone());
+        tier.insert(exact.clone(), tier.purges_seen());
         let charged = tier.bytes();
         tier.deleted([&exact.message_id]);
         let mut spare = Arc::unwrap_or_clone(entry(1, 1_000));
         spare.response.body.reserve_exact(1_000);
         let spare_bytes = spare.response.body.capacity() - spare.response.body.len();
-        tier.insert(Arc::new(spare));
+        tier.insert(Arc::new(spare), tier.purges_seen());
         assert_eq!(tier.bytes(), charged + spare_bytes);
     }
 
     #[test]
     fn an_entry_larger_than_the_budget_is_not_kept() {
         let tier = MemoryTier::new(500);
-        tier.insert(entry(1, 1_000));
+        tier.insert(entry(1, 1_000), tier.purges_seen());
         assert!(tier.get(&entry(1, 0).message_id, |_| true).is_none());
         assert_eq!(tier.bytes(), 0);
+    }
+
+    #[test]
+    fn an_entry_larger_than_the_budget_pushes_nothing_out() {
+        let tier = MemoryTier::new(4_000);
+        let small = entry(1, 100);
+        tier.insert(small.clone(), tier.purges_seen());
+        tier.insert(entry(2, 5_000), tier.purges_seen());
+        assert!(tier.get(&small.message_id, |_| true).is_some());
+        assert!(tier.get(&entry(2, 0).message_id, |_| true).is_none());
+        let read = entry(3, 5_000);
+        tier.fill(read.clone(), tier.deletions(&read.message_id));
+        assert!(tier.get(&small.message_id, |_| true).is_some());
+        assert_eq!(tier.bytes(), entry_bytes(&small));
+    }
+
+    #[test]
+    fn a_commit_that_a_purge_may_have_followed_is_not_kept() {
+        let tier = MemoryTier::new(1 << 20);
+        let e = entry(1, 10);
+        let at_commit = tier.purges_seen(); // the writer, before its commit
+        tier.forget_all(); // a purge committed right after it, and was seen
+        tier.insert(e.clone(), at_commit);
+        assert!(tier.get(&e.message_id, |_| true).is_none());
+        tier.insert(e.clone(), tier.purges_seen());
+        assert!(tier.get(&e.message_id, |_| true).is_some());
     }
 
     #[test]
@@ -341,7 +388,7 @@ mod tests {
     fn spellings_are_charged_once_each_and_kept_up_to_the_bound() {
         let tier = MemoryTier::new(1 << 20);
         let e = entry(1, 10);
-        tier.insert(e.clone());
+        tier.insert(e.clone(), tier.purges_seen());
         let alone = tier.bytes();
         // What the resident holds allocated for its spellings, in digests.
         let room = || tier.state().residents[&e.message_id].spellings.capacity();
@@ -373,9 +420,9 @@ mod tests {
     fn spellings_attach_only_to_the_entry_that_answered_them() {
         let tier = MemoryTier::new(1 << 20);
         let answered = entry(1, 10);
-        tier.insert(answered.clone());
+        tier.insert(answered.clone(), tier.purges_seen());
         let replacement = entry(1, 20);
-        tier.insert(replacement.clone());
+        tier.insert(replacement.clone(), tier.purges_seen());
         tier.add_spellings(&answered, &[[8; 32]]);
         assert!(tier.get_spelled(&[8; 32], |_| true).is_none());
         tier.add_spellings(&replacement, &[[8; 32]]);
@@ -387,7 +434,7 @@ mod tests {
     fn forgetting_all_empties_the_tier_and_refuses_fills_of_earlier_reads() {
         let tier = MemoryTier::new(1 << 20);
         let e = entry(1, 10);
-        tier.insert(e.clone());
+        tier.insert(e.clone(), tier.purges_seen());
         tier.add_spellings(&e, &[[3; 32]]);
         let read = entry(2, 10);
         let before = tier.deletions(&read.message_id);
@@ -403,7 +450,7 @@ mod tests {
     fn spellings_leave_with_their_entry() {
         let tier = MemoryTier::new(1 << 20);
         let e = entry(1, 10);
-        tier.insert(e.clone());
+        tier.insert(e.clone(), tier.purges_seen());
         tier.add_spellings(&e, &[[7; 32]]);
         assert!(tier.get_spelled(&[7; 32], |_| true).is_some());
         assert!(
@@ -411,7 +458,7 @@ mod tests {
             "not live: not answered"
         );
         assert!(tier.get(&e.message_id, |_| true).is_none(), "and gone");
-        tier.insert(e.clone());
+        tier.insert(e.clone(), tier.purges_seen());
         tier.add_spellings(&e, &[[7; 32]]);
         tier.deleted([&e.message_id]);
         assert!(tier.get_spelled(&[7; 32], |_| true).is_none());

@@ -23,6 +23,7 @@ pub(crate) mod writer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -42,7 +43,7 @@ pub(crate) use crate::store::sqlite::connection::connect;
 use crate::store::sqlite::connection::{create_private_file, SCHEMA};
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::file_lock::ServingLock;
-use crate::store::sqlite::key_index::KeyIndex;
+use crate::store::sqlite::key_index::{KeyIndex, StoredKeys};
 use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::sqlite::open_streams::{
     delete_open_stream, insert_event, insert_open_stream, select_open_stream, LiveStreams,
@@ -90,6 +91,11 @@ pub struct SqliteStore {
     touches: Arc<Mutex<HashMap<String, u64>>>,
     tier: Arc<MemoryTier>,
     index: Arc<KeyIndex>,
+    /// The operators' purges seen (`MemoryTier::purges_seen`) when the sweep last reloaded
+    /// the key index: it forgets what they deleted at the next sweep after them.
+    index_reloaded_for: Arc<AtomicU64>,
+    /// Set by [`close`](Self::close): the memory answers nothing more either.
+    closed: AtomicBool,
     readers: Readers,
     writer: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
@@ -98,6 +104,12 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// Whether the key index may hold a row of `key` (for tests of its bound).
+    #[cfg(test)]
+    pub(crate) fn indexes(&self, key: &MessageId) -> bool {
+        self.index.may_hold(key.as_str())
+    }
+
     /// Opens (or creates, with mode 0600) the database at `path`, on the system clock.
     /// Fails with [`StoreError::InUse`] while another store (in any process) serves it.
     pub fn open(path: impl AsRef<Path>, config: &IdempotencyConfig) -> Result<Self, StoreError> {
@@ -127,7 +139,7 @@ impl SqliteStore {
         let purges = PurgeWatch::new(&conn, tier.clone())?;
         let checkpointer = Checkpointer::start(&path, connect, restart.clone(), purges)?;
         let touches = Arc::new(Mutex::new(HashMap::new()));
-        let index = Arc::new(stored_keys(&conn)?);
+        let index = Arc::new(KeyIndex::new(&stored_keys(&conn)?));
         let writer = Writer {
             restart,
             file: FileIdentity::of(&path)?,
@@ -154,6 +166,8 @@ impl SqliteStore {
             touches,
             tier,
             index,
+            index_reloaded_for: Arc::default(),
+            closed: AtomicBool::new(false),
             readers,
             writer: Mutex::new(Some(tx)),
             writer_thread: Mutex::new(Some(thread)),
@@ -168,8 +182,10 @@ impl SqliteStore {
     }
 
     /// Commits what is queued, stops the threads and releases the file. Later calls fail with
-    /// [`StoreError::Closed`].
+    /// [`StoreError::Closed`], those the memory would have answered too: once the file is
+    /// released another process may serve, purge or expire it.
     pub fn close(&self) {
+        self.closed.store(true, SeqCst);
         drop(self.writer.lock().expect("writer lock").take());
         if let Some(thread) = self.writer_thread.lock().expect("thread lock").take() {
             let _ = thread.join();
@@ -178,6 +194,7 @@ impl SqliteStore {
             checkpointer.stop();
         }
         self.readers.close();
+        self.tier.forget_all();
         drop(self.lock.lock().expect("lock lock").take());
     }
 
@@ -268,6 +285,9 @@ impl SqliteStore {
     /// `Ok(None)` when the key index knows the file holds no row of it. `Err(())`: ask the
     /// file.
     fn in_memory(&self, key: &MessageId) -> Result<Option<Arc<Entry>>, ()> {
+        if self.closed.load(SeqCst) {
+            return Err(()); // the file's answer: closed
+        }
         if let Some(entry) = self.used(self.tier.get(key, |e| self.is_live(e))) {
             return Ok(Some(entry));
         }
@@ -457,20 +477,32 @@ impl Store for SqliteStore {
         let mut total = 0;
         loop {
             let live = self.live_streams.clone();
-            let deleted = self
+            let (tier, reloaded_for) = (self.tier.clone(), self.index_reloaded_for.load(SeqCst));
+            let (deleted, reloaded) = self
                 .write(Unanswered::Forgotten, true, move |conn, batch| {
                     let now = batch.now_ms / 1000;
                     let n = sweep_chunk(conn, ttl, now, &live, &mut batch.changes)?;
-                    batch.rows = match n < SWEEP_CHUNK {
-                        // The sweep's last step counts the rows again: an operator's purge
-                        // deletes rows the writer never counted out, and the LRU bound would
-                        // keep the table that much smaller until a restart.
-                        true => entries::count(conn)?,
-                        false => batch.rows.saturating_sub(n),
-                    };
-                    Ok(n)
+                    if n == SWEEP_CHUNK {
+                        batch.rows = batch.rows.saturating_sub(n);
+                        return Ok((n, None));
+                    }
+                    // The last step counts the rows again, and after an operator's purge
+                    // reloads the key index: the purge deleted rows the writer never counted
+                    // out (the LRU bound would keep the table that much smaller) and the index
+                    // never forgot (it would grow with every purge until a restart).
+                    batch.rows = entries::count(conn)?;
+                    // Read under the write lock: no purge commits between the two.
+                    let purges_seen = tier.purges_seen();
+                    if purges_seen == reloaded_for {
+                        return Ok((n, None));
+                    }
+                    batch.changes.push(Change::Reloaded(stored_keys(conn)?));
+                    Ok((n, Some(purges_seen)))
                 })
                 .await?;
+            if let Some(purges_seen) = reloaded {
+                self.index_reloaded_for.store(purges_seen, SeqCst);
+            }
             total += deleted;
             if deleted < SWEEP_CHUNK {
                 return Ok(total);
@@ -493,6 +525,9 @@ impl Store for SqliteStore {
     }
 
     fn spelled(&self, spelling: &Spelling) -> Option<Arc<Entry>> {
+        if self.closed.load(SeqCst) {
+            return None;
+        }
         self.used(self.tier.get_spelled(spelling, |e| self.is_live(e)))
     }
 
@@ -545,16 +580,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The keys of the rows the file holds, as the key index starts with them.
-fn stored_keys(conn: &Connection) -> rusqlite::Result<KeyIndex> {
+fn stored_keys(conn: &Connection) -> rusqlite::Result<StoredKeys> {
     let entries = entries::all_keys(conn)?;
     let mut streams = conn.prepare("SELECT message_id FROM idempotency_open_streams")?;
     let streams = streams
         .query_map([], |row| row.get::<_, String>(0))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(KeyIndex::new(
-        entries.iter().map(|(rowid, key)| (*rowid, key.as_str())),
-        streams.iter().map(String::as_str),
-    ))
+    Ok(StoredKeys { entries, streams })
 }
 
 /// Whether a redo of the batch may run these writes again.

@@ -78,12 +78,12 @@ pub(crate) struct PurgeWatch {
 }
 
 impl PurgeWatch {
-    /// For a file that [`prepare`] has acknowledged.
+    /// For a file that [`prepare`] has acknowledged. A purge that commits between the two
+    /// found nothing in memory either: the first look acknowledges it.
     pub(crate) fn new(conn: &Connection, tier: Arc<MemoryTier>) -> rusqlite::Result<Self> {
-        let now = generation(conn)?;
         Ok(Self {
-            forgotten: now,
-            acknowledged: now,
+            forgotten: generation(conn)?,
+            acknowledged: None,
             tier,
         })
     }
@@ -151,6 +151,16 @@ mod tests {
             !forgotten(&conn, purge).unwrap(),
             "not before the server looks"
         );
+        watch.look(&conn);
+        assert!(forgotten(&conn, purge).unwrap());
+    }
+
+    #[test]
+    fn a_purge_between_prepare_and_the_watch_is_acknowledged_at_the_first_look() {
+        let conn = Connection::open_in_memory().unwrap();
+        prepare(&conn).unwrap();
+        let purge = bump(&conn).unwrap(); // committed while the server opened
+        let mut watch = PurgeWatch::new(&conn, Arc::new(MemoryTier::new(1 << 20))).unwrap();
         watch.look(&conn);
         assert!(forgotten(&conn, purge).unwrap());
     }

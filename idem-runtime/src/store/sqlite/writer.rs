@@ -25,6 +25,7 @@ use crate::store::sqlite::checkpointer::Restart;
 use crate::store::sqlite::entries;
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::key_index::KeyIndex;
+use crate::store::sqlite::key_index::StoredKeys;
 use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::{Entry, StoreError};
 
@@ -134,6 +135,9 @@ pub(crate) enum Change {
     Opened(MessageId),
     /// An open-stream row was deleted (the stream closed, or was swept).
     Closed(MessageId),
+    /// The keys of every row, read after the changes before this one: the key index is
+    /// reloaded from them (rows deleted behind the writer's back leave it).
+    Reloaded(StoredKeys),
 }
 
 /// A write: applied inside the batch's transaction, then told whether the batch committed.
@@ -309,23 +313,27 @@ impl Writer {
         batch.rows -= evictions;
         batch.changes.extend(evicted);
         self.file.check()?;
+        // Taken while this transaction holds the file's write lock, so before any purge that
+        // could delete what it stores.
+        let purges_seen = self.tier.purges_seen();
         run(&self.conn, "COMMIT")?;
         crate::telemetry::evicted("lru", evictions);
         self.rows = batch.rows;
-        self.publish(batch.changes);
+        self.publish(batch.changes, purges_seen);
         Ok(Attempt::Committed(outcomes))
     }
 
     /// Tells the memory tier and the key index what the committed batch changed, before any
-    /// of its writers is answered.
-    fn publish(&self, changes: Vec<Change>) {
+    /// of its writers is answered. An entry it stored stays out of memory if an operator's
+    /// purge was seen since `purges_seen` (the purge may have deleted it once it committed).
+    fn publish(&self, changes: Vec<Change>, purges_seen: u64) {
         for change in changes {
             match change {
                 Change::Stored { entry, rowid, new } => {
                     if new {
                         self.index.entry_added(entry.message_id.as_str(), rowid);
                     }
-                    self.tier.insert(entry);
+                    self.tier.insert(entry, purges_seen);
                 }
                 Change::Deleted { key, rowid } => {
                     self.index.entry_removed(key.as_str(), rowid);
@@ -333,6 +341,7 @@ impl Writer {
                 }
                 Change::Opened(key) => self.index.stream_added(key.as_str()),
                 Change::Closed(key) => self.index.stream_removed(key.as_str()),
+                Change::Reloaded(keys) => self.index.reload(&keys),
             }
         }
     }

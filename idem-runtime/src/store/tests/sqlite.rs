@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::claim::Claim;
+use crate::claim::{Claim, IdempotencyCache};
 use crate::hash::request_hash;
 use crate::store::{SqliteStore, Store};
 use crate::IdempotencyConfig;
@@ -108,9 +108,22 @@ async fn new_database_files_are_private() {
 async fn closed_store_fails_loudly() {
     let fx = Fixture::sqlite();
     let store = SqliteStore::open_with_clock(&fx.path, &config(60, 10), fx.clock.clone()).unwrap();
+    let store = Arc::new(store);
+    let cache = IdempotencyCache::from_arc(store.clone());
+    let stored = execute(&cache, &key(1), "{}", "in memory").await;
+    let spelling = crate::hash::spelling(b"{}");
+    store.note_spellings(&stored, &[spelling]);
+    assert!(store.spelled(&spelling).is_some());
     store.close();
-    let err = store.sweep().await.unwrap_err();
-    assert!(matches!(err, crate::store::StoreError::Closed), "{err}");
+    let closed = |result: Result<(), crate::store::StoreError>| {
+        matches!(result, Err(crate::store::StoreError::Closed))
+    };
+    assert!(closed(store.sweep().await.map(drop)));
+    // Memory answers nothing once the file is released: not the stored key, not a fresh one.
+    assert!(closed(store.get(&key(1)).await.map(drop)));
+    assert!(closed(store.lookup(&key(1)).await.map(drop)));
+    assert!(closed(store.lookup(&key(2)).await.map(drop)));
+    assert!(store.spelled(&spelling).is_none());
 }
 
 #[test]
@@ -684,6 +697,30 @@ async fn a_purge_returns_once_the_serving_process_confirms_it() {
         !admin.purge(&key(2)).await.unwrap(),
         "nothing stored for it"
     );
+}
+
+/// The keys an operator's purge deleted leave the key index at the next sweep (else it would
+/// grow with every `purge --expired` until a restart); the others stay in it.
+#[tokio::test]
+async fn the_sweep_after_a_purge_forgets_the_purged_keys() {
+    let fx = Fixture::sqlite();
+    let store = Arc::new(SqliteStore::open(&fx.path, &config(86_400, 100)).unwrap());
+    let cache = IdempotencyCache::from_arc(store.clone());
+    for n in 1..=3 {
+        execute(&cache, &key(n), "{}", "stored").await;
+    }
+    let admin = crate::admin::Admin::open(fx.path.to_str().unwrap(), &config(86_400, 100))
+        .await
+        .unwrap();
+    assert!(admin.purge(&key(1)).await.unwrap());
+    assert!(store.indexes(&key(1)), "until the next sweep");
+    assert_eq!(store.sweep().await.unwrap(), 0);
+    assert!(!store.indexes(&key(1)), "the purged key");
+    assert!(store.indexes(&key(2)) && store.indexes(&key(3)));
+    assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"stored");
+    assert_eq!(store.row_count().await.unwrap(), 2);
+    execute(&cache, &key(1), "{}", "again").await;
+    assert!(store.indexes(&key(1)), "stored again");
 }
 
 /// A process that holds the file's lock and never confirms: the purge is done, and says
