@@ -375,13 +375,29 @@ type Shown = (Option<EntryRow>, Option<(StreamRow, Vec<Vec<u8>>)>);
 
 /// Opens an existing SQLite file (never creates one: a mistyped path is an error), waiting
 /// for the servers' write lock as they wait for each other.
+/// The served file, by the one name its server's lock sits beside: a purge waits for that
+/// server's confirmation, which it finds by the lock.
 fn open_sqlite(path: &Path) -> Result<Connection, StoreError> {
+    let refused = |reason: &str| StoreError::NotServable {
+        path: path.to_path_buf(),
+        reason: reason.to_owned(),
+    };
+    if path.to_string_lossy().starts_with("file:") {
+        return Err(refused(
+            "a URI: give the database file's path, beside which its server keeps its lock",
+        ));
+    }
+    file_lock::refuse_hard_links(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    conn.query_row("SELECT count(*) FROM idempotency_cache LIMIT 1", [], |_| {
-        Ok(())
-    })?;
+    let table = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idempotency_cache'";
+    if !conn.prepare(table)?.exists([])? {
+        return Err(refused(
+            "holds no idempotency cache (no table idempotency_cache): give the file a server \
+             serves (a server creates the table when it first opens the file)",
+        ));
+    }
     Ok(conn)
 }
 

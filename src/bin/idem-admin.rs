@@ -9,6 +9,7 @@
 //! Exit status: 0 done, 1 the key holds nothing (show, purge), 2 usage or database error, or
 //! a purge not confirmed.
 
+use std::fmt::Write as _;
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -20,9 +21,10 @@ use idem::store::StoreStats;
 use idem::IdempotencyConfig;
 
 const USAGE: &str = "\
-usage: idem-admin --db PATH|URL COMMAND
+usage: idem-admin --db PATH|URL [--principal NAME] COMMAND
 commands:
-  stats                   entries, bytes, oldest, expiring within the hour, top methods
+  stats                   the TTL, entries, bytes, expired but not yet swept, expiring
+                          within the hour, the oldest, open streams, top methods
   show MESSAGE_ID [--body]  what holds the key (with --body, the stored response too)
   purge MESSAGE_ID [--yes]  delete the key's entry, so that the key executes again
   purge --expired [--yes]   delete every expired entry now, as the servers' sweep would
@@ -42,10 +44,15 @@ enum Command {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Result<Vec<String>, _> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string())
+        .collect();
+    let Ok(args) = args else {
+        return fail(&format!("arguments must be UTF-8 text\n\n{USAGE}"));
+    };
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        print!("{USAGE}");
-        return ExitCode::SUCCESS;
+        return emit(USAGE.to_owned(), ExitCode::SUCCESS);
     }
     let (db, command) = match parse(&args) {
         Ok(parsed) => parsed,
@@ -85,20 +92,43 @@ fn fail(message: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// Writes `text` to stdout and exits with `code`. A reader that went away (`| head`) is no
+/// failure of the command, which has done its work by now; any other write error is said.
+fn emit(text: String, code: ExitCode) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            fail(&format!("cannot write the output: {e}"))
+        }
+        _ => code,
+    }
+}
+
 fn parse(args: &[String]) -> Result<(String, Command), String> {
     let mut db = None;
     let mut principal = None;
     let mut words = Vec::new();
     let mut flags = Vec::new();
-    let mut rest = args.iter();
+    let mut rest = args.iter().map(String::as_str);
     while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "--db" => db = Some(rest.next().ok_or("--db needs a path or URL")?.clone()),
-            "--principal" => {
-                let name = rest.next().filter(|name| !name.is_empty());
-                principal = Some(name.ok_or("--principal needs a name")?);
-            }
-            flag if flag.starts_with("--") => flags.push(flag),
+        // `--db PATH` and `--db=PATH` alike.
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value)),
+            _ => (arg, None),
+        };
+        let mut value = |what: &str| {
+            inline
+                .or_else(|| rest.next())
+                .filter(|v| !v.is_empty())
+                .ok_or(format!("{name} needs {what}"))
+        };
+        match name {
+            "--db" => once(&mut db, value("a path or URL")?, name)?,
+            "--principal" => once(&mut principal, value("a name")?, name)?,
+            flag if flag.starts_with("--") => flags.push(arg),
             word => words.push(word),
         }
     }
@@ -133,21 +163,29 @@ fn parse(args: &[String]) -> Result<(String, Command), String> {
                 .into(),
         );
     }
-    Ok((db, command))
+    Ok((db.to_owned(), command))
+}
+
+/// An option given once: a second is refused, not silently the one that counts.
+fn once<'a>(slot: &mut Option<&'a str>, value: &'a str, name: &str) -> Result<(), String> {
+    match slot.replace(value) {
+        Some(_) => Err(format!("{name} is given twice: keep one")),
+        None => Ok(()),
+    }
 }
 
 async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, String> {
     let error = |e: idem::store::StoreError| e.to_string();
     match command {
         Command::Stats => {
-            print_stats(&admin.stats().await.map_err(error)?, admin.ttl_seconds());
-            Ok(ExitCode::SUCCESS)
+            let stats = admin.stats().await.map_err(error)?;
+            Ok(emit(
+                stats_text(&stats, admin.ttl_seconds()),
+                ExitCode::SUCCESS,
+            ))
         }
         Command::Show { key, body } => match admin.show(&key).await.map_err(error)? {
-            Some(info) => {
-                print_entry(&key, &info, body);
-                Ok(ExitCode::SUCCESS)
-            }
+            Some(info) => Ok(emit(entry_text(&key, &info, body), ExitCode::SUCCESS)),
             None => nothing_for(&key),
         },
         Command::Purge { key, yes } => {
@@ -166,22 +204,30 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
                     _ => nothing_for(&key),
                 };
             }
-            println!("purged {key}");
-            Ok(ExitCode::SUCCESS)
+            Ok(emit(format!("purged {key}\n"), ExitCode::SUCCESS))
         }
         Command::PurgeExpired { yes } => {
             if !confirmed(yes, &format!("delete every expired entry in {db}"))? {
                 return Err("not confirmed; nothing deleted".into());
             }
             let deleted = admin.purge_expired().await.map_err(error)?;
-            println!("purged {deleted} expired entries");
-            Ok(ExitCode::SUCCESS)
+            Ok(emit(
+                format!("purged {deleted} expired entries\n"),
+                ExitCode::SUCCESS,
+            ))
         }
     }
 }
 
 fn nothing_for(key: &MessageId) -> Result<ExitCode, String> {
-    eprintln!("idem-admin: nothing is stored for {key}");
+    let scoped = match key.as_str() == key.message_id() {
+        true => "; where the servers scope keys by principal, name whose with --principal",
+        false => "",
+    };
+    eprintln!(
+        "idem-admin: nothing is stored for {key}{scoped} (a call still running on SQLite \
+         shows once it stored its outcome)"
+    );
     Ok(ExitCode::from(1))
 }
 
@@ -225,54 +271,66 @@ fn confirmed(yes: bool, what: &str) -> Result<bool, String> {
     Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
 }
 
-fn print_stats(stats: &StoreStats, (ttl, recorded): (u64, bool)) {
+/// One line of the output, written to a `String` (which cannot fail to take it).
+macro_rules! say {
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+fn stats_text(stats: &StoreStats, (ttl, recorded): (u64, bool)) -> String {
+    let mut out = String::new();
     let source = match recorded {
         true => "as the servers recorded it".to_owned(),
         false => format!("{TTL_ENV} here: no server recorded one"),
     };
-    println!("ttl                  {ttl} s ({source})");
-    println!("entries              {}", stats.entries);
-    println!("bytes                {}", stats.bytes);
-    println!("expired (unswept)    {}", stats.expired);
-    println!("expiring within 1 h  {}", stats.expiring_within_hour);
+    say!(out, "ttl                  {ttl} s ({source})");
+    say!(out, "entries              {}", stats.entries);
+    say!(out, "bytes                {}", stats.bytes);
+    say!(out, "expired (unswept)    {}", stats.expired);
+    say!(out, "expiring within 1 h  {}", stats.expiring_within_hour);
     match stats.oldest_inserted_at {
-        Some(at) => println!("oldest               {} ({})", at, age(at)),
-        None => println!("oldest               -"),
+        Some(at) => say!(out, "oldest               {} ({})", at, age(at)),
+        None => say!(out, "oldest               -"),
     }
-    println!("open streams         {}", stats.open_streams);
-    println!("top methods");
+    say!(out, "open streams         {}", stats.open_streams);
+    say!(out, "top methods");
     for (method, count) in &stats.top_methods {
-        println!("  {method:<22} {count}");
+        say!(out, "  {method:<22} {count}");
     }
+    out
 }
 
-fn print_entry(key: &MessageId, info: &EntryInfo, body: bool) {
+fn entry_text(key: &MessageId, info: &EntryInfo, body: bool) -> String {
+    let mut out = String::new();
     let state = match info.state {
         EntryState::Live(status) => format!("live, HTTP {status}"),
         EntryState::Expired(status) => format!("expired, HTTP {status}"),
         EntryState::OpenStream(events) => format!("open stream, {events} events recorded"),
         EntryState::Running => "running on a replica, nothing stored yet".to_owned(),
     };
-    println!("message_id    {}", key.message_id());
+    say!(out, "message_id    {}", key.message_id());
     if key.as_str() != key.message_id() {
-        println!("stored as     {key}");
+        say!(out, "stored as     {key}");
     }
-    println!("method        {}", info.method);
-    println!("request_hash  {}", info.request_hash);
-    println!("state         {state}");
+    say!(out, "method        {}", info.method);
+    say!(out, "request_hash  {}", info.request_hash);
+    say!(out, "state         {state}");
     match info.state {
-        EntryState::Running => println!("lease_until   {}", info.inserted_at),
-        _ => println!(
+        EntryState::Running => say!(out, "lease_until   {}", info.inserted_at),
+        _ => say!(
+            out,
             "inserted_at   {} ({})",
             info.inserted_at,
             age(info.inserted_at)
         ),
     }
-    println!("bytes         {}", info.bytes);
+    say!(out, "bytes         {}", info.bytes);
     if body {
-        println!("body");
-        println!("{}", String::from_utf8_lossy(&info.body));
+        say!(out, "body");
+        say!(out, "{}", String::from_utf8_lossy(&info.body));
     }
+    out
 }
 
 /// `inserted_at` as an age: `93 s ago`.

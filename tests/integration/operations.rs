@@ -476,6 +476,79 @@ fn the_admin_tool_refuses_a_missing_file_and_a_bad_command() {
     }
 }
 
+/// What the tool cannot work on as a served file is refused, saying what to give instead:
+/// a URI or a second name of the file would hide the server's lock (a purge would not wait
+/// for it to forget the key), a file without the cache is no server's.
+#[test]
+fn the_admin_tool_refuses_what_no_server_serves_by_that_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a2a.db");
+    std::fs::write(&file, b"").unwrap();
+    let path = file.display().to_string();
+    let linked = dir.path().join("other-name.db");
+    let uri = format!("file:{path}");
+    let cases = [
+        (
+            vec!["--db", &uri, "stats"],
+            "a URI: give the database file's path",
+        ),
+        (vec!["--db", &path, "stats"], "holds no idempotency cache"),
+        (
+            vec!["--db", &path, "--db", &path, "stats"],
+            "--db is given twice",
+        ),
+        (vec![], "hard links"),
+    ];
+    for (args, said) in cases {
+        let args = match args.is_empty() {
+            true => {
+                std::fs::hard_link(&file, &linked).unwrap();
+                vec!["--db", linked.to_str().unwrap(), "stats"]
+            }
+            false => args,
+        };
+        let output = admin(&args, &[]);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+    }
+    let inline = admin(&[&format!("--db={path}.missing"), "stats"], &[]);
+    let stderr = String::from_utf8_lossy(&inline.stderr);
+    assert!(stderr.contains(&format!("{path}.missing")), "{stderr}");
+}
+
+/// The tool's output to a reader that went away, or to a full disk, is no panic: a closed
+/// pipe (`| head`) is the reader's choice, a full disk is said; an argument that is not UTF-8
+/// is a usage error.
+#[test]
+fn the_admin_tool_writes_to_a_closed_pipe_or_a_full_disk_without_panicking() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let closed = Command::new(env!("CARGO_BIN_EXE_idem-admin"))
+        .arg("--help")
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert_eq!(closed.status.code(), Some(0), "{closed:?}");
+    let full = Command::new(env!("CARGO_BIN_EXE_idem-admin"))
+        .arg("--help")
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(full.status.code(), Some(2), "{full:?}");
+    assert!(String::from_utf8_lossy(&full.stderr).contains("cannot write the output"));
+    use std::os::unix::ffi::OsStrExt;
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"/tmp/\xff.db");
+    let output = Command::new(env!("CARGO_BIN_EXE_idem-admin"))
+        .arg("--db")
+        .arg(not_utf8)
+        .arg("stats")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("UTF-8"));
+}
+
 #[tokio::test]
 async fn on_postgres_a_purge_is_seen_by_the_serving_replica_at_once() {
     let what = "the admin tool on PostgreSQL";

@@ -99,9 +99,9 @@ pub enum StoreError {
     /// once the process ends, so nothing is.
     Vanished(PathBuf),
     #[error(
-        "the key's entry was deleted from {}, but process {pid}, which serves it, did not \
-         confirm within {} s that it forgot the entries it holds in memory: until it does, it \
-         may still answer the key from memory (restart it to be sure)",
+        "the purge is done: deleted from {}; but process {pid}, which serves the file, did \
+         not confirm within {} s that it forgot the entries it holds in memory: until it does, \
+         it may still answer what was purged from memory (restart it to be sure)",
         path.display(),
         waited.as_secs()
     )]
@@ -114,6 +114,15 @@ pub enum StoreError {
         pid: String,
         /// How long the purge waited.
         waited: std::time::Duration,
+    },
+    #[error("{}: {reason}", path.display())]
+    /// The operator's tool was pointed at what it cannot work on as a served database: a
+    /// URI, a file with other names, a file without the cache's table.
+    NotServable {
+        /// What the tool was given.
+        path: PathBuf,
+        /// Why not, and what to give instead.
+        reason: String,
     },
     #[error("corrupt row for {message_id}: {detail}")]
     /// A row that cannot be read back as an entry.
@@ -141,6 +150,7 @@ impl StoreError {
             Self::HardLinked { .. } => "hard_linked",
             Self::Vanished(_) => "vanished",
             Self::PurgeUnconfirmed { .. } => "purge_unconfirmed",
+            Self::NotServable { .. } => "not_servable",
             Self::Corrupt { .. } => "corrupt",
         }
     }

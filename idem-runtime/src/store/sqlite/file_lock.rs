@@ -162,7 +162,7 @@ fn lock_path(database: &Path) -> PathBuf {
 }
 
 #[cfg(unix)]
-fn refuse_hard_links(database: &Path) -> Result<(), StoreError> {
+pub(crate) fn refuse_hard_links(database: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::MetadataExt;
     match std::fs::metadata(database)?.nlink() {
         0 | 1 => Ok(()),
@@ -174,6 +174,6 @@ fn refuse_hard_links(database: &Path) -> Result<(), StoreError> {
 }
 
 #[cfg(not(unix))]
-fn refuse_hard_links(_database: &Path) -> Result<(), StoreError> {
+pub(crate) fn refuse_hard_links(_database: &Path) -> Result<(), StoreError> {
     Ok(())
 }
