@@ -48,6 +48,11 @@ impl ManualClock {
     pub fn advance(&self, by: Duration) {
         self.0.fetch_add(by.as_millis() as u64, Ordering::SeqCst);
     }
+
+    /// Moves the clock back, as a wall clock that NTP steps back does.
+    pub fn step_back(&self, by: Duration) {
+        self.0.fetch_sub(by.as_millis() as u64, Ordering::SeqCst);
+    }
 }
 
 impl Clock for ManualClock {

@@ -240,6 +240,8 @@ impl UnitOfWork {
 
     /// Stages `write` for a PostgreSQL store: it runs once, in the transaction that stores
     /// the call's cache entry (and ends its claim), so the rows and the entry commit together.
+    /// It must not say `COMMIT` or `ROLLBACK`: that would end the call's transaction before
+    /// the claim's fence is checked.
     ///
     /// ```
     /// use idem_runtime::UnitOfWork;

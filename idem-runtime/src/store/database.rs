@@ -72,7 +72,10 @@ impl Database {
     }
 
     /// Runs `work` in the writer's next transaction, under a savepoint of its own; returns its
-    /// value once the transaction has committed. A disk that has not answered within
+    /// value once the transaction has committed. That commit is `work`'s own, never a call's:
+    /// in an `#[idempotent]` body it stays even when the call's entry does not commit, and the
+    /// retry runs it again; a body writes through its [`UnitOfWork`](crate::UnitOfWork). A
+    /// disk that has not answered within
     /// [`IdempotencyConfig::disk_timeout`](crate::IdempotencyConfig::disk_timeout) fails it
     /// with [`TransactError::Store`] while the transaction stays queued: `work` may still
     /// commit once the disk answers, as a write whose answer was lost.

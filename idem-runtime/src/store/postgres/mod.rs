@@ -282,6 +282,7 @@ impl PostgresStore {
         &self,
         client: &impl GenericClient,
         at_most: i64,
+        stored: Option<&MessageId>,
     ) -> Result<u64, StoreError> {
         let locked: bool = query_one(
             client,
@@ -299,12 +300,17 @@ impl PostgresStore {
             client,
             // SKIP LOCKED: a row another replica is writing (a key stored again past its TTL,
             // a touch) is not the least recently used any more; deleted after it committed,
-            // the entry just answered would be gone.
+            // the entry just answered would be gone. Nor is the entry this call just stored
+            // (SKIP LOCKED skips no row of its own transaction), whatever its stamp says: a
+            // replica's clock behind the others' would have it evicted as it commits, and its
+            // retry run again.
             "DELETE FROM idempotency_cache WHERE message_id IN (
-               SELECT message_id FROM idempotency_cache ORDER BY last_used_at, message_id
+               SELECT message_id FROM idempotency_cache
+               WHERE message_id IS DISTINCT FROM $3::text
+               ORDER BY last_used_at, message_id
                LIMIT LEAST($2, GREATEST(0, (SELECT COUNT(*) FROM idempotency_cache) - $1))
                FOR UPDATE SKIP LOCKED)",
-            &[&max, &at_most],
+            &[&max, &at_most, &stored.map(MessageId::as_str)],
         )
         .await?;
         crate::telemetry::evicted("lru", evicted);
@@ -542,7 +548,8 @@ impl Store for PostgresStore {
                 if self.store_entry(&client, &entry, lease.fence()).await? {
                     let bound = async {
                         let tx = client.transaction().await?;
-                        self.enforce_bound(&tx, SWEEP_CHUNK).await?;
+                        let stored = Some(&entry.message_id);
+                        self.enforce_bound(&tx, SWEEP_CHUNK, stored).await?;
                         Ok::<_, StoreError>(tx.commit().await?)
                     };
                     // The entry is committed: the call succeeded, and the next commit or
@@ -558,7 +565,8 @@ impl Store for PostgresStore {
                 apply_writes(&tx, writes).await?;
                 // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
                 if self.store_entry(&tx, &entry, lease.fence()).await? {
-                    self.enforce_bound(&tx, SWEEP_CHUNK).await?;
+                    self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
+                        .await?;
                 }
                 Ok(tx.commit().await?)
             };
@@ -662,7 +670,8 @@ impl Store for PostgresStore {
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
             if self.store_entry(&tx, &entry, lease.fence()).await? {
-                self.enforce_bound(&tx, SWEEP_CHUNK).await?;
+                self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
+                    .await?;
             }
             let id = entry.message_id.as_str();
             delete_events(&tx, id).await?;
@@ -752,7 +761,7 @@ impl Store for PostgresStore {
             loop {
                 let mut client = self.client().await?;
                 let tx = client.transaction().await?;
-                let evicted = self.enforce_bound(&tx, EVICTION_CHUNK).await?;
+                let evicted = self.enforce_bound(&tx, EVICTION_CHUNK, None).await?;
                 tx.commit().await?;
                 if evicted < EVICTION_CHUNK as u64 {
                     break;

@@ -50,7 +50,9 @@ use crate::store::sqlite::open_streams::{
 };
 use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::readers::Readers;
-use crate::store::sqlite::writer::{Batch, Call, Change, Job, Writer};
+use crate::store::sqlite::writer::{
+    ended_the_transaction, Batch, Call, Change, CommitGate, Job, Writer,
+};
 use crate::store::{
     after, at_most, expired_before, is_expired, Entry, Found, IfLate, Lease, OpenStream, ReadJob,
     Settling, Store, StoreError, StoreStats,
@@ -141,6 +143,7 @@ impl SqliteStore {
         let touches = Arc::new(Mutex::new(HashMap::new()));
         let index = Arc::new(KeyIndex::new(&stored_keys(&conn)?));
         let writer = Writer {
+            gate: CommitGate::install(&conn),
             restart,
             file: FileIdentity::of(&path)?,
             rows: entries::count(&conn)?,
@@ -594,10 +597,14 @@ fn all_rerunnable(writes: &[SqlWrite]) -> bool {
     writes.iter().all(SqlWrite::is_rerunnable)
 }
 
-/// A call's staged writes, in the order it staged them.
+/// A call's staged writes, in the order it staged them. One that ended the batch's
+/// transaction and said nothing of it fails all the same, before anything else runs.
 fn apply_writes(conn: &Connection, writes: &mut [SqlWrite]) -> Result<(), StoreError> {
     for write in writes {
         write.run(conn).map_err(StoreError::Write)?;
+        if conn.is_autocommit() {
+            return Err(ended_the_transaction());
+        }
     }
     Ok(())
 }

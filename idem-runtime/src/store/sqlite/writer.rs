@@ -14,6 +14,7 @@
 //! is stored.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use rusqlite::{params, Connection};
@@ -212,6 +213,34 @@ pub(crate) struct Writer {
     pub(crate) rows: u64,
     pub(crate) tier: Arc<MemoryTier>,
     pub(crate) index: Arc<KeyIndex>,
+    /// Lets `conn` commit only the writer's own `COMMIT`.
+    pub(crate) gate: CommitGate,
+}
+
+/// The writer's connection commits only where the writer says `COMMIT`. A staged write that
+/// had SQLite roll the batch's transaction back (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`)
+/// and went on, having swallowed the error, would otherwise commit each later statement on
+/// its own, its own and the next calls' writes and entries, while their calls are told the
+/// batch failed and run again; a `COMMIT` of its own would commit half a batch. Any commit
+/// but the writer's is turned into a rollback instead (the statement fails).
+pub(crate) struct CommitGate(Arc<AtomicBool>);
+
+impl CommitGate {
+    /// Installs the gate on the writer's connection, closed.
+    pub(crate) fn install(conn: &Connection) -> Self {
+        let open = Arc::new(AtomicBool::new(false));
+        let seen = open.clone();
+        // `true` turns the commit into a rollback.
+        conn.commit_hook(Some(move || !seen.load(Ordering::SeqCst)));
+        Self(open)
+    }
+
+    fn commit(&self, conn: &Connection) -> rusqlite::Result<()> {
+        self.0.store(true, Ordering::SeqCst);
+        let committed = run(conn, "COMMIT");
+        self.0.store(false, Ordering::SeqCst);
+        committed
+    }
 }
 
 impl Writer {
@@ -289,18 +318,23 @@ impl Writer {
                 true => self.apply_alone(job.as_mut(), &mut batch)?,
                 false => job.apply(&self.conn, &mut batch),
             };
+            if self.conn.is_autocommit() {
+                // SQLite rolled the whole transaction back: by the write's own request (an
+                // error it returned, or one it swallowed and said nothing of), or for the disk
+                // (full, an I/O error), which fails the batch. Nothing after it committed on
+                // its own: the gate turned any such commit into a rollback.
+                return match outcome {
+                    Ok(()) => Ok(Attempt::RolledBackBy(n, ended_the_transaction())),
+                    Err(error) if rolled_back_by_the_write(&error) => {
+                        Ok(Attempt::RolledBackBy(n, error))
+                    }
+                    Err(error) => Err(StoreError::Commit(format!("transaction lost: {error}"))),
+                };
+            }
             let Err(error) = outcome else {
                 outcomes.push(Ok(()));
                 continue;
             };
-            if self.conn.is_autocommit() {
-                // SQLite rolled the whole transaction back: by the write's own request, or
-                // for the disk (full, an I/O error), which fails the batch.
-                return match rolled_back_by_the_write(&error) {
-                    true => Ok(Attempt::RolledBackBy(n, error)),
-                    false => Err(StoreError::Commit(format!("transaction lost: {error}"))),
-                };
-            }
             if careful || !job.rerunnable() {
                 outcomes.push(Err(error));
                 continue;
@@ -308,7 +342,7 @@ impl Writer {
             run(&self.conn, "ROLLBACK")?;
             return Ok(Attempt::Again);
         }
-        let evicted = evict_least_recently_used(&self.conn, batch.rows, self.max_entries)?;
+        let evicted = evict_least_recently_used(&self.conn, &batch, self.max_entries)?;
         let evictions = evicted.len() as u64;
         batch.rows -= evictions;
         batch.changes.extend(evicted);
@@ -316,7 +350,7 @@ impl Writer {
         // Taken while this transaction holds the file's write lock, so before any purge that
         // could delete what it stores.
         let purges_seen = self.tier.purges_seen();
-        run(&self.conn, "COMMIT")?;
+        self.gate.commit(&self.conn)?;
         crate::telemetry::evicted("lru", evictions);
         self.rows = batch.rows;
         self.publish(batch.changes, purges_seen);
@@ -357,6 +391,8 @@ impl Writer {
         let mark = batch.mark();
         run(&self.conn, "SAVEPOINT job")?;
         match job.apply(&self.conn, batch) {
+            // The write ended the transaction, savepoint and all: the caller sees to it.
+            Ok(()) if self.conn.is_autocommit() => Ok(Ok(())),
             Ok(()) => {
                 run(&self.conn, "RELEASE job")?;
                 Ok(Ok(()))
@@ -411,10 +447,25 @@ fn take_out(
 /// Whether SQLite rolled the transaction back because the write asked it to (a conflict
 /// under `ON CONFLICT ROLLBACK`, a trigger's `RAISE(ROLLBACK, ...)`): a constraint error, the
 /// write's own failure, where a full disk or an I/O error is the batch's.
+/// The error of a write that ended the batch's transaction and said nothing of it.
+pub(crate) fn ended_the_transaction() -> StoreError {
+    StoreError::Write(Box::new(EndedTheTransaction))
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the write ended the batch's transaction (a statement that rolled it back, whose error it \
+     did not return, or a COMMIT or ROLLBACK of its own); nothing of it was stored"
+)]
+struct EndedTheTransaction;
+
 fn rolled_back_by_the_write(error: &StoreError) -> bool {
     let StoreError::Write(write) = error else {
         return false;
     };
+    if write.is::<EndedTheTransaction>() {
+        return true;
+    }
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(write.as_ref());
     while let Some(error) = cause {
         if let Some(rusqlite::Error::SqliteFailure(failure, _)) = error.downcast_ref() {
@@ -444,19 +495,35 @@ fn apply_touches(
 
 /// Keeps at most `max_entries` rows, enforced in the same transaction as the inserts;
 /// returns what it evicted.
+/// Never an entry the batch itself stores, whatever its stamp says (a wall clock stepped
+/// back, or a bound below the batch's size): evicted as it commits, its call's retry would run
+/// again. The table is over its bound until the next batch then.
 fn evict_least_recently_used(
     conn: &Connection,
-    rows: u64,
+    batch: &Batch,
     max_entries: u64,
 ) -> rusqlite::Result<Vec<Change>> {
-    if rows <= max_entries {
+    if batch.rows <= max_entries {
         return Ok(Vec::new());
     }
+    let stored: Vec<i64> = batch
+        .changes
+        .iter()
+        .filter_map(|change| match change {
+            Change::Stored { rowid, .. } => Some(*rowid),
+            _ => None,
+        })
+        .collect();
     entries::delete(
         conn,
         "DELETE FROM idempotency_cache WHERE rowid IN
-           (SELECT rowid FROM idempotency_cache ORDER BY last_used_at, rowid LIMIT ?1)
+           (SELECT rowid FROM idempotency_cache
+            WHERE rowid NOT IN (SELECT value FROM json_each(?2))
+            ORDER BY last_used_at, rowid LIMIT ?1)
          RETURNING rowid, message_id",
-        params![(rows - max_entries) as i64],
+        params![
+            (batch.rows - max_entries) as i64,
+            serde_json::to_string(&stored).expect("integers"),
+        ],
     )
 }

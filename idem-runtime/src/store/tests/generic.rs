@@ -141,6 +141,28 @@ pub async fn lru_bound_evicts_least_recently_used_on_insert(fx: Fixture) {
     }
 }
 
+/// The entry a call stores is never the one the bound evicts in its own commit, whatever
+/// its stamp says: after the clock stepped back it is the oldest, and evicted at once its
+/// retry would run the call again.
+pub async fn the_bound_never_evicts_the_entry_being_stored(fx: Fixture) {
+    let cache = fx.cache(&config(86_400, 2)).await;
+    for n in 1..=2 {
+        execute(&cache, &key(n), "{}", "x").await;
+        fx.clock.advance(Duration::from_millis(10));
+    }
+    fx.clock.step_back(Duration::from_secs(3600));
+    execute(&cache, &key(3), "{}", "stored behind the others").await;
+    assert_eq!(
+        cached_body(&cache, &key(3)).await.as_deref(),
+        Some(&b"stored behind the others"[..])
+    );
+    assert!(
+        cached_body(&cache, &key(1)).await.is_none(),
+        "the oldest other"
+    );
+    assert_eq!(cache.store().row_count().await.unwrap(), 2);
+}
+
 pub async fn bound_holds_across_reopen(fx: Fixture) {
     {
         let cache = fx.cache(&config(86_400, 10)).await;
@@ -587,6 +609,7 @@ on_both_backends!(
     sweep_deletes_only_expired_rows,
     a_ttl_past_any_date_expires_nothing,
     lru_bound_evicts_least_recently_used_on_insert,
+    the_bound_never_evicts_the_entry_being_stored,
     bound_holds_across_reopen,
     sixty_four_concurrent_claims_one_winner,
     dropped_ticket_releases_the_key_to_waiters,

@@ -416,6 +416,55 @@ async fn a_write_that_rolls_the_batch_back_fails_its_own_call_only() {
     assert_eq!(fx.effects().await, ["a", "c", "d", "taken"]);
 }
 
+/// A write that has SQLite roll the batch back and swallows the error fails its own call all
+/// the same, and nothing after it commits on its own: not its later statements, not the next
+/// calls' writes and entries (which would be told the batch failed and run again). So does a
+/// write that commits by itself.
+#[tokio::test]
+async fn a_write_that_ends_the_batch_silently_fails_its_own_call_only() {
+    let (fx, results) = one_batch(|fx| {
+        vec![
+            fx.effect("a"),
+            crate::store::SqlWrite::rerunnable(|db| {
+                let _ = db.execute(
+                    "INSERT OR ROLLBACK INTO effects (name) VALUES ('taken')",
+                    [],
+                );
+                db.execute("INSERT INTO effects (name) VALUES ('after it')", [])?;
+                Ok(())
+            }),
+            fx.effect("c"),
+            crate::store::SqlWrite::rerunnable(|db| {
+                let _ = db.execute(
+                    "INSERT OR ROLLBACK INTO effects (name) VALUES ('taken')",
+                    [],
+                );
+                let _ = db.execute("INSERT INTO effects (name) VALUES ('swallowed')", []);
+                Ok(())
+            }),
+            crate::store::SqlWrite::rerunnable(|db| {
+                db.execute("INSERT INTO effects (name) VALUES ('committed alone')", [])?;
+                db.execute_batch("COMMIT")?;
+                Ok(())
+            }),
+            fx.effect("f"),
+            once("g"),
+        ]
+    })
+    .await;
+    for ok in [0, 2, 5, 6] {
+        assert!(results[ok].is_ok(), "{ok}: {results:?}");
+    }
+    for failed in [1, 3, 4] {
+        let error = results[failed].as_ref().unwrap_err();
+        assert!(
+            matches!(error, crate::store::StoreError::Write(_)),
+            "{failed}: {error}"
+        );
+    }
+    assert_eq!(fx.effects().await, ["a", "c", "f", "g", "taken"]);
+}
+
 /// A write that panics fails its own call, as an error would; the writer thread, which every
 /// call needs, lives on.
 #[tokio::test]
