@@ -7,7 +7,8 @@
 //! outcome, never the messageId (one series per key would be unbounded). Every governed call
 //! also runs in a `tracing` span, `idempotent_call` at DEBUG, whose fields name the key, the
 //! method, the request hash's first 16 hex digits and the outcome; a collision is logged at
-//! INFO with both hashes, so a 422 can be explained from the logs alone.
+//! WARN (target `idem::key_anomaly`) with both hashes, so a 422 can be explained from the logs
+//! alone.
 //!
 //! ```
 //! // After installing a recorder, give the metrics their help texts:

@@ -997,6 +997,9 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
     for body in [
         r#"{"jsonrpc":"1.0","id":7,"method":"tasks/get","params":{"id":"x"}}"#,
         r#"{"jsonrpc":"2.0","id":7,"params":{"id":"x"}}"#,
+        // A member given twice, which jsonrpsee refuses: no Request either.
+        r#"{"jsonrpc":"2.0","id":7,"method":"tasks/get","params":{"id":"x"},"params":{"id":"y"}}"#,
+        r#"{"jsonrpc":"2.0","id":7,"method":"tasks/get","method":"tasks/get","params":{"id":"x"}}"#,
     ] {
         let reply = post(&server.url, body, &[]).await;
         assert_eq!(

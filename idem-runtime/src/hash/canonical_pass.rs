@@ -46,7 +46,10 @@ pub enum HashError {
         escape: String,
     },
     #[error(
-        "number {text} is not exactly representable as an IEEE-754 double; send it as a string"
+        "number {text} has no exact RFC 8785 form: RFC 8785 writes the IEEE-754 double it reads \
+         as with other digits of another decimal value (or cannot, past the double's range), \
+         so numbers that differ would share one hash; send it as a string, or with the digits \
+         of its double's shortest form"
     )]
     /// A number whose decimal value the IEEE-754 double JCS prints would change.
     InexactNumber {

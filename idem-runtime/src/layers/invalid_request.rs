@@ -267,11 +267,14 @@ struct Probe<'a> {
 /// Whether `request` is one Request object (JSON-RPC 2.0 §4: `jsonrpc` "2.0" and a `method`),
 /// which jsonrpsee dispatches unless it cannot read its id (then it answers `null`).
 fn is_request(request: &[u8]) -> bool {
+    // Each member named, so that a member given twice (which jsonrpsee refuses) is no Request.
     #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
     struct Request {
         jsonrpc: String,
-        #[allow(dead_code)]
         method: String,
+        id: Option<serde::de::IgnoredAny>,
+        params: Option<serde::de::IgnoredAny>,
     }
     serde_json::from_slice::<Request>(request).is_ok_and(|r| r.jsonrpc == "2.0")
 }
