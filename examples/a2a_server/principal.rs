@@ -14,7 +14,9 @@ pub fn layer(
 ) -> MapRequestLayer<impl Fn(HttpRequest) -> HttpRequest + Clone> {
     MapRequestLayer::new(move |mut request: HttpRequest| {
         if let Some(header) = &header {
-            let caller = caller(request.headers().get(header));
+            // The last of several: a proxy that appends its header to the client's (instead of
+            // replacing it) puts its own after, and the client's must not name the caller.
+            let caller = caller(request.headers().get_all(header).iter().next_back());
             request.extensions_mut().insert(caller);
         }
         request

@@ -363,6 +363,15 @@ async fn a_principal_header_scopes_keys_by_caller() {
     let again = post(&server.url, body.clone(), &by("alice")).await;
     assert!(again.replayed(), "{}", again.describe());
     assert_eq!(again.body, alice.body);
+    // A proxy that appends its header after the client's: the last one names the caller.
+    let appended = [
+        ("A2A-Extensions", URI),
+        ("X-Principal", "bob"),
+        ("X-Principal", "alice"),
+    ];
+    let as_alice = post(&server.url, body.clone(), &appended).await;
+    assert!(as_alice.replayed(), "{}", as_alice.describe());
+    assert_eq!(as_alice.body, alice.body);
     let global = post_activated(&server.url, body).await;
     assert!(!global.replayed(), "no header: the global keys");
     assert_eq!(tasks_naming(server.db(), &key), 3);
