@@ -337,10 +337,13 @@ impl Sealed {
         std::mem::take(&mut self.writes)
     }
 
-    /// The commit is durable: run what waited for it.
+    /// The commit is durable: run what waited for it. A hook that panics is logged, and the
+    /// hooks after it still run: the commit they wait for happened all the same.
     pub(crate) fn committed(self) {
         for hook in self.hooks {
-            hook();
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook)).is_err() {
+                tracing::error!("an after_commit hook panicked; the hooks after it still run");
+            }
         }
     }
 
@@ -350,5 +353,33 @@ impl Sealed {
         if let Some(sealed) = taken {
             sealed.committed();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_hook_that_panics_leaves_the_hooks_after_it_to_run() {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counted = |ran: &Arc<AtomicUsize>| -> Hook {
+            let ran = ran.clone();
+            Box::new(move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        let sealed = Sealed {
+            writes: Vec::new(),
+            hooks: vec![
+                counted(&ran),
+                Box::new(|| panic!("a bug in a hook")),
+                counted(&ran),
+            ],
+        };
+        sealed.committed();
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
     }
 }
