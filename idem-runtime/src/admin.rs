@@ -198,6 +198,38 @@ impl Admin {
     }
 
     /// What holds `key`, if anything.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::sync::Arc;
+    /// use idem_runtime::admin::{Admin, EntryState};
+    /// use idem_runtime::hash::request_hash;
+    /// use idem_runtime::message_id::MessageId;
+    /// use idem_runtime::store::{Entry, Lease, SqliteStore, Store, StoredResponse};
+    /// use idem_runtime::IdempotencyConfig;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("a2a.db");
+    /// let config = IdempotencyConfig::default();
+    /// let store = SqliteStore::open(&path, &config).unwrap();
+    /// let key = MessageId::parse_str("0190b5a4-7c3e-7d2a-9f11-2b3c4d5e6f70").unwrap();
+    /// let entry = Entry {
+    ///     message_id: key.clone(),
+    ///     method: "message/send".into(),
+    ///     request_hash: request_hash(b"{}").unwrap(),
+    ///     response: StoredResponse { status: 200, headers: vec![], body: b"{}".to_vec() },
+    ///     inserted_at: store.now_seconds(),
+    /// };
+    /// store.put(Arc::new(entry), vec![], &Lease::exclusive()).await.unwrap();
+    ///
+    /// let admin = Admin::open(path.to_str().unwrap(), &config).await.unwrap();
+    /// let info = admin.show(&key).await.unwrap().expect("stored");
+    /// assert_eq!((info.method.as_str(), info.state), ("message/send", EntryState::Live(200)));
+    /// store.close(); // no process serves the file now: the purge waits for no confirmation
+    /// assert!(admin.purge(&key).await.unwrap());
+    /// assert!(admin.show(&key).await.unwrap().is_none());
+    /// assert_eq!(admin.purge_expired().await.unwrap(), 0);
+    /// # }
+    /// ```
     pub async fn show(&self, key: &MessageId) -> Result<Option<EntryInfo>, StoreError> {
         let now = self.clock.now_seconds();
         let ttl = self.ttl_seconds;

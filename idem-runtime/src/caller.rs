@@ -6,13 +6,6 @@
 //! [`IdempotencyConfig::scope_keys_by_principal`] and
 //! [`IdempotencyConfig::mark_replays_to_unauthenticated`] set away from their defaults, a
 //! `Caller` changes nothing.
-//!
-//! ```
-//! use idem_runtime::Caller;
-//! let mut request = http::Request::new(());
-//! request.extensions_mut().insert(Caller::authenticated("client-42"));
-//! assert_eq!(request.extensions().get::<Caller>(), Some(&Caller::authenticated("client-42")));
-//! ```
 
 use std::sync::Arc;
 
@@ -21,7 +14,19 @@ use sha2::{Digest, Sha256};
 use crate::config::IdempotencyConfig;
 use crate::hash::Spelling;
 
-/// Who makes a request (see the module's documentation).
+/// Who makes a request: the application's auth layer, in front of
+/// [`Idempotency::http_layer`](crate::Idempotency::http_layer), inserts it into the HTTP
+/// request's extensions. It changes nothing unless
+/// [`IdempotencyConfig::scope_keys_by_principal`] or
+/// [`IdempotencyConfig::mark_replays_to_unauthenticated`] is set away from its default.
+///
+/// ```
+/// use idem_runtime::Caller;
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(Caller::authenticated("client-42"));
+/// let caller = request.extensions().get::<Caller>();
+/// assert_eq!(caller, Some(&Caller::authenticated("client-42")));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
     /// Authenticated as this principal: a stable identity (a token's subject, a client id),

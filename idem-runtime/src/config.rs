@@ -112,6 +112,14 @@ impl Default for IdempotencyConfig {
 }
 
 /// A configuration value that could not be used; names the variable.
+///
+/// ```
+/// use idem_runtime::config::{ConfigError, IdempotencyConfig, TTL_ENV};
+/// let lookup = |name: &str| (name == TTL_ENV).then(|| "1d".to_owned());
+/// let err: ConfigError = IdempotencyConfig::from_lookup(lookup).unwrap_err();
+/// assert_eq!((err.variable, err.value.as_str()), (TTL_ENV, "1d"));
+/// assert!(err.to_string().starts_with(r#"AIWG_IDEMPOTENCY_TTL="1d" is invalid"#));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{variable}={value:?} is invalid: {reason}")]
 pub struct ConfigError {

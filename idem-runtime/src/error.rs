@@ -118,6 +118,17 @@ impl ErrorCode {
     }
 
     /// The stable string code, sent as `error.data.code`.
+    ///
+    /// ```
+    /// use idem_runtime::ErrorCode;
+    /// // Clients tell the extension's errors apart by `error.data.code` (several share -32603).
+    /// let data = serde_json::json!({"code": "IDEMPOTENCY_REQUEST_IN_PROGRESS"});
+    /// let code = ErrorCode::ALL.into_iter().find(|c| data["code"] == c.name());
+    /// assert_eq!(code, Some(ErrorCode::RequestInProgress));
+    /// assert_eq!(ErrorCode::RequestInProgress.to_json()["numeric"], -32409);
+    /// let message = ErrorCode::RequestInProgress.message();
+    /// assert_eq!(message, "A request with this idempotency key is still in progress");
+    /// ```
     pub const fn name(self) -> &'static str {
         match self {
             Self::KeyReusedWithDifferentPayload => "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_PAYLOAD",

@@ -81,6 +81,20 @@ impl IdempotencyBuilder {
     /// Deduplication off: governed methods run undeduplicated, no extension header is read or
     /// sent, and the AgentCard lists no extension; their units of work still commit through
     /// the store, so the application keeps one code path.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use idem_runtime::{Idempotency, IdempotencyConfig};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let idem = Idempotency::builder(IdempotencyConfig::default())
+    ///     .without_deduplication()
+    ///     .sqlite(dir.path().join("a2a.db"))
+    ///     .unwrap();
+    /// // The AgentCard lists no extension, but units of work still commit through the store.
+    /// assert!(idem.agent_card_extension().is_none());
+    /// assert!(idem.database().is_some());
+    /// # }
+    /// ```
     pub fn without_deduplication(mut self) -> Self {
         self.deduplicate = false;
         self
@@ -88,11 +102,42 @@ impl IdempotencyBuilder {
 
     /// The embedded default: the SQLite file at `path` (created with mode 0600, served by this
     /// process alone). Needs a tokio runtime (the sweeper).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use idem_runtime::{Idempotency, IdempotencyConfig};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let config = IdempotencyConfig::default().with(|c| c.required = false);
+    /// let idem = Idempotency::builder(config)
+    ///     .govern("tasks/cancel")
+    ///     .sqlite(dir.path().join("a2a.db"))
+    ///     .unwrap();
+    /// assert!(idem.governs("tasks/cancel") && idem.governs("message/send"));
+    /// assert!(!idem.config().required);
+    /// # }
+    /// ```
     pub fn sqlite(self, path: impl AsRef<Path>) -> Result<Idempotency, StoreError> {
         self.store(|config| SqliteStore::open(path, config))
     }
 
     /// The PostgreSQL database at `url`, which every replica of the server shares.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idem_runtime::store::StoreError> {
+    /// use idem_runtime::store::PostgresOptions;
+    /// use idem_runtime::{Idempotency, IdempotencyConfig};
+    /// let _idem = Idempotency::builder(IdempotencyConfig::default())
+    ///     .postgres("postgres://app@127.0.0.1:5432/a2a")
+    ///     .await?;
+    /// // Through a pooler in transaction mode, LISTEN needs a direct connection:
+    /// let mut options = PostgresOptions::new("postgres://app@pgbouncer:6432/a2a");
+    /// options.listen_url = Some("postgres://app@db:5432/a2a".into());
+    /// options.pool_size = 32;
+    /// let _idem = Idempotency::builder(IdempotencyConfig::default())
+    ///     .postgres_with(options)
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "postgres")]
     pub async fn postgres(self, url: &str) -> Result<Idempotency, StoreError> {
         self.postgres_with(crate::store::PostgresOptions::new(url))
@@ -212,12 +257,39 @@ impl Idempotency {
 
     /// The AgentCard `capabilities.extensions[]` entry, from the effective config; `None`
     /// when the extension is off.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use idem_runtime::{Idempotency, IdempotencyConfig};
+    /// use serde_json::json;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("a2a.db");
+    /// let idem = Idempotency::open(path, IdempotencyConfig::default()).unwrap();
+    /// // An application that serves its own card lists the entry itself.
+    /// let extensions: Vec<_> = idem.agent_card_extension().into_iter().collect();
+    /// let card = json!({"name": "Echo agent", "capabilities": {"extensions": extensions}});
+    /// assert_eq!(card["capabilities"]["extensions"][0]["params"]["ttl_seconds"], 86_400);
+    /// assert!(Idempotency::off().agent_card_extension().is_none());
+    /// # }
+    /// ```
     pub fn agent_card_extension(&self) -> Option<Value> {
         self.state.deduplicating()?;
         Some(self.state.config.agent_card_extension())
     }
 
     /// The effective configuration.
+    ///
+    /// ```
+    /// use idem_runtime::Idempotency;
+    /// use jsonrpsee::server::ServerConfig;
+    /// let idem = Idempotency::off();
+    /// let limits = idem.config();
+    /// // jsonrpsee must cut at the sizes the extension does, so what is stored is what is sent.
+    /// let _server_config = ServerConfig::builder()
+    ///     .max_request_body_size(u32::try_from(limits.max_request_body_bytes).unwrap_or(u32::MAX))
+    ///     .max_response_body_size(limits.max_response_body_bytes)
+    ///     .build();
+    /// ```
     pub fn config(&self) -> &IdempotencyConfig {
         &self.state.config
     }
@@ -225,6 +297,22 @@ impl Idempotency {
     /// Waits, at most `bound`, until no execution is in flight, e.g. a stream whose client
     /// left: call it after the server stopped, before dropping the last handle. `true` if none
     /// is left (always, with the extension off).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use idem_runtime::{Idempotency, IdempotencyConfig};
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("a2a.db");
+    /// let idem = Idempotency::open(path, IdempotencyConfig::default()).unwrap();
+    /// // ... serve; at shutdown, stop the server first (`ServerHandle::stop`, `stopped()`).
+    /// // Streams whose clients left still run: give them the rest of the grace period.
+    /// if !idem.quiesce(Duration::from_secs(5)).await {
+    ///     eprintln!("executions still running at shutdown were not stored");
+    /// }
+    /// drop(idem); // the last handle: commits what is queued and joins the writer
+    /// # }
+    /// ```
     pub async fn quiesce(&self, bound: std::time::Duration) -> bool {
         match &self.state.cache {
             Some(cache) => cache.quiesce(bound).await,

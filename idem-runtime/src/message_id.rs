@@ -18,9 +18,30 @@ use std::sync::Arc;
 
 /// The `tracing` target of key anomalies (spec §7.2): a non-random UUID version, a messageId
 /// reused with a different payload. A filter such as `idem::key_anomaly=warn` keeps them.
+///
+/// ```
+/// use idem_runtime::message_id::KEY_ANOMALY;
+/// // A directive for `tracing_subscriber::EnvFilter`: key anomalies at WARN, the rest at INFO.
+/// let directives = format!("info,{KEY_ANOMALY}=warn");
+/// assert_eq!(directives, "info,idem::key_anomaly=warn");
+/// ```
 pub const KEY_ANOMALY: &str = "idem::key_anomaly";
 
 /// How strictly message ids are checked.
+///
+/// ```
+/// use idem_runtime::message_id::{MessageId, MessageIdError, MessageIdPolicy};
+/// use idem_runtime::IdempotencyConfig;
+/// let v1 = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"; // time-based: not random
+/// assert!(MessageId::parse_with(v1, MessageIdPolicy::Shape).is_ok()); // logged as an anomaly
+/// assert_eq!(
+///     MessageId::parse_with(v1, MessageIdPolicy::StrictV4V7),
+///     Err(MessageIdError::NotV4OrV7)
+/// );
+/// let strict = MessageIdPolicy::StrictV4V7;
+/// let strict = IdempotencyConfig::default().with(|c| c.message_id_policy = strict);
+/// assert_eq!(strict.message_id_policy, MessageIdPolicy::StrictV4V7);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum MessageIdPolicy {
     /// Any UUID-shaped 128-bit value but nil and max; non-random versions are logged (default).

@@ -27,6 +27,20 @@ enum Inner<T> {
 
 impl<T> Replayable<T> {
     /// Wraps a freshly produced value.
+    ///
+    /// ```
+    /// use idem_runtime::Replayable;
+    /// use serde_json::value::RawValue;
+    /// let fresh = Replayable::new(42);
+    /// assert_eq!(fresh.fresh(), Some(&42));
+    /// assert!(fresh.raw().is_none());
+    /// let replayed = Replayable::<i32>::stored(RawValue::from_string("42".into()).unwrap());
+    /// assert!(replayed.fresh().is_none());
+    /// assert_eq!(replayed.raw().map(RawValue::get), Some("42"));
+    /// // Either way the client gets the same bytes.
+    /// let bytes = |r: &Replayable<i32>| serde_json::to_string(r).unwrap();
+    /// assert_eq!(bytes(&fresh), bytes(&replayed));
+    /// ```
     pub fn new(value: T) -> Self {
         Self(Inner::Fresh(value))
     }

@@ -66,6 +66,20 @@ impl Database {
     /// runs its transactions on it (a unit of work's writes go through
     /// [`UnitOfWork::stage_postgres`](crate::UnitOfWork::stage_postgres) instead).
     /// [`transact`](Self::transact) and [`read`](Self::read) are SQLite's.
+    ///
+    /// ```no_run
+    /// # async fn run(idem: idem_runtime::Idempotency) -> Result<(), Box<dyn std::error::Error>> {
+    /// const NOTES: &str = "CREATE TABLE IF NOT EXISTS notes (text TEXT)";
+    /// let db = idem.database().expect("a store");
+    /// match db.postgres() {
+    ///     Some(pool) => pool.get().await?.batch_execute(NOTES).await?,
+    ///     None => db
+    ///         .transact(|conn| conn.execute_batch(NOTES))
+    ///         .await
+    ///         .map_err(|e| e.to_string())?,
+    /// }
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "postgres")]
     pub fn postgres(&self) -> Option<deadpool_postgres::Pool> {
         self.store.postgres_pool()

@@ -5,6 +5,19 @@ use std::path::PathBuf;
 use crate::store::WriteError;
 
 /// The store failed; the guard answers -32603 rather than pretend an outcome is cached.
+///
+/// ```
+/// use idem_runtime::store::{SqliteStore, StoreError};
+/// use idem_runtime::IdempotencyConfig;
+/// let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("a2a.db");
+/// let config = IdempotencyConfig::default();
+/// let _serving = SqliteStore::open(&path, &config).unwrap();
+/// let refused = SqliteStore::open(&path, &config).err().expect("the file is served");
+/// assert!(matches!(refused, StoreError::InUse { .. }));
+/// assert_eq!(refused.kind(), "in_use"); // the `kind` label of idempotency_store_errors_total
+/// eprintln!("{refused}"); // names the file, its lock and the process that serves it
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {

@@ -119,6 +119,26 @@ impl SqliteStore {
     }
 
     /// Like [`open`](Self::open), with an injected clock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use idem_runtime::store::{SqliteStore, Store};
+    /// use idem_runtime::testing::ManualClock;
+    /// use idem_runtime::IdempotencyConfig;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    /// let config = IdempotencyConfig::default();
+    /// let path = dir.path().join("a2a.db");
+    /// let store = SqliteStore::open_with_clock(path, &config, clock.clone()).unwrap();
+    /// assert_eq!(store.now_seconds(), 1_800_000_000);
+    /// clock.advance(Duration::from_secs(config.ttl_seconds + 1)); // every entry so far is expired
+    /// assert_eq!(store.now_seconds(), 1_800_086_401);
+    /// clock.step_back(Duration::from_secs(1)); // as NTP may step a wall clock back
+    /// assert_eq!(store.now_seconds(), 1_800_086_400);
+    /// # }
+    /// ```
     pub fn open_with_clock(
         path: impl AsRef<Path>,
         config: &IdempotencyConfig,
