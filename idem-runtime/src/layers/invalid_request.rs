@@ -78,25 +78,44 @@ pub(crate) async fn corrected(
     if !batch && !matches!(size, Some(n) if n <= looked_at) {
         return response;
     }
-    let (mut parts, body) = response.into_parts();
+    let (parts, body) = response.into_parts();
     let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
         return HttpResponse::from_parts(parts, HttpBody::empty());
     };
+    match answer_to(request, &body, batch) {
+        Ok(answer) => respond(request, parts, body, answer, batch),
+        Err(not_json) => refused(StatusCode::BAD_REQUEST, PARSE, not_json.to_string()),
+    }
+}
+
+/// JSON-RPC 2.0's answer to `request` where jsonrpsee's, `body`, differs from it (`None`:
+/// jsonrpsee's stands); `Err` where the request is not JSON at all.
+fn answer_to(
+    request: &[u8],
+    body: &[u8],
+    batch: bool,
+) -> Result<Option<Answer>, serde_json::Error> {
     // Where the body is a Request (JSON-RPC 2.0 §4), jsonrpsee dispatched it: an error in the
     // answer is its method's, cached and replayed with its status, whatever its code.
-    let answer = match &body[..] {
+    Ok(match body {
         NULL => Some(answer_to_null(request)),
         PARSE_ERROR if !is_request(request) => {
-            match serde_json::from_slice::<serde::de::IgnoredAny>(request) {
-                Ok(_json) => Some(Answer::Invalid(vec![INVALID_REQUEST.to_owned()])),
-                Err(not_json) => {
-                    return refused(StatusCode::BAD_REQUEST, PARSE, not_json.to_string())
-                }
-            }
+            serde_json::from_slice::<serde::de::IgnoredAny>(request)?;
+            Some(Answer::Invalid(vec![INVALID_REQUEST.to_owned()]))
         }
         answers if batch => with_unread_ids(request, answers).map(Answer::Batch),
         _ => None,
-    };
+    })
+}
+
+/// The response with `answer` in place of jsonrpsee's `body` (and the status it goes with).
+fn respond(
+    request: &[u8],
+    mut parts: http::response::Parts,
+    body: Bytes,
+    answer: Option<Answer>,
+    batch: bool,
+) -> HttpResponse {
     match answer {
         None => {
             let invalid = body.ends_with(INVALID_REQUEST_END) && !body.starts_with(b"[");

@@ -711,49 +711,9 @@ impl Store for PostgresStore {
         let client = self.client().await?;
         let before = expired_before(self.ttl_seconds, self.clock.now_seconds());
         self.flush_touches(&client).await?;
-        let mut total = 0;
-        loop {
-            // SKIP LOCKED: replicas sweeping at once take disjoint rows, and none waits.
-            let deleted = execute(
-                &client,
-                "DELETE FROM idempotency_cache WHERE message_id IN (
-                   SELECT message_id FROM idempotency_cache WHERE inserted_at < $1
-                   LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                &[&before, &SWEEP_CHUNK],
-            )
-            .await?;
-            total += deleted;
-            if deleted < SWEEP_CHUNK as u64 {
-                break;
-            }
-        }
-        // An open stream whose claim is live is still running on some replica: never swept,
-        // so that its retries attach (or, after a crash, get its interrupted outcome). One
-        // statement: its record and events go together, or neither does.
-        execute(
-            &client,
-            concat!(
-                "WITH gone AS (
-                   DELETE FROM idempotency_open_streams o WHERE started_at < $1
-                   AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
-                                   WHERE c.message_id = o.message_id AND c.lease_until > ",
-                now_ms!(),
-                ") RETURNING message_id)
-                 DELETE FROM idempotency_stream_events e USING gone
-                 WHERE e.message_id = gone.message_id"
-            ),
-            &[&before],
-        )
-        .await?;
-        execute(
-            &client,
-            concat!(
-                "DELETE FROM idempotency_claims WHERE lease_until + $1 < ",
-                now_ms!()
-            ),
-            &[&STALE_CLAIM_MS],
-        )
-        .await?;
+        let total = delete_expired(&client, before).await?;
+        delete_abandoned_streams(&client, before).await?;
+        delete_stale_claims(&client).await?;
         drop(client);
         if self.count().await? > self.max_entries {
             // Chunk after chunk, each counting the table once, until one comes back short:
@@ -833,5 +793,65 @@ async fn apply_writes(
     for write in writes {
         write.run_postgres(tx).await.map_err(StoreError::Write)?;
     }
+    Ok(())
+}
+
+/// The sweep's first step: the entries expired before `before`, in chunks; how many.
+async fn delete_expired(client: &impl GenericClient, before: i64) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        // SKIP LOCKED: replicas sweeping at once take disjoint rows, and none waits.
+        let deleted = execute(
+            client,
+            "DELETE FROM idempotency_cache WHERE message_id IN (
+               SELECT message_id FROM idempotency_cache WHERE inserted_at < $1
+               LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            &[&before, &SWEEP_CHUNK],
+        )
+        .await?;
+        total += deleted;
+        if deleted < SWEEP_CHUNK as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+/// The open streams started before `before` that no live claim records any more (their
+/// replica died), with their events. An open stream whose claim is live is still running on
+/// some replica: never swept, so that its retries attach (or, after a crash, get its
+/// interrupted outcome). One statement: its record and events go together, or neither does.
+async fn delete_abandoned_streams(
+    client: &impl GenericClient,
+    before: i64,
+) -> Result<(), StoreError> {
+    execute(
+        client,
+        concat!(
+            "WITH gone AS (
+               DELETE FROM idempotency_open_streams o WHERE started_at < $1
+               AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
+                               WHERE c.message_id = o.message_id AND c.lease_until > ",
+            now_ms!(),
+            ") RETURNING message_id)
+             DELETE FROM idempotency_stream_events e USING gone
+             WHERE e.message_id = gone.message_id"
+        ),
+        &[&before],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Claims whose lease ran out long ago ([`STALE_CLAIM_MS`]): their replicas are gone.
+async fn delete_stale_claims(client: &impl GenericClient) -> Result<(), StoreError> {
+    execute(
+        client,
+        concat!(
+            "DELETE FROM idempotency_claims WHERE lease_until + $1 < ",
+            now_ms!()
+        ),
+        &[&STALE_CLAIM_MS],
+    )
+    .await?;
     Ok(())
 }
