@@ -95,7 +95,7 @@ pub struct SqliteStore {
     index: Arc<KeyIndex>,
     /// The operators' purges seen (`MemoryTier::purges_seen`) when the sweep last reloaded
     /// the key index: it forgets what they deleted at the next sweep after them.
-    index_reloaded_for: Arc<AtomicU64>,
+    index_reloaded_for: AtomicU64,
     /// Set by [`close`](Self::close): the memory answers nothing more either.
     closed: AtomicBool,
     readers: Readers,
@@ -189,7 +189,7 @@ impl SqliteStore {
             touches,
             tier,
             index,
-            index_reloaded_for: Arc::default(),
+            index_reloaded_for: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             readers,
             writer: Mutex::new(Some(tx)),

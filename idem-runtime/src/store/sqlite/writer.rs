@@ -25,8 +25,7 @@ use crate::message_id::MessageId;
 use crate::store::sqlite::checkpointer::Restart;
 use crate::store::sqlite::entries;
 use crate::store::sqlite::file_identity::FileIdentity;
-use crate::store::sqlite::key_index::KeyIndex;
-use crate::store::sqlite::key_index::StoredKeys;
+use crate::store::sqlite::key_index::{KeyIndex, StoredKeys};
 use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::{Entry, StoreError};
 
