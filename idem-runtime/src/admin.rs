@@ -33,7 +33,7 @@ use crate::config::IdempotencyConfig;
 use crate::message_id::MessageId;
 use crate::store::settings;
 use crate::store::sqlite::{file_lock, purge_watch};
-use crate::store::{expired_before, is_expired, StoreError, StoreStats};
+use crate::store::{ReadAt, StoreError, StoreStats};
 
 /// One key as the database holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,10 +97,21 @@ const PURGE_CONFIRMED_WITHIN: Duration = Duration::from_secs(10);
 /// How often a purge asks whether the server has confirmed it.
 const CONFIRMATION_POLL: Duration = Duration::from_millis(10);
 
-const ENTRY: &str = "
-SELECT method, request_hash, response_status, inserted_at,
-       CAST(length(response_body) AS BIGINT), response_body
-FROM idempotency_cache WHERE message_id = $1";
+/// An entry's row, and the SQL of its expiry: on PostgreSQL its own `expires_at` (null in a
+/// row of an earlier version), on SQLite none (the TTL decides).
+macro_rules! entry {
+    ($expires_at:literal) => {
+        concat!(
+            "SELECT method, request_hash, response_status, inserted_at,
+                    CAST(length(response_body) AS BIGINT), response_body, ",
+            $expires_at,
+            " FROM idempotency_cache WHERE message_id = $1"
+        )
+    };
+}
+const ENTRY: &str = entry!("NULL");
+#[cfg(feature = "postgres")]
+const POSTGRES_ENTRY: &str = entry!("expires_at");
 const OPEN_STREAM: &str = "
 SELECT method, request_hash, started_at FROM idempotency_open_streams WHERE message_id = $1";
 const STREAM_EVENTS: &str =
@@ -121,14 +132,17 @@ fn sqlite_by_key(sql: &str) -> String {
     sql.replace("message_id = $1", subquery)
 }
 
-/// `$1`: the time before which an expired entry was inserted (`expired_before`). SKIP
-/// LOCKED: a row a server is writing is a key stored again, live; deleted once that commits,
-/// the entry just answered would be gone (the servers' sweep skips it alike).
+/// `$3`: now; `$1`: the time before which an expired entry was inserted (`expired_before`),
+/// for rows without an `expires_at` of their own. SKIP LOCKED: a row a server is writing is a
+/// key stored again, live; deleted once that commits, the entry just answered would be gone
+/// (the servers' sweep skips it alike).
 #[cfg(feature = "postgres")]
-const PURGE_EXPIRED: &str = "
-DELETE FROM idempotency_cache WHERE message_id IN (
-    SELECT message_id FROM idempotency_cache WHERE inserted_at < $1 LIMIT $2
-    FOR UPDATE SKIP LOCKED)";
+const PURGE_EXPIRED: &str = concat!(
+    "DELETE FROM idempotency_cache WHERE message_id IN (
+       SELECT message_id FROM idempotency_cache WHERE ",
+    crate::store::postgres::expired!("inserted_at", "$3", "$1"),
+    " LIMIT $2 FOR UPDATE SKIP LOCKED)"
+);
 /// `PURGE_EXPIRED` for SQLite: rows by rowid (no index of keys there), found through the
 /// index on `inserted_at`.
 const SQLITE_PURGE_EXPIRED: &str = "
@@ -295,20 +309,22 @@ impl Admin {
     /// served SQLite file it returns, as [`purge`](Self::purge) does, once the serving
     /// process has forgotten what it held in memory.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let before = expired_before(self.ttl_seconds, self.clock.now_seconds());
+        let (now, ttl) = (self.clock.now_seconds(), self.ttl_seconds);
+        let at = ReadAt { now, ttl };
         let (mut total, mut last_generation) = (0, None);
         loop {
             let deleted = match &self.db {
                 Db::Sqlite(conn, _) => {
-                    let chunk = move |c: &Connection| purge_expired_sqlite(c, before);
+                    let chunk = move |c: &Connection| purge_expired_sqlite(c, at.sql().1);
                     let (deleted, generation) = sqlite(conn, chunk).await?;
                     last_generation = generation.or(last_generation);
                     deleted
                 }
                 #[cfg(feature = "postgres")]
                 Db::Postgres(client) => {
+                    let (now, before) = at.sql();
                     client
-                        .execute(PURGE_EXPIRED, &[&before, &PURGE_CHUNK])
+                        .execute(PURGE_EXPIRED, &[&before, &PURGE_CHUNK, &now])
                         .await?
                 }
             };
@@ -360,13 +376,14 @@ struct EntryRow {
     inserted_at: i64,
     bytes: i64,
     body: Vec<u8>,
+    expires_at: Option<i64>,
 }
 
 impl EntryRow {
     fn info(self, ttl: u64, now: u64) -> EntryInfo {
         let inserted_at = self.inserted_at.max(0) as u64;
         let status = self.status.clamp(0, u16::MAX.into()) as u16;
-        let state = if is_expired(inserted_at, ttl, now) {
+        let state = if (ReadAt { now, ttl }).expired(self.expires_at, inserted_at) {
             EntryState::Expired(status)
         } else {
             EntryState::Live(status)
@@ -495,6 +512,7 @@ fn read_sqlite(conn: &Connection, key: &str) -> Result<Shown, StoreError> {
                 inserted_at: row.get(3)?,
                 bytes: row.get(4)?,
                 body: row.get(5)?,
+                expires_at: row.get(6)?,
             })
         })
         .optional()?;
@@ -549,13 +567,15 @@ async fn connect_postgres(_url: &str) -> Result<(Db, Option<u64>), StoreError> {
 
 #[cfg(feature = "postgres")]
 async fn read_postgres(client: &tokio_postgres::Client, key: &str) -> Result<Shown, StoreError> {
-    let entry = client.query_opt(ENTRY, &[&key]).await?.map(|row| EntryRow {
+    let entry = client.query_opt(POSTGRES_ENTRY, &[&key]).await?;
+    let entry = entry.map(|row| EntryRow {
         method: row.get(0),
         request_hash: row.get(1),
         status: i64::from(row.get::<_, i32>(2)),
         inserted_at: row.get(3),
         bytes: row.get(4),
         body: row.get(5),
+        expires_at: row.get(6),
     });
     let stream = match client.query_opt(OPEN_STREAM, &[&key]).await? {
         None => None,

@@ -137,6 +137,30 @@ pub(crate) fn expired_before(ttl_seconds: u64, now_seconds: u64) -> i64 {
     i64::try_from(now_seconds.saturating_sub(ttl_seconds)).unwrap_or(i64::MAX)
 }
 
+/// The time a replica reads rows at, and its TTL: a row is expired past its own `expires_at`,
+/// or, a row of an earlier version that has none, as [`is_expired`] decides with this TTL.
+#[derive(Clone, Copy)]
+pub(crate) struct ReadAt {
+    pub now: u64,
+    pub ttl: u64,
+}
+
+impl ReadAt {
+    pub(crate) fn expired(self, expires_at: Option<i64>, inserted_at: u64) -> bool {
+        match expires_at {
+            Some(expires_at) => expires_at < self.sql().0,
+            None => is_expired(inserted_at, self.ttl, self.now),
+        }
+    }
+
+    /// What SQL compares a row's `expires_at` with (now), and its `inserted_at` when it has
+    /// none ([`expired_before`]).
+    pub(crate) fn sql(self) -> (i64, i64) {
+        let now = i64::try_from(self.now).unwrap_or(i64::MAX);
+        (now, expired_before(self.ttl, self.now))
+    }
+}
+
 /// A stream being recorded: the durable record of a call whose side effects are committed and
 /// whose response is still being produced (kept apart from the §4.4 table of completed entries).
 #[derive(Debug, Clone, PartialEq, Eq)]

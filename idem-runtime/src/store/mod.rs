@@ -33,7 +33,7 @@ pub(crate) use bounded_wait::{after, at_most};
 pub use database::{Database, TransactError};
 #[cfg(feature = "postgres")]
 pub(crate) use entry::stored_hash;
-pub(crate) use entry::{expired_before, is_expired, EntryRow, OpenStreamRow};
+pub(crate) use entry::{expired_before, is_expired, EntryRow, OpenStreamRow, ReadAt};
 pub use entry::{Entry, OpenStream, StoredResponse};
 pub use error::StoreError;
 pub use lease::Lease;

@@ -5,6 +5,8 @@
 //! the database: the store's own readers, or the admin tool's connection beside the servers.
 
 use crate::store::expired_before;
+#[cfg(feature = "postgres")]
+use crate::store::ReadAt;
 
 /// The figures of one store, as of `now`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,16 +31,39 @@ pub struct StoreStats {
 /// How many methods [`StoreStats::top_methods`] lists.
 pub const TOP_METHODS: usize = 5;
 
-/// Totals: `$1` is the time before which an entry was inserted if it is expired now
+/// Totals, an entry counted expired, or expiring within the hour, by the SQL given.
+macro_rules! totals {
+    ($expired:literal, $expiring:literal) => {
+        concat!(
+            "SELECT CAST(count(*) AS BIGINT),
+                    CAST(coalesce(sum(length(response_body)), 0) AS BIGINT),
+                    CAST(coalesce(sum(CASE WHEN ",
+            $expired,
+            " THEN 1 ELSE 0 END), 0) AS BIGINT),
+                    CAST(coalesce(sum(CASE WHEN ",
+            $expiring,
+            " THEN 1 ELSE 0 END), 0) AS BIGINT),
+                    min(inserted_at)
+             FROM idempotency_cache"
+        )
+    };
+}
+
+/// Totals on SQLite: `$1` is the time before which an entry was inserted if it is expired now
 /// (`expired_before`: spec §4.4, expired when `inserted_at + ttl < now`).
-pub(crate) const TOTALS: &str = "
-SELECT CAST(count(*) AS BIGINT),
-       CAST(coalesce(sum(length(response_body)), 0) AS BIGINT),
-       CAST(coalesce(sum(CASE WHEN inserted_at < $1 THEN 1 ELSE 0 END), 0) AS BIGINT),
-       CAST(coalesce(sum(CASE WHEN inserted_at >= $1 AND inserted_at < $1 + 3600
-                              THEN 1 ELSE 0 END), 0) AS BIGINT),
-       min(inserted_at)
-FROM idempotency_cache";
+const TOTALS: &str = totals!(
+    "inserted_at < $1",
+    "inserted_at >= $1 AND inserted_at < $1 + 3600"
+);
+
+/// Totals on PostgreSQL, where each row has its own `expires_at` (`$2` is now), or, in a row
+/// of an earlier version, none: then `$1` decides, as on SQLite.
+#[cfg(feature = "postgres")]
+const POSTGRES_TOTALS: &str = totals!(
+    "coalesce(expires_at < $2, inserted_at < $1)",
+    "coalesce(expires_at >= $2 AND expires_at < $2 + 3600,
+              inserted_at >= $1 AND inserted_at < $1 + 3600)"
+);
 
 pub(crate) const OPEN_STREAMS: &str =
     "SELECT CAST(count(*) AS BIGINT) FROM idempotency_open_streams";
@@ -81,9 +106,8 @@ impl StoreStats {
         now: u64,
         ttl: u64,
     ) -> Result<Self, tokio_postgres::Error> {
-        let row = client
-            .query_one(TOTALS, &[&expired_before(ttl, now)])
-            .await?;
+        let (now, before) = ReadAt { now, ttl }.sql();
+        let row = client.query_one(POSTGRES_TOTALS, &[&before, &now]).await?;
         let mut stats =
             Self::from_totals(row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
         stats.open_streams = client.query_one(OPEN_STREAMS, &[]).await?.get::<_, i64>(0) as u64;

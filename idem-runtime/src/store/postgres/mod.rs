@@ -38,13 +38,13 @@ use crate::store::postgres::one_ttl::named;
 use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds};
 use crate::store::postgres::renewer::Renewer;
 use crate::store::postgres::rows::{
-    delete_events, execute, query_one, query_opt, select_after_claim, select_entry,
+    delete_events, execute, expires_at, query_one, query_opt, select_after_claim, select_entry,
     select_open_stream,
 };
 use crate::store::postgres::schema::create_schema;
 use crate::store::{
-    at_most, expired_before, is_expired, Acquired, Elsewhere, Entry, Found, Lease, OpenStream,
-    ReadJob, Store, StoreError, StoreStats,
+    at_most, Acquired, Elsewhere, Entry, Found, Lease, OpenStream, ReadAt, ReadJob, Store,
+    StoreError, StoreStats,
 };
 use crate::unit_of_work::SqlWrite;
 
@@ -55,6 +55,23 @@ macro_rules! now_ms {
     };
 }
 pub(crate) use now_ms;
+
+/// SQL: whether the row, of a table with `expires_at` and the column `$inserted`, is expired
+/// at `$now`, `$before` being the reader's `expired_before` (as [`ReadAt`] decides).
+macro_rules! expired {
+    ($inserted:literal, $now:literal, $before:literal) => {
+        concat!(
+            "(expires_at < ",
+            $now,
+            " OR (expires_at IS NULL AND ",
+            $inserted,
+            " < ",
+            $before,
+            "))"
+        )
+    };
+}
+pub(crate) use expired;
 
 /// The advisory lock key under which one replica at a time enforces the LRU bound (the
 /// schema's is in `schema.rs`).
@@ -70,7 +87,7 @@ const EVICTION_CHUNK: i64 = 5_000;
 /// How long a lease may have been expired before the sweep deletes its row.
 const STALE_CLAIM_MS: i64 = 60_000;
 
-// After `now_ms!`, which they use.
+// After `now_ms!` and `expired!`, which they use.
 mod claims;
 mod pool;
 mod renewer;
@@ -233,10 +250,15 @@ impl PostgresStore {
         Ok(n.max(0) as u64)
     }
 
-    /// `entry` if it is live, noting the use for the LRU bound.
+    /// The time rows are read at, and this replica's TTL (for rows stored without an expiry).
+    fn read_at(&self) -> ReadAt {
+        let (now, ttl) = (self.clock.now_seconds(), self.ttl_seconds);
+        ReadAt { now, ttl }
+    }
+
+    /// `entry`, live (as its select found it), noting the use for the LRU bound.
     fn used(&self, entry: Option<Entry>) -> Option<Entry> {
-        let entry = entry
-            .filter(|e| !is_expired(e.inserted_at, self.ttl_seconds, self.clock.now_seconds()))?;
+        let entry = entry?;
         let mut touches = self.touches.lock().expect("touches lock");
         touches.insert(entry.message_id.to_string(), self.clock.now_millis());
         Some(entry)
@@ -247,7 +269,7 @@ impl PostgresStore {
         client: &impl GenericClient,
         key: &MessageId,
     ) -> Result<Option<Entry>, StoreError> {
-        Ok(self.used(select_entry(client, key).await?))
+        Ok(self.used(select_entry(client, key, self.read_at()).await?))
     }
 
     /// Writes the uses noted since the last flush, in `tx`.
@@ -342,13 +364,14 @@ impl PostgresStore {
              ), stored AS (
                INSERT INTO idempotency_cache
                  (message_id, request_hash, response_status, response_headers, response_body,
-                  inserted_at, method, last_used_at)
-               SELECT message_id, $3, $4, $5, $6, $7, $8, $9 FROM claim
+                  inserted_at, method, last_used_at, expires_at)
+               SELECT message_id, $3, $4, $5, $6, $7, $8, $9, $12 FROM claim
                ON CONFLICT (message_id) DO UPDATE SET request_hash = EXCLUDED.request_hash,
                  response_status = EXCLUDED.response_status,
                  response_headers = EXCLUDED.response_headers,
                  response_body = EXCLUDED.response_body, inserted_at = EXCLUDED.inserted_at,
-                 method = EXCLUDED.method, last_used_at = EXCLUDED.last_used_at
+                 method = EXCLUDED.method, last_used_at = EXCLUDED.last_used_at,
+                 expires_at = EXCLUDED.expires_at
                RETURNING (xmax = 0) AS inserted
              ), announced AS (
                SELECT pg_notify($10, message_id) FROM claim
@@ -366,6 +389,7 @@ impl PostgresStore {
                 &(self.clock.now_millis() as i64),
                 &CHANNEL,
                 &self.owner,
+                &expires_at(entry.inserted_at, self.ttl_seconds),
             ],
         )
         .await?;
@@ -438,16 +462,13 @@ impl Store for PostgresStore {
                 if let Some(row) = won {
                     let lease = self.renewer.lease(key, row.get(0));
                     // The entry may have been committed before the claim was won.
-                    let (entry, open) = select_after_claim(&client, key).await?;
+                    let (entry, open) = select_after_claim(&client, key, self.read_at()).await?;
                     if let Some(entry) = self.used(entry) {
                         end_claim(&client, id, lease.fence(), &self.owner).await?;
                         return Ok(Acquired::Entry(Arc::new(entry)));
                     }
                     let open = match open {
-                        true => {
-                            let (ttl, now) = (self.ttl_seconds, self.clock.now_seconds());
-                            select_open_stream(&client, key, ttl, now).await?
-                        }
+                        true => select_open_stream(&client, key, self.read_at()).await?,
                         false => None,
                     };
                     return Ok(match open {
@@ -598,17 +619,18 @@ impl Store for PostgresStore {
                 execute(
                     &tx,
                     "INSERT INTO idempotency_open_streams
-                       (message_id, method, request_hash, jsonrpc_id, started_at)
-                     VALUES ($1, $2, $3, $4, $5)
+                       (message_id, method, request_hash, jsonrpc_id, started_at, expires_at)
+                     VALUES ($1, $2, $3, $4, $5, $6)
                      ON CONFLICT (message_id) DO UPDATE SET method = EXCLUDED.method,
                        request_hash = EXCLUDED.request_hash, jsonrpc_id = EXCLUDED.jsonrpc_id,
-                       started_at = EXCLUDED.started_at",
+                       started_at = EXCLUDED.started_at, expires_at = EXCLUDED.expires_at",
                     &[
                         &id,
                         &stream.method,
                         &stream.request_hash.as_str(),
                         &stream.jsonrpc_id,
                         &(stream.started_at as i64),
+                        &expires_at(stream.started_at, self.ttl_seconds),
                     ],
                 )
                 .await?;
@@ -709,10 +731,10 @@ impl Store for PostgresStore {
 
     async fn sweep(&self) -> Result<u64, StoreError> {
         let client = self.client().await?;
-        let before = expired_before(self.ttl_seconds, self.clock.now_seconds());
+        let at = self.read_at();
         self.flush_touches(&client).await?;
-        let total = delete_expired(&client, before).await?;
-        delete_abandoned_streams(&client, before).await?;
+        let total = delete_expired(&client, at).await?;
+        delete_abandoned_streams(&client, at).await?;
         delete_stale_claims(&client).await?;
         drop(client);
         if self.count().await? > self.max_entries {
@@ -796,17 +818,21 @@ async fn apply_writes(
     Ok(())
 }
 
-/// The sweep's first step: the entries expired before `before`, in chunks; how many.
-async fn delete_expired(client: &impl GenericClient, before: i64) -> Result<u64, StoreError> {
+/// The sweep's first step: the entries expired at `at`, in chunks; how many.
+async fn delete_expired(client: &impl GenericClient, at: ReadAt) -> Result<u64, StoreError> {
+    let (now, before) = at.sql();
     let mut total = 0;
     loop {
         // SKIP LOCKED: replicas sweeping at once take disjoint rows, and none waits.
         let deleted = execute(
             client,
-            "DELETE FROM idempotency_cache WHERE message_id IN (
-               SELECT message_id FROM idempotency_cache WHERE inserted_at < $1
-               LIMIT $2 FOR UPDATE SKIP LOCKED)",
-            &[&before, &SWEEP_CHUNK],
+            concat!(
+                "DELETE FROM idempotency_cache WHERE message_id IN (
+                   SELECT message_id FROM idempotency_cache WHERE ",
+                expired!("inserted_at", "$3", "$1"),
+                " LIMIT $2 FOR UPDATE SKIP LOCKED)"
+            ),
+            &[&before, &SWEEP_CHUNK, &now],
         )
         .await?;
         total += deleted;
@@ -816,27 +842,29 @@ async fn delete_expired(client: &impl GenericClient, before: i64) -> Result<u64,
     }
 }
 
-/// The open streams started before `before` that no live claim records any more (their
-/// replica died), with their events. An open stream whose claim is live is still running on
+/// The open streams expired at `at` that no live claim records any more (their replica
+/// died), with their events. An open stream whose claim is live is still running on
 /// some replica: never swept, so that its retries attach (or, after a crash, get its
 /// interrupted outcome). One statement: its record and events go together, or neither does.
 async fn delete_abandoned_streams(
     client: &impl GenericClient,
-    before: i64,
+    at: ReadAt,
 ) -> Result<(), StoreError> {
+    let (now, before) = at.sql();
     execute(
         client,
         concat!(
             "WITH gone AS (
-               DELETE FROM idempotency_open_streams o WHERE started_at < $1
-               AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
+               DELETE FROM idempotency_open_streams o WHERE ",
+            expired!("started_at", "$2", "$1"),
+            " AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
                                WHERE c.message_id = o.message_id AND c.lease_until > ",
             now_ms!(),
             ") RETURNING message_id)
              DELETE FROM idempotency_stream_events e USING gone
              WHERE e.message_id = gone.message_id"
         ),
-        &[&before],
+        &[&before, &now],
     )
     .await?;
     Ok(())

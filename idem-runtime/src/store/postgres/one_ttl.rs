@@ -1,8 +1,10 @@
-//! Replicas on one database keep entries for one TTL. One of a shorter TTL would expire, and
-//! sweep, what the others still replay: a probe started one with `AIWG_IDEMPOTENCY_TTL=3`
-//! beside two of 24 h, its first sweep deleted every entry, and keys ran again on all three.
-//! So each replica names its sessions by its TTL ([`named`]), and one that finds a live
-//! session of another TTL on the database refuses to open ([`refuse_another`]).
+//! Replicas on one database serve with one TTL. Each row carries its own `expires_at`, which
+//! every replica honours, so a replica of another TTL admitted all the same (the check sees
+//! live sessions only: not those a database restart ended until they reconnect) sweeps
+//! nothing early; but one key kept for a day or 3 s, by whichever replica stored it, is no
+//! configuration anyone means. So each replica names its sessions by its TTL ([`named`]), and
+//! one that finds a live session of another TTL on the database refuses to open
+//! ([`refuse_another`]).
 
 use deadpool_postgres::GenericClient;
 

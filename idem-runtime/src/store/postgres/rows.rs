@@ -7,7 +7,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use crate::message_id::MessageId;
-use crate::store::{Entry, EntryRow, OpenStream, OpenStreamRow, StoreError};
+use crate::store::{Entry, EntryRow, OpenStream, OpenStreamRow, ReadAt, StoreError};
 
 pub(super) async fn query_opt(
     client: &impl GenericClient,
@@ -36,26 +36,35 @@ pub(super) async fn execute(
     Ok(client.execute(&statement, params).await?)
 }
 
-/// The columns of an entry, as `select_entry` and `select_after_claim` read them.
-const ENTRY_COLUMNS: &str =
-    "e.request_hash, e.response_status, e.response_headers, e.response_body, e.inserted_at, e.method";
+/// When a row stored at `inserted_at` by a replica of `ttl_seconds` expires: its
+/// `expires_at`, which every replica honours, whatever its own TTL (see `one_ttl.rs`).
+pub(super) fn expires_at(inserted_at: u64, ttl_seconds: u64) -> i64 {
+    i64::try_from(inserted_at.saturating_add(ttl_seconds)).unwrap_or(i64::MAX)
+}
 
+/// The columns of an entry, as `select_entry` and `select_after_claim` read them.
+const ENTRY_COLUMNS: &str = "e.request_hash, e.response_status, e.response_headers, \
+     e.response_body, e.inserted_at, e.method, e.expires_at";
+
+/// `id`'s entry, if it is live at `at`.
 pub(super) async fn select_entry(
     client: &impl GenericClient,
     id: &MessageId,
+    at: ReadAt,
 ) -> Result<Option<Entry>, StoreError> {
     let sql = format!("SELECT {ENTRY_COLUMNS} FROM idempotency_cache e WHERE message_id = $1");
     let row = query_opt(client, &sql, &[&id.as_str()]).await?;
-    row.map(|row| entry_of(&row, id))
+    row.map(|row| entry_of(&row, id, at))
         .transpose()
         .map(Option::flatten)
 }
 
-/// What a claim just won finds, in one round trip: the entry, if any, and whether a stream
-/// of the key is open.
+/// What a claim just won finds, in one round trip: the entry, if any is live at `at`, and
+/// whether a stream of the key is open.
 pub(super) async fn select_after_claim(
     client: &impl GenericClient,
     id: &MessageId,
+    at: ReadAt,
 ) -> Result<(Option<Entry>, bool), StoreError> {
     let sql = format!(
         "SELECT {ENTRY_COLUMNS},
@@ -63,14 +72,18 @@ pub(super) async fn select_after_claim(
          FROM (SELECT 1) AS one LEFT JOIN idempotency_cache e ON e.message_id = $1"
     );
     let row = query_one(client, &sql, &[&id.as_str()]).await?;
-    Ok((entry_of(&row, id)?, row.get(6)))
+    Ok((entry_of(&row, id, at)?, row.get(7)))
 }
 
-/// The entry in the first six columns of `row` (all null: none).
-pub(super) fn entry_of(row: &Row, id: &MessageId) -> Result<Option<Entry>, StoreError> {
+/// The entry in the first seven columns of `row`, if it is live at `at` (all null: none).
+fn entry_of(row: &Row, id: &MessageId, at: ReadAt) -> Result<Option<Entry>, StoreError> {
     let Some(request_hash) = row.get::<_, Option<String>>(0) else {
         return Ok(None);
     };
+    let inserted_at: i64 = row.get(4);
+    if at.expired(row.get(6), inserted_at.max(0) as u64) {
+        return Ok(None);
+    }
     let status: i32 = row.get(1);
     let row = EntryRow {
         request_hash,
@@ -80,7 +93,7 @@ pub(super) fn entry_of(row: &Row, id: &MessageId) -> Result<Option<Entry>, Store
         })?,
         headers: row.get(2),
         body: row.get(3),
-        inserted_at: row.get(4),
+        inserted_at,
         method: row.get(5),
     };
     row.decode(id).map(Some)
@@ -99,17 +112,16 @@ pub(super) async fn delete_events(
     Ok(())
 }
 
-/// An open stream and its recorded events, in order; none for a record past its TTL, whose
-/// events are not read (see [`OpenStream::expired`]).
+/// An open stream and its recorded events, in order; none for a record expired at `at`,
+/// whose events are not read.
 pub(super) async fn select_open_stream(
     client: &impl GenericClient,
     id: &MessageId,
-    ttl: u64,
-    now: u64,
+    at: ReadAt,
 ) -> Result<Option<(OpenStream, Vec<Bytes>)>, StoreError> {
     let row = query_opt(
         client,
-        "SELECT method, request_hash, jsonrpc_id, started_at
+        "SELECT method, request_hash, jsonrpc_id, started_at, expires_at
          FROM idempotency_open_streams WHERE message_id = $1",
         &[&id.as_str()],
     )
@@ -122,7 +134,7 @@ pub(super) async fn select_open_stream(
         started_at: row.get(3),
     }
     .decode(id)?;
-    if stream.expired(ttl, now) {
+    if at.expired(row.get(4), stream.started_at) {
         return Ok(None);
     }
     let statement = client

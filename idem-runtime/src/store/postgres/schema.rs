@@ -9,7 +9,7 @@ use crate::store::{settings, StoreError};
 const SCHEMA_LOCK: i64 = 0x1de3_0001;
 
 /// Spec §4.4's table (BLOB is BYTEA, epoch seconds a BIGINT), the two columns SQLite has too,
-/// the claims, and the streams being recorded. Created under an advisory lock, so replicas
+/// each row's expiry (see [`one_ttl`]), the claims, and the streams being recorded. Created under an advisory lock, so replicas
 /// that start together do not race on it.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idempotency_cache (
@@ -20,7 +20,10 @@ CREATE TABLE IF NOT EXISTS idempotency_cache (
     response_body    BYTEA NOT NULL,
     inserted_at      BIGINT NOT NULL,
     method           TEXT NOT NULL DEFAULT '',
-    last_used_at     BIGINT NOT NULL DEFAULT 0
+    last_used_at     BIGINT NOT NULL DEFAULT 0,
+    -- When the entry expires (epoch seconds): its inserted_at and the TTL of the replica that
+    -- stored it. Null in a row of an earlier version: the reader's TTL counts.
+    expires_at       BIGINT
 );
 CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inserted_at);
 CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at ON idempotency_cache(last_used_at);
@@ -36,20 +39,13 @@ CREATE TABLE IF NOT EXISTS idempotency_claims (
     -- The owner's count of its claims when it sent this one (see `acquire`).
     attempt      BIGINT NOT NULL DEFAULT 0
 );
--- A claims table of an earlier version gets the column. Looked up first: ALTER TABLE would
--- lock the table, claims and renewals of every replica with it, on each start.
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'idempotency_claims'::regclass
-                   AND attname = 'attempt' AND NOT attisdropped) THEN
-        ALTER TABLE idempotency_claims ADD COLUMN attempt BIGINT NOT NULL DEFAULT 0;
-    END IF;
-END $$;
 CREATE TABLE IF NOT EXISTS idempotency_open_streams (
     message_id   TEXT NOT NULL PRIMARY KEY,
     method       TEXT NOT NULL,
     request_hash TEXT NOT NULL,
     jsonrpc_id   TEXT NOT NULL,
-    started_at   BIGINT NOT NULL
+    started_at   BIGINT NOT NULL,
+    expires_at   BIGINT
 );
 CREATE TABLE IF NOT EXISTS idempotency_stream_events (
     message_id TEXT NOT NULL,
@@ -57,6 +53,21 @@ CREATE TABLE IF NOT EXISTS idempotency_stream_events (
     event      BYTEA NOT NULL,
     PRIMARY KEY (message_id, seq)
 );
+-- Tables of an earlier version get the columns they lack. Looked up first: ALTER TABLE would
+-- lock the table, and every replica's claims and renewals with it, on each start.
+DO $$ DECLARE added text[]; BEGIN
+    FOREACH added SLICE 1 IN ARRAY ARRAY[
+        ['idempotency_claims', 'attempt', 'BIGINT NOT NULL DEFAULT 0'],
+        ['idempotency_cache', 'expires_at', 'BIGINT'],
+        ['idempotency_open_streams', 'expires_at', 'BIGINT']
+    ] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = added[1]::regclass
+                       AND attname = added[2] AND NOT attisdropped) THEN
+            EXECUTE format('ALTER TABLE %I ADD COLUMN %I ' || added[3], added[1], added[2]);
+        END IF;
+    END LOOP;
+END $$;
+CREATE INDEX IF NOT EXISTS idx_idempotency_expires_at ON idempotency_cache(expires_at);
 ";
 
 /// The tables, and this replica's TTL recorded for the operator's tool; refused while a live

@@ -459,7 +459,7 @@ async fn replicas_inserting_at_once_keep_the_lru_bound_without_evicting_too_much
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_schema_is_the_spec_table_plus_the_sqlite_columns() {
+async fn the_schema_is_the_spec_table_plus_the_sqlite_columns_and_an_expiry() {
     let Some(fx) = fixture().await else { return };
     let _cache = fx.cache(&config(86_400, 100)).await;
     let client = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
@@ -484,11 +484,14 @@ async fn the_schema_is_the_spec_table_plus_the_sqlite_columns() {
         ("inserted_at", "bigint"),
         ("method", "text"),
         ("last_used_at", "bigint"),
+        ("expires_at", "bigint"),
     ];
     let got: Vec<_> = columns
         .iter()
         .map(|(n, t, nullable)| {
-            assert_eq!(nullable, "NO", "{n}");
+            // Null in rows that replicas of an earlier version store.
+            let may_be_null = n == "expires_at";
+            assert_eq!(nullable, if may_be_null { "YES" } else { "NO" }, "{n}");
             (n.as_str(), t.as_str())
         })
         .collect();
@@ -521,9 +524,8 @@ async fn a_server_that_is_not_there_is_an_error_not_a_hang() {
     assert!(bad.await.is_err());
 }
 
-/// Replicas on one database keep entries for one TTL: a replica of another TTL is refused
-/// while one serves (its sweep would delete entries the others still replay: a probe's replica
-/// of 3 s wiped two replicas' 24 h, and keys ran again), and opens once none does.
+/// Replicas on one database serve with one TTL: a replica of another TTL is refused while one
+/// serves, and opens once none does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_of_another_ttl_is_refused_while_one_serves() {
     let Some(fx) = fixture().await else { return };
@@ -557,6 +559,74 @@ async fn a_replica_of_another_ttl_is_refused_while_one_serves() {
             Err(error) => panic!("not served once the others stopped: {error}"),
         }
     }
+}
+
+/// Each entry, and each open stream, lives for the TTL of the replica that stored it, on
+/// every replica: one of another TTL can still be admitted beside live ones (right after a
+/// PostgreSQL outage, before their sessions are back; or beside one whose URL names its
+/// sessions, as here), and its sweep must not delete, nor its lookups skip, what they promised
+/// to replay. A probe's 3 s replica, started as a PostgreSQL restart ended, swept two 24 h
+/// replicas' entries, and retries ran again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_lives_for_the_ttl_it_was_stored_with_on_every_replica() {
+    let Some(fx) = fixture().await else { return };
+    let replica = |ttl: u64| {
+        let url = format!("{}?application_name=ttl-{ttl}", fx.url.as_ref().unwrap());
+        let clock = fx.clock.clone();
+        async move {
+            let config = config(ttl, 1000);
+            let store = PostgresStore::connect_with(PostgresOptions::new(url), &config, clock);
+            IdempotencyCache::from_arc(std::sync::Arc::new(store.await.unwrap()))
+        }
+    };
+    let (day, seconds) = (replica(86_400).await, replica(3).await);
+    let hash = request_hash(b"{}").unwrap();
+    let stored = won(&day, &key(1), "message/send", &hash).await;
+    stored.complete(response("a day")).await.unwrap();
+    let stored = won(&seconds, &key(2), "message/send", &hash).await;
+    stored.complete(response("3 s")).await.unwrap();
+    let mut streaming = won(&day, &key(3), "message/stream", &hash).await;
+    let first = bytes_of("data: {}\n\n");
+    streaming
+        .open_stream("3".into(), first, Vec::new())
+        .await
+        .unwrap();
+    drop(streaming);
+    // The stream's replica died: its claim's lease ran out.
+    fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+        .await;
+
+    fx.clock.advance(Duration::from_secs(10));
+    for cache in [&seconds, &day] {
+        let stats = cache.store().stats().await.unwrap();
+        assert_eq!(
+            (stats.entries, stats.expired),
+            (2, 1),
+            "key 2 alone expired"
+        );
+    }
+    for cache in [&seconds, &day] {
+        cache.store().sweep().await.unwrap();
+    }
+    for cache in [&seconds, &day] {
+        assert_eq!(cached_body(cache, &key(1)).await.unwrap(), b"a day");
+        assert_eq!(cached_body(cache, &key(2)).await, None, "past its 3 s");
+    }
+    let Claim::Cached(interrupted) = seconds
+        .claim(&key(3), "message/stream", &hash)
+        .await
+        .unwrap()
+    else {
+        panic!("a retry of the stream ran again on the replica of 3 s")
+    };
+    assert!(String::from_utf8_lossy(&interrupted.response.body)
+        .contains("IDEMPOTENCY_STREAM_INTERRUPTED"));
+    let Claim::Cached(replayed) = seconds.claim(&key(1), "message/send", &hash).await.unwrap()
+    else {
+        panic!("a retry of the day's entry ran again on the replica of 3 s")
+    };
+    assert_eq!(replayed.response.body, b"a day");
+    assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_cache").await, 2);
 }
 
 /// PostgreSQL's own words reach the error: "db error" alone does not say the database is
@@ -781,6 +851,39 @@ async fn a_claims_table_of_an_earlier_version_is_served() {
     assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"served");
 }
 
+/// A database whose entries predate their `expires_at` (an earlier version made them, or
+/// still stores them beside this one) is served: the column is added at connect, and such a
+/// row expires by the reading replica's TTL, on lookup and in the sweep.
+#[tokio::test]
+async fn entries_of_an_earlier_version_expire_by_the_reader_s_ttl() {
+    let Some(fx) = fixture().await else { return };
+    fx.execute(&format!(
+        "CREATE TABLE idempotency_cache (
+             message_id TEXT NOT NULL PRIMARY KEY, request_hash TEXT NOT NULL,
+             response_status INTEGER NOT NULL, response_headers BYTEA NOT NULL,
+             response_body BYTEA NOT NULL, inserted_at BIGINT NOT NULL,
+             method TEXT NOT NULL DEFAULT '', last_used_at BIGINT NOT NULL DEFAULT 0);
+         CREATE TABLE idempotency_open_streams (
+             message_id TEXT NOT NULL PRIMARY KEY, method TEXT NOT NULL,
+             request_hash TEXT NOT NULL, jsonrpc_id TEXT NOT NULL, started_at BIGINT NOT NULL);
+         INSERT INTO idempotency_cache VALUES ('{}', '{}', 200, '\\x7b7d', 'earlier', {}, 'message/send', 0)",
+        key(1),
+        request_hash(b"{}").unwrap().as_str(),
+        T0_MS / 1000,
+    ))
+    .await;
+    let cache = fx.cache(&config(60, 100)).await;
+    assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"earlier");
+    fx.clock.advance(Duration::from_secs(61));
+    assert_eq!(
+        cached_body(&cache, &key(1)).await,
+        None,
+        "past the reader's TTL"
+    );
+    cache.store().sweep().await.unwrap();
+    assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_cache").await, 0);
+}
+
 /// A table far past its bound (the bound lowered on a restart) is evicted in chunks: a call's
 /// commit evicts one and stores its entry, and the sweep drains the rest to the bound exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -938,11 +1041,19 @@ async fn purge_expired_passes_over_an_entry_being_stored_again() {
     let Some(fx) = fixture().await else { return };
     let cache = fx.cache(&config(60, 100)).await;
     execute(&cache, &key(1), "{}", "first").await;
-    // Expired by the wall clock, which the admin tool reads.
-    fx.execute("UPDATE idempotency_cache SET inserted_at = 1000")
+    execute(&cache, &key(2), "{}", "a replica's of a longer TTL").await;
+    // Expired by the wall clock, which the admin tool reads; key 2 stored by a replica whose
+    // TTL has not run out.
+    fx.execute("UPDATE idempotency_cache SET inserted_at = 1000, expires_at = 1060")
         .await;
+    let longer = format!(
+        "UPDATE idempotency_cache SET expires_at = 9000000000 WHERE message_id = '{}'",
+        key(2)
+    );
+    fx.execute(&longer).await;
     let stored_again = format!(
-        "UPDATE idempotency_cache SET inserted_at = 9000000000 WHERE message_id = '{}'",
+        "UPDATE idempotency_cache SET inserted_at = 9000000000, expires_at = 9000000060
+         WHERE message_id = '{}'",
         key(1)
     );
     let held = Held::take(&fx, &stored_again).await;
@@ -953,6 +1064,8 @@ async fn purge_expired_passes_over_an_entry_being_stored_again() {
     assert_eq!(purged.unwrap(), 0);
     let live = "SELECT COUNT(*) FROM idempotency_cache WHERE inserted_at = 9000000000";
     assert_eq!(fx.count(live).await, 1, "the entry stored again is live");
+    let longer = "SELECT COUNT(*) FROM idempotency_cache WHERE expires_at = 9000000000";
+    assert_eq!(fx.count(longer).await, 1, "the longer TTL's entry is kept");
 }
 
 /// A stream's event meets a takeover under way (its claim's row locked by the replica taking
