@@ -127,8 +127,9 @@ pub const METRICS: &[Metric] = &[
     },
 ];
 
-/// Registers every metric's help text with the installed recorder: call it once, after
-/// installing one (a recorder installed later has no help texts, and nothing else changes).
+/// Registers every metric's help text with the installed recorder, and its counters' series
+/// at zero: call it once, after installing one (a recorder installed later has no help texts
+/// and shows each series from its first event on, and nothing else changes).
 pub fn describe() {
     for metric in METRICS {
         match metric.kind {
@@ -136,6 +137,52 @@ pub fn describe() {
             "gauge" => metrics::describe_gauge!(metric.name, metric.help),
             _ => metrics::describe_histogram!(metric.name, metric.help),
         }
+    }
+    counters_at_zero();
+}
+
+/// The outcomes of [`CALLS`], as [`outcome_label`] and [`store_error`] name them.
+const OUTCOMES: [&str; 6] = [
+    "executed",
+    "replayed",
+    "attached",
+    "collision",
+    "rejected",
+    "store_error",
+];
+
+/// The results of [`WAITS`] (`Waited::label`).
+const WAIT_RESULTS: [&str; 4] = ["done", "attached", "released", "still_running"];
+
+/// The kinds of [`STORE_ERRORS`] a call can be answered with (`StoreError::kind`).
+const CALL_STORE_ERRORS: [&str; 7] = [
+    "backend",
+    "write",
+    "claim_lost",
+    "commit",
+    "closed",
+    "corrupt",
+    "io",
+];
+
+/// The counters' series whose labels are known in advance (those of the default governed
+/// methods), at zero. A series that first appears at 1 has no increase to show: an alert on
+/// `increase(idempotency_calls_total{outcome="collision"}[5m]) > 0` missed the first 422 of a
+/// server's life, and a dashboard showed no replays as no data.
+fn counters_at_zero() {
+    for method in crate::idempotency::DEFAULT_GOVERNED_METHODS {
+        for outcome in OUTCOMES {
+            counter!(CALLS, "method" => method, "outcome" => outcome).increment(0);
+        }
+        for result in WAIT_RESULTS {
+            counter!(WAITS, "method" => method, "result" => result).increment(0);
+        }
+    }
+    for kind in CALL_STORE_ERRORS {
+        counter!(STORE_ERRORS, "kind" => kind).increment(0);
+    }
+    for reason in ["ttl", "lru"] {
+        counter!(EVICTIONS, "reason" => reason).increment(0);
     }
 }
 

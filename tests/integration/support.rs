@@ -550,12 +550,17 @@ pub async fn websocket_call(url: &str, request: &str) -> Value {
     serde_json::from_slice(&body).unwrap()
 }
 
-/// The value of the metric sample `series` (its name and labels as rendered) at `url`'s
-/// `GET /metrics`; 0 when absent, as a counter that never moved is not rendered.
+/// The value of the metric sample `series` (its name and labels as rendered), or of a bare
+/// name the sum of its series, at `url`'s `GET /metrics`; 0 when absent (a series whose labels
+/// are not known in advance is rendered from its first event on).
 pub async fn metric(url: &str, series: &str) -> f64 {
     let text = reqwest::get(format!("{url}/metrics")).await.unwrap();
     let text = text.text().await.unwrap();
-    let line = text.lines().find(|l| l.starts_with(series));
-    line.and_then(|l| l.rsplit_once(' ')?.1.parse().ok())
-        .unwrap_or(0.0)
+    let samples = text.lines().filter_map(|line| line.rsplit_once(' '));
+    let matching = samples.filter(|(name, _)| {
+        *name == series || name.split_once('{').is_some_and(|(bare, _)| bare == series)
+    });
+    matching
+        .filter_map(|(_, value)| value.parse::<f64>().ok())
+        .sum()
 }
