@@ -137,8 +137,8 @@ pub(crate) fn expired_before(ttl_seconds: u64, now_seconds: u64) -> i64 {
     i64::try_from(now_seconds.saturating_sub(ttl_seconds)).unwrap_or(i64::MAX)
 }
 
-/// The time a replica reads rows at, and its TTL: a row is expired past its own `expires_at`,
-/// or, a row of an earlier version that has none, as [`is_expired`] decides with this TTL.
+/// The time a replica reads rows at, and its TTL: a row is expired past its own `expires_at`
+/// (on PostgreSQL), or, a row that has none, as [`is_expired`] decides with this TTL.
 #[derive(Clone, Copy)]
 pub(crate) struct ReadAt {
     pub now: u64,
@@ -146,10 +146,15 @@ pub(crate) struct ReadAt {
 }
 
 impl ReadAt {
+    /// Whether a row stored at `inserted_at` is expired. Its `expires_at` counts unless it is
+    /// older than the row: a replica of an earlier version, storing a key again over an
+    /// expired row, leaves that row's `expires_at` behind, and the new entry would look
+    /// expired at once (a key an earlier version stored first has none).
     pub(crate) fn expired(self, expires_at: Option<i64>, inserted_at: u64) -> bool {
+        let inserted = i64::try_from(inserted_at).unwrap_or(i64::MAX);
         match expires_at {
-            Some(expires_at) => expires_at < self.sql().0,
-            None => is_expired(inserted_at, self.ttl, self.now),
+            Some(expires_at) if expires_at >= inserted => expires_at < self.sql().0,
+            _ => is_expired(inserted_at, self.ttl, self.now),
         }
     }
 

@@ -56,13 +56,14 @@ const TOTALS: &str = totals!(
     "inserted_at >= $1 AND inserted_at < $1 + 3600"
 );
 
-/// Totals on PostgreSQL, where each row has its own `expires_at` (`$2` is now), or, in a row
-/// of an earlier version, none: then `$1` decides, as on SQLite.
+/// Totals on PostgreSQL, where each row has its own `expires_at` (`$2` is now), unless an
+/// earlier version stored it (none, or one left behind: see `ReadAt::expired`); then `$1`
+/// decides, as on SQLite.
 #[cfg(feature = "postgres")]
 const POSTGRES_TOTALS: &str = totals!(
-    "coalesce(expires_at < $2, inserted_at < $1)",
-    "coalesce(expires_at >= $2 AND expires_at < $2 + 3600,
-              inserted_at >= $1 AND inserted_at < $1 + 3600)"
+    "CASE WHEN expires_at >= inserted_at THEN expires_at < $2 ELSE inserted_at < $1 END",
+    "CASE WHEN expires_at >= inserted_at THEN expires_at >= $2 AND expires_at < $2 + 3600
+          ELSE inserted_at >= $1 AND inserted_at < $1 + 3600 END"
 );
 
 pub(crate) const OPEN_STREAMS: &str =

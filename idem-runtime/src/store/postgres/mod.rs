@@ -57,17 +57,22 @@ macro_rules! now_ms {
 pub(crate) use now_ms;
 
 /// SQL: whether the row, of a table with `expires_at` and the column `$inserted`, is expired
-/// at `$now`, `$before` being the reader's `expired_before` (as [`ReadAt`] decides).
+/// at `$now`, `$before` being the reader's `expired_before` (as [`ReadAt`] decides): two
+/// ranges, one on each column's index.
 macro_rules! expired {
     ($inserted:literal, $now:literal, $before:literal) => {
         concat!(
-            "(expires_at < ",
+            "((expires_at < ",
             $now,
-            " OR (expires_at IS NULL AND ",
+            " AND expires_at >= ",
+            $inserted,
+            ") OR (",
             $inserted,
             " < ",
             $before,
-            "))"
+            " AND (expires_at IS NULL OR expires_at < ",
+            $inserted,
+            ")))"
         )
     };
 }

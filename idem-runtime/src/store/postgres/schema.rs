@@ -22,7 +22,8 @@ CREATE TABLE IF NOT EXISTS idempotency_cache (
     method           TEXT NOT NULL DEFAULT '',
     last_used_at     BIGINT NOT NULL DEFAULT 0,
     -- When the entry expires (epoch seconds): its inserted_at and the TTL of the replica that
-    -- stored it. Null in a row of an earlier version: the reader's TTL counts.
+    -- stored it. Null, or older than inserted_at, in a row an earlier version stored: the
+    -- reader's TTL counts.
     expires_at       BIGINT
 );
 CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inserted_at);

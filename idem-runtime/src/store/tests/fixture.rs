@@ -108,6 +108,24 @@ impl Fixture {
         }
     }
 
+    /// Waits until the sessions of the PostgreSQL stores dropped so far have ended (moments
+    /// after the drop), so that one of another TTL opens instead of being refused.
+    pub async fn stores_gone(&self) {
+        if !matches!(self.backend, Backend::Postgres) {
+            return;
+        }
+        let sessions = "SELECT COUNT(*) FROM pg_stat_activity
+                        WHERE datname = current_database() AND application_name LIKE 'idem ttl=%'";
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.count(sessions).await > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sessions left after 10 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// Runs `sql` beside the store: PostgreSQL only (fault injection, say).
     pub async fn execute(&self, sql: &str) {
         let client = connect(self.url.as_ref().expect("a PostgreSQL fixture")).await;

@@ -114,6 +114,8 @@ pub async fn a_ttl_past_any_date_expires_nothing(fx: Fixture) {
             (n as u64 + 1, 0),
             "ttl {ttl}"
         );
+        drop(cache);
+        fx.stores_gone().await;
     }
 }
 

@@ -853,7 +853,7 @@ async fn a_claims_table_of_an_earlier_version_is_served() {
 
 /// A database whose entries predate their `expires_at` (an earlier version made them, or
 /// still stores them beside this one) is served: the column is added at connect, and such a
-/// row expires by the reading replica's TTL, on lookup and in the sweep.
+/// row expires by the reading replica's TTL, on lookup, in the stats and in the sweep.
 #[tokio::test]
 async fn entries_of_an_earlier_version_expire_by_the_reader_s_ttl() {
     let Some(fx) = fixture().await else { return };
@@ -882,6 +882,29 @@ async fn entries_of_an_earlier_version_expire_by_the_reader_s_ttl() {
     );
     cache.store().sweep().await.unwrap();
     assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_cache").await, 0);
+
+    // An earlier version stores a key again over the row this one stored, expired: that
+    // row's expires_at stays behind, older than the entry, which is live all the same.
+    let stored = won(
+        &cache,
+        &key(2),
+        "message/send",
+        &request_hash(b"{}").unwrap(),
+    )
+    .await;
+    stored.complete(response("first")).await.unwrap();
+    fx.clock.advance(Duration::from_secs(61));
+    let now = crate::clock::Clock::now_seconds(&*fx.clock);
+    fx.execute(&format!(
+        "UPDATE idempotency_cache SET inserted_at = {now}, response_body = 'again'
+         WHERE message_id = '{}'",
+        key(2)
+    ))
+    .await;
+    assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"again");
+    assert_eq!(cache.store().stats().await.unwrap().expired, 0);
+    cache.store().sweep().await.unwrap();
+    assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_cache").await, 1);
 }
 
 /// A table far past its bound (the bound lowered on a restart) is evicted in chunks: a call's
