@@ -60,8 +60,8 @@ pub enum EntryState {
     Live(u16),
     /// An entry past its TTL: a miss, deleted by the next sweep.
     Expired(u16),
-    /// A stream being recorded, or left open by a process that died (a retry within a TTL of
-    /// its start closes it as interrupted; past that it is expired); how many events it holds.
+    /// A stream being recorded, or left open by a process that died (a retry within its TTL
+    /// closes it as interrupted; past that it is expired); how many events it holds.
     OpenStream(u64),
     /// A call running on a replica (PostgreSQL: its claim's lease is live): nothing is stored
     /// yet; its outcome is, when it ends. `inserted_at` is when the lease runs out, unless
@@ -132,19 +132,8 @@ fn sqlite_by_key(sql: &str) -> String {
     sql.replace("message_id = $1", subquery)
 }
 
-/// `$3`: now; `$1`: the time before which an expired entry was inserted (`expired_before`),
-/// for rows without an `expires_at` of their own. SKIP LOCKED: a row a server is writing is a
-/// key stored again, live; deleted once that commits, the entry just answered would be gone
-/// (the servers' sweep skips it alike).
-#[cfg(feature = "postgres")]
-const PURGE_EXPIRED: &str = concat!(
-    "DELETE FROM idempotency_cache WHERE message_id IN (
-       SELECT message_id FROM idempotency_cache WHERE ",
-    crate::store::postgres::expired!("inserted_at", "$3", "$1"),
-    " LIMIT $2 FOR UPDATE SKIP LOCKED)"
-);
-/// `PURGE_EXPIRED` for SQLite: rows by rowid (no index of keys there), found through the
-/// index on `inserted_at`.
+/// A chunk of the expired entries of a SQLite file (`$1`: `expired_before`): rows by rowid
+/// (no index of keys there), found through the index on `inserted_at`.
 const SQLITE_PURGE_EXPIRED: &str = "
 DELETE FROM idempotency_cache WHERE rowid IN (
     SELECT rowid FROM idempotency_cache WHERE inserted_at < $1 LIMIT $2)";
@@ -311,32 +300,28 @@ impl Admin {
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
         let (now, ttl) = (self.clock.now_seconds(), self.ttl_seconds);
         let at = ReadAt { now, ttl };
-        let (mut total, mut last_generation) = (0, None);
-        loop {
-            let deleted = match &self.db {
-                Db::Sqlite(conn, _) => {
-                    let chunk = move |c: &Connection| purge_expired_sqlite(c, at.sql().1);
+        match &self.db {
+            Db::Sqlite(conn, path) => {
+                let (mut total, mut last_generation) = (0, None);
+                loop {
+                    let chunk = move |c: &Connection| purge_expired_sqlite(c, at.before_param());
                     let (deleted, generation) = sqlite(conn, chunk).await?;
                     last_generation = generation.or(last_generation);
-                    deleted
+                    total += deleted;
+                    if deleted < PURGE_CHUNK as u64 {
+                        break;
+                    }
                 }
-                #[cfg(feature = "postgres")]
-                Db::Postgres(client) => {
-                    let (now, before) = at.sql();
-                    client
-                        .execute(PURGE_EXPIRED, &[&before, &PURGE_CHUNK, &now])
-                        .await?
+                if let Some(generation) = last_generation {
+                    self.confirmed(conn, path, generation).await?;
                 }
-            };
-            total += deleted;
-            if deleted < PURGE_CHUNK as u64 {
-                break;
+                Ok(total)
+            }
+            #[cfg(feature = "postgres")]
+            Db::Postgres(client) => {
+                crate::store::postgres::delete_expired(client, at, PURGE_CHUNK).await
             }
         }
-        if let (Db::Sqlite(conn, path), Some(generation)) = (&self.db, last_generation) {
-            self.confirmed(conn, path, generation).await?;
-        }
-        Ok(total)
     }
 
     /// Waits until the process serving `path`, if any, has forgotten what it held in memory

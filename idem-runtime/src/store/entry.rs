@@ -153,16 +153,20 @@ impl ReadAt {
     pub(crate) fn expired(self, expires_at: Option<i64>, inserted_at: u64) -> bool {
         let inserted = i64::try_from(inserted_at).unwrap_or(i64::MAX);
         match expires_at {
-            Some(expires_at) if expires_at >= inserted => expires_at < self.sql().0,
+            Some(expires_at) if expires_at >= inserted => expires_at < self.now_param(),
             _ => is_expired(inserted_at, self.ttl, self.now),
         }
     }
 
-    /// What SQL compares a row's `expires_at` with (now), and its `inserted_at` when it has
-    /// none ([`expired_before`]).
-    pub(crate) fn sql(self) -> (i64, i64) {
-        let now = i64::try_from(self.now).unwrap_or(i64::MAX);
-        (now, expired_before(self.ttl, self.now))
+    /// What SQL compares a row's `expires_at` with: now.
+    pub(crate) fn now_param(self) -> i64 {
+        i64::try_from(self.now).unwrap_or(i64::MAX)
+    }
+
+    /// What SQL compares a row's `inserted_at` with when its `expires_at` does not count
+    /// ([`expired_before`]).
+    pub(crate) fn before_param(self) -> i64 {
+        expired_before(self.ttl, self.now)
     }
 }
 

@@ -107,7 +107,8 @@ impl StoreStats {
         now: u64,
         ttl: u64,
     ) -> Result<Self, tokio_postgres::Error> {
-        let (now, before) = ReadAt { now, ttl }.sql();
+        let at = ReadAt { now, ttl };
+        let (before, now) = (at.before_param(), at.now_param());
         let row = client.query_one(POSTGRES_TOTALS, &[&before, &now]).await?;
         let mut stats =
             Self::from_totals(row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));

@@ -56,27 +56,28 @@ macro_rules! now_ms {
 }
 pub(crate) use now_ms;
 
-/// SQL: whether the row, of a table with `expires_at` and the column `$inserted`, is expired
-/// at `$now`, `$before` being the reader's `expired_before` (as [`ReadAt`] decides): two
-/// ranges, one on each column's index.
-macro_rules! expired {
-    ($inserted:literal, $now:literal, $before:literal) => {
+/// SQL: whether the row, of a table with `expires_at` and the column `$inserted`, is past its
+/// own expiry, `$now` being now (as [`ReadAt`] decides)...
+macro_rules! expired_by_row {
+    ($inserted:literal, $now:literal) => {
+        concat!("expires_at < ", $now, " AND expires_at >= ", $inserted)
+    };
+}
+
+/// ... or, stored by an earlier version (no `expires_at`, or one left behind), past the
+/// reader's TTL, `$before` being its `expired_before`. Apart, each is a range on one index.
+macro_rules! expired_by_ttl {
+    ($inserted:literal, $before:literal) => {
         concat!(
-            "((expires_at < ",
-            $now,
-            " AND expires_at >= ",
-            $inserted,
-            ") OR (",
             $inserted,
             " < ",
             $before,
             " AND (expires_at IS NULL OR expires_at < ",
             $inserted,
-            ")))"
+            ")"
         )
     };
 }
-pub(crate) use expired;
 
 /// The advisory lock key under which one replica at a time enforces the LRU bound (the
 /// schema's is in `schema.rs`).
@@ -92,7 +93,7 @@ const EVICTION_CHUNK: i64 = 5_000;
 /// How long a lease may have been expired before the sweep deletes its row.
 const STALE_CLAIM_MS: i64 = 60_000;
 
-// After `now_ms!` and `expired!`, which they use.
+// After `now_ms!` and `expired_by_*!`, which they use.
 mod claims;
 mod pool;
 mod renewer;
@@ -738,7 +739,7 @@ impl Store for PostgresStore {
         let client = self.client().await?;
         let at = self.read_at();
         self.flush_touches(&client).await?;
-        let total = delete_expired(&client, at).await?;
+        let total = delete_expired(&client, at, SWEEP_CHUNK).await?;
         delete_abandoned_streams(&client, at).await?;
         delete_stale_claims(&client).await?;
         drop(client);
@@ -823,28 +824,48 @@ async fn apply_writes(
     Ok(())
 }
 
-/// The sweep's first step: the entries expired at `at`, in chunks; how many.
-async fn delete_expired(client: &impl GenericClient, at: ReadAt) -> Result<u64, StoreError> {
-    let (now, before) = at.sql();
-    let mut total = 0;
-    loop {
-        // SKIP LOCKED: replicas sweeping at once take disjoint rows, and none waits.
-        let deleted = execute(
-            client,
+/// The entries expired at `at`, deleted in chunks of `chunk` rows; how many: the sweep's
+/// first step, and the operator's `purge --expired`. Each statement is prepared anew, so that
+/// PostgreSQL plans it for its bound (a cached one's generic plan read the whole table), and
+/// finds its rows by key (`IN` joined the whole table). SKIP LOCKED: replicas sweeping at
+/// once take disjoint rows, and none waits; a row a server is writing is a key stored again,
+/// live, which would be gone once that commits.
+pub(crate) async fn delete_expired(
+    client: &tokio_postgres::Client,
+    at: ReadAt,
+    chunk: i64,
+) -> Result<u64, StoreError> {
+    macro_rules! chunk_where {
+        ($expired:expr) => {
             concat!(
-                "DELETE FROM idempotency_cache WHERE message_id IN (
+                "DELETE FROM idempotency_cache WHERE message_id = ANY(ARRAY(
                    SELECT message_id FROM idempotency_cache WHERE ",
-                expired!("inserted_at", "$3", "$1"),
-                " LIMIT $2 FOR UPDATE SKIP LOCKED)"
-            ),
-            &[&before, &SWEEP_CHUNK, &now],
-        )
-        .await?;
-        total += deleted;
-        if deleted < SWEEP_CHUNK as u64 {
-            return Ok(total);
+                $expired,
+                " LIMIT $2 FOR UPDATE SKIP LOCKED))"
+            )
+        };
+    }
+    let passes = [
+        (
+            chunk_where!(expired_by_row!("inserted_at", "$1")),
+            at.now_param(),
+        ),
+        (
+            chunk_where!(expired_by_ttl!("inserted_at", "$1")),
+            at.before_param(),
+        ),
+    ];
+    let mut total = 0;
+    for (sql, bound) in passes {
+        loop {
+            let deleted = client.execute(sql, &[&bound, &chunk]).await?;
+            total += deleted;
+            if deleted < chunk as u64 {
+                break;
+            }
         }
     }
+    Ok(total)
 }
 
 /// The open streams expired at `at` that no live claim records any more (their replica
@@ -855,21 +876,22 @@ async fn delete_abandoned_streams(
     client: &impl GenericClient,
     at: ReadAt,
 ) -> Result<(), StoreError> {
-    let (now, before) = at.sql();
     execute(
         client,
         concat!(
             "WITH gone AS (
-               DELETE FROM idempotency_open_streams o WHERE ",
-            expired!("started_at", "$2", "$1"),
-            " AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
+               DELETE FROM idempotency_open_streams o WHERE ((",
+            expired_by_row!("started_at", "$2"),
+            ") OR (",
+            expired_by_ttl!("started_at", "$1"),
+            ")) AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
                                WHERE c.message_id = o.message_id AND c.lease_until > ",
             now_ms!(),
             ") RETURNING message_id)
              DELETE FROM idempotency_stream_events e USING gone
              WHERE e.message_id = gone.message_id"
         ),
-        &[&before, &now],
+        &[&at.before_param(), &at.now_param()],
     )
     .await?;
     Ok(())

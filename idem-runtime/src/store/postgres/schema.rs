@@ -9,8 +9,8 @@ use crate::store::{settings, StoreError};
 const SCHEMA_LOCK: i64 = 0x1de3_0001;
 
 /// Spec §4.4's table (BLOB is BYTEA, epoch seconds a BIGINT), the two columns SQLite has too,
-/// each row's expiry (see [`one_ttl`]), the claims, and the streams being recorded. Created under an advisory lock, so replicas
-/// that start together do not race on it.
+/// each row's expiry (see [`one_ttl`]), the claims, and the streams being recorded. Created
+/// under an advisory lock, so replicas that start together do not race on it.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idempotency_cache (
     message_id       TEXT NOT NULL PRIMARY KEY,
@@ -26,8 +26,6 @@ CREATE TABLE IF NOT EXISTS idempotency_cache (
     -- reader's TTL counts.
     expires_at       BIGINT
 );
-CREATE INDEX IF NOT EXISTS idx_idempotency_inserted_at ON idempotency_cache(inserted_at);
-CREATE INDEX IF NOT EXISTS idx_idempotency_last_used_at ON idempotency_cache(last_used_at);
 CREATE SEQUENCE IF NOT EXISTS idempotency_fence;
 -- Executions in flight: one row per key, a lease (database clock, epoch ms) and its fence.
 CREATE TABLE IF NOT EXISTS idempotency_claims (
@@ -68,11 +66,30 @@ DO $$ DECLARE added text[]; BEGIN
         END IF;
     END LOOP;
 END $$;
-CREATE INDEX IF NOT EXISTS idx_idempotency_expires_at ON idempotency_cache(expires_at);
+";
+
+/// The entries' indexes: by age (spec §4.4), by use (the LRU bound), by expiry. Each created
+/// only where it is missing: `CREATE INDEX IF NOT EXISTS` locks the table against writes until
+/// the transaction ends, even when the index exists.
+const INDEXES: &str = "
+DO $$ DECLARE wanted text[]; BEGIN
+    FOREACH wanted SLICE 1 IN ARRAY ARRAY[
+        ['idx_idempotency_inserted_at', 'inserted_at'],
+        ['idx_idempotency_last_used_at', 'last_used_at'],
+        ['idx_idempotency_expires_at', 'expires_at']
+    ] LOOP
+        IF to_regclass(wanted[1]) IS NULL THEN
+            EXECUTE format('CREATE INDEX %I ON idempotency_cache(%I)', wanted[1], wanted[2]);
+        END IF;
+    END LOOP;
+END $$;
 ";
 
 /// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
 /// replica of another TTL serves the database (the lock orders replicas that open at once).
+/// Then the indexes, apart: a column added to a table of an earlier version locks it until
+/// its transaction ends, and an index built on a large one takes about a second per million
+/// rows, during which the other replicas still read it.
 pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), StoreError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
@@ -83,6 +100,14 @@ pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), S
     tx.batch_execute(settings::TABLE).await?;
     let ttl = settings::stored(ttl_seconds);
     tx.execute(settings::RECORD_TTL, &[&ttl]).await?;
+    tx.commit().await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+        .await?;
+    // An index built once, at the first start on a large table, may take longer than a
+    // statement is given.
+    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    tx.batch_execute(INDEXES).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -873,6 +873,9 @@ async fn entries_of_an_earlier_version_expire_by_the_reader_s_ttl() {
     ))
     .await;
     let cache = fx.cache(&config(60, 100)).await;
+    let indexes = "SELECT COUNT(*) FROM pg_indexes WHERE tablename = 'idempotency_cache'
+                   AND indexname LIKE 'idx_idempotency_%'";
+    assert_eq!(fx.count(indexes).await, 3, "by age, by use, by expiry");
     assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"earlier");
     fx.clock.advance(Duration::from_secs(61));
     assert_eq!(
