@@ -532,6 +532,15 @@ async fn connect_postgres(url: &str) -> Result<(Db, Option<u64>), StoreError> {
             tracing::warn!(%error, "idem-admin: the PostgreSQL connection ended");
         }
     });
+    if client.query_one(EARLIER_VERSION, &[]).await?.get(0) {
+        return Err(StoreError::Backend {
+            backend: "postgres",
+            cause: "the entries' table is an earlier version's (no expires_at column): start a \
+                    server of this version on the database first, which adds it, or use the \
+                    admin tool of that version"
+                .into(),
+        });
+    }
     let table = "SELECT to_regclass('idempotency_settings') IS NOT NULL";
     let has_table: bool = client.query_one(table, &[]).await?.get(0);
     let recorded = match has_table {
@@ -549,6 +558,14 @@ async fn connect_postgres(_url: &str) -> Result<(Db, Option<u64>), StoreError> {
         cause: "built without the postgres feature".into(),
     })
 }
+
+/// Whether the entries' table lacks `expires_at`, which every expiry here reads: an earlier
+/// version made it, and no server of this one opened it since.
+#[cfg(feature = "postgres")]
+const EARLIER_VERSION: &str = "
+SELECT to_regclass('idempotency_cache') IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('idempotency_cache')
+    AND attname = 'expires_at' AND NOT attisdropped)";
 
 #[cfg(feature = "postgres")]
 async fn read_postgres(client: &tokio_postgres::Client, key: &str) -> Result<Shown, StoreError> {

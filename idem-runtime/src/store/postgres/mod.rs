@@ -39,7 +39,7 @@ use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds};
 use crate::store::postgres::renewer::Renewer;
 use crate::store::postgres::rows::{
     delete_events, execute, expires_at, query_one, query_opt, select_after_claim, select_entry,
-    select_open_stream,
+    select_open_stream, stored_ttl,
 };
 use crate::store::postgres::schema::create_schema;
 use crate::store::{
@@ -360,6 +360,7 @@ impl PostgresStore {
         client: &impl GenericClient,
         entry: &Entry,
         fence: i64,
+        ttl_seconds: u64,
     ) -> Result<bool, StoreError> {
         let stored = query_one(
             client,
@@ -395,7 +396,7 @@ impl PostgresStore {
                 &(self.clock.now_millis() as i64),
                 &CHANNEL,
                 &self.owner,
-                &expires_at(entry.inserted_at, self.ttl_seconds),
+                &expires_at(entry.inserted_at, ttl_seconds),
             ],
         )
         .await?;
@@ -572,7 +573,8 @@ impl Store for PostgresStore {
             let mut client = self.client().await?;
             if writes.is_empty() {
                 // One statement, its own transaction; the bound, if due, in another.
-                if self.store_entry(&client, &entry, lease.fence()).await? {
+                let (fence, ttl) = (lease.fence(), self.ttl_seconds);
+                if self.store_entry(&client, &entry, fence, ttl).await? {
                     let bound = async {
                         let tx = client.transaction().await?;
                         let stored = Some(&entry.message_id);
@@ -591,7 +593,8 @@ impl Store for PostgresStore {
                 let tx = client.transaction().await?;
                 apply_writes(&tx, writes).await?;
                 // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
-                if self.store_entry(&tx, &entry, lease.fence()).await? {
+                let (fence, ttl) = (lease.fence(), self.ttl_seconds);
+                if self.store_entry(&tx, &entry, fence, ttl).await? {
                     self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
                         .await?;
                 }
@@ -697,18 +700,24 @@ impl Store for PostgresStore {
             lease.end();
             let mut client = self.client().await?;
             let tx = client.transaction().await?;
-            if self.store_entry(&tx, &entry, lease.fence()).await? {
-                self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
-                    .await?;
-            }
             let id = entry.message_id.as_str();
-            delete_events(&tx, id).await?;
-            execute(
+            let record = query_opt(
                 &tx,
-                "DELETE FROM idempotency_open_streams WHERE message_id = $1",
+                "DELETE FROM idempotency_open_streams WHERE message_id = $1
+                 RETURNING started_at, expires_at",
                 &[&id],
             )
             .await?;
+            delete_events(&tx, id).await?;
+            // The outcome keeps the TTL the stream started with: another replica's, when this
+            // one closes it as interrupted (a probe's replica of 3 s closed one of 24 h's, and
+            // a retry 5 s later ran the stream again).
+            let started_with = record.and_then(|row| stored_ttl(row.get(0), row.get(1)));
+            let ttl = started_with.unwrap_or(self.ttl_seconds);
+            if self.store_entry(&tx, &entry, lease.fence(), ttl).await? {
+                self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
+                    .await?;
+            }
             tx.commit().await?;
             Ok(())
         })

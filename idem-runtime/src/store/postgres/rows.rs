@@ -42,6 +42,13 @@ pub(super) fn expires_at(inserted_at: u64, ttl_seconds: u64) -> i64 {
     i64::try_from(inserted_at.saturating_add(ttl_seconds)).unwrap_or(i64::MAX)
 }
 
+/// The TTL a row stored at `inserted_at` with `expires_at` was stored with; none where its
+/// `expires_at` does not count (see [`ReadAt::expired`]).
+pub(super) fn stored_ttl(inserted_at: i64, expires_at: Option<i64>) -> Option<u64> {
+    let ttl = expires_at?.checked_sub(inserted_at.max(0))?;
+    u64::try_from(ttl).ok()
+}
+
 /// The columns of an entry, as `select_entry` and `select_after_claim` read them.
 const ENTRY_COLUMNS: &str = "e.request_hash, e.response_status, e.response_headers, \
      e.response_body, e.inserted_at, e.method, e.expires_at";

@@ -621,6 +621,12 @@ async fn an_entry_lives_for_the_ttl_it_was_stored_with_on_every_replica() {
     };
     assert!(String::from_utf8_lossy(&interrupted.response.body)
         .contains("IDEMPOTENCY_STREAM_INTERRUPTED"));
+    // The outcome the replica of 3 s stored keeps the TTL the stream started with.
+    fx.clock.advance(Duration::from_secs(10));
+    let Claim::Cached(again) = day.claim(&key(3), "message/stream", &hash).await.unwrap() else {
+        panic!("the interrupted stream's outcome expired with the closing replica's TTL")
+    };
+    assert_eq!(again.response.body, interrupted.response.body);
     let Claim::Cached(replayed) = seconds.claim(&key(1), "message/send", &hash).await.unwrap()
     else {
         panic!("a retry of the day's entry ran again on the replica of 3 s")
@@ -872,7 +878,15 @@ async fn entries_of_an_earlier_version_expire_by_the_reader_s_ttl() {
         T0_MS / 1000,
     ))
     .await;
+    let url = fx.url.as_ref().unwrap();
+    let Err(refused) = crate::admin::Admin::open(url, &config(60, 100)).await else {
+        panic!("the admin tool read expiries off a table that has none")
+    };
+    assert!(refused.to_string().contains("earlier version"), "{refused}");
     let cache = fx.cache(&config(60, 100)).await;
+    crate::admin::Admin::open(url, &config(60, 100))
+        .await
+        .unwrap();
     let indexes = "SELECT COUNT(*) FROM pg_indexes WHERE tablename = 'idempotency_cache'
                    AND indexname LIKE 'idx_idempotency_%'";
     assert_eq!(fx.count(indexes).await, 3, "by age, by use, by expiry");
