@@ -47,6 +47,10 @@ pub struct EntryInfo {
     pub state: EntryState,
     /// Unix epoch seconds: when it was stored (or its stream started).
     pub inserted_at: u64,
+    /// Unix epoch seconds: when a stored entry expires (on PostgreSQL, by the TTL of the
+    /// replica that stored it; else by the one this tool counts with); none for a stream or a
+    /// call still running.
+    pub expires_at: Option<u64>,
     /// Bytes of the stored response body (of the events recorded, for an open stream).
     pub bytes: u64,
     /// The stored response body (the events recorded so far, for an open stream).
@@ -268,6 +272,7 @@ impl Admin {
             request_hash: row.get(1),
             state: EntryState::Running,
             inserted_at: row.get::<_, i64>(2).max(0) as u64,
+            expires_at: None,
             bytes: 0,
             body: Vec::new(),
         }))
@@ -368,7 +373,8 @@ impl EntryRow {
     fn info(self, ttl: u64, now: u64) -> EntryInfo {
         let inserted_at = self.inserted_at.max(0) as u64;
         let status = self.status.clamp(0, u16::MAX.into()) as u16;
-        let state = if (ReadAt { now, ttl }).expired(self.expires_at, inserted_at) {
+        let at = ReadAt { now, ttl };
+        let state = if at.expired(self.expires_at, inserted_at) {
             EntryState::Expired(status)
         } else {
             EntryState::Live(status)
@@ -378,6 +384,7 @@ impl EntryRow {
             request_hash: self.request_hash,
             state,
             inserted_at,
+            expires_at: Some(at.expiry(self.expires_at, inserted_at)),
             bytes: self.bytes.max(0) as u64,
             body: self.body,
         }
@@ -399,6 +406,7 @@ impl StreamRow {
             request_hash: self.request_hash,
             state: EntryState::OpenStream(events.len() as u64),
             inserted_at: self.started_at.max(0) as u64,
+            expires_at: None,
             bytes: body.len() as u64,
             body,
         }

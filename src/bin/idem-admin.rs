@@ -325,6 +325,9 @@ fn entry_text(key: &MessageId, info: &EntryInfo, body: bool) -> String {
             age(info.inserted_at)
         ),
     }
+    if let Some(at) = info.expires_at {
+        say!(out, "expires_at    {} ({})", at, age(at));
+    }
     say!(out, "bytes         {}", info.bytes);
     if body {
         say!(out, "body");
@@ -333,10 +336,13 @@ fn entry_text(key: &MessageId, info: &EntryInfo, body: bool) -> String {
     out
 }
 
-/// `inserted_at` as an age: `93 s ago`.
+/// A time as seen from now: `93 s ago`, or `in 86307 s`.
 fn age(at: u64) -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    format!("{} s ago", now.saturating_sub(at))
+    match at > now {
+        true => format!("in {} s", at - now),
+        false => format!("{} s ago", now - at),
+    }
 }

@@ -146,15 +146,19 @@ pub(crate) struct ReadAt {
 }
 
 impl ReadAt {
-    /// Whether a row stored at `inserted_at` is expired. Its `expires_at` counts unless it is
-    /// older than the row: a replica of an earlier version, storing a key again over an
-    /// expired row, leaves that row's `expires_at` behind, and the new entry would look
-    /// expired at once (a key an earlier version stored first has none).
+    /// Whether a row stored at `inserted_at` is expired (spec §4.4: past its expiry).
     pub(crate) fn expired(self, expires_at: Option<i64>, inserted_at: u64) -> bool {
-        let inserted = i64::try_from(inserted_at).unwrap_or(i64::MAX);
-        match expires_at {
-            Some(expires_at) if expires_at >= inserted => expires_at < self.now_param(),
-            _ => is_expired(inserted_at, self.ttl, self.now),
+        self.expiry(expires_at, inserted_at) < self.now
+    }
+
+    /// When a row stored at `inserted_at` expires (epoch seconds): at its `expires_at`, unless
+    /// that is older than the row (a replica of an earlier version, storing a key again over
+    /// an expired row, leaves that row's behind, and the new entry would look expired at once;
+    /// a key an earlier version stored first has none): then by this TTL.
+    pub(crate) fn expiry(self, expires_at: Option<i64>, inserted_at: u64) -> u64 {
+        match expires_at.and_then(|at| u64::try_from(at).ok()) {
+            Some(expires_at) if expires_at >= inserted_at => expires_at,
+            _ => inserted_at.saturating_add(self.ttl),
         }
     }
 

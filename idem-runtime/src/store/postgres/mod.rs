@@ -699,27 +699,35 @@ impl Store for PostgresStore {
         self.in_time(async {
             lease.end();
             let mut client = self.client().await?;
-            let tx = client.transaction().await?;
-            let id = entry.message_id.as_str();
-            let record = query_opt(
-                &tx,
-                "DELETE FROM idempotency_open_streams WHERE message_id = $1
-                 RETURNING started_at, expires_at",
-                &[&id],
-            )
-            .await?;
-            delete_events(&tx, id).await?;
-            // The outcome keeps the TTL the stream started with: another replica's, when this
-            // one closes it as interrupted (a probe's replica of 3 s closed one of 24 h's, and
-            // a retry 5 s later ran the stream again).
-            let started_with = record.and_then(|row| stored_ttl(row.get(0), row.get(1)));
-            let ttl = started_with.unwrap_or(self.ttl_seconds);
-            if self.store_entry(&tx, &entry, lease.fence(), ttl).await? {
-                self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
-                    .await?;
+            let closed = async {
+                let tx = client.transaction().await?;
+                // The claim's row first, as `open_stream` locks it: two replicas closing and
+                // opening one key take their locks in one order.
+                fenced(&tx, &entry.message_id, lease, &self.owner).await?;
+                let id = entry.message_id.as_str();
+                let record = query_opt(
+                    &tx,
+                    "DELETE FROM idempotency_open_streams WHERE message_id = $1
+                     RETURNING started_at, expires_at",
+                    &[&id],
+                )
+                .await?;
+                delete_events(&tx, id).await?;
+                // The outcome keeps the TTL the stream started with: another replica's, when
+                // this one closes it as interrupted (a probe's replica of 3 s closed one of
+                // 24 h's, and a retry 5 s later ran the stream again).
+                let started_with = record.and_then(|row| stored_ttl(row.get(0), row.get(1)));
+                let ttl = started_with.unwrap_or(self.ttl_seconds);
+                if self.store_entry(&tx, &entry, lease.fence(), ttl).await? {
+                    self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
+                        .await?;
+                }
+                Ok(tx.commit().await?)
+            };
+            match closed.await {
+                Ok(()) => Ok(()),
+                Err(error) => Err(self.cut_off(&entry.message_id, lease.fence(), error).await),
             }
-            tx.commit().await?;
-            Ok(())
         })
         .await
     }

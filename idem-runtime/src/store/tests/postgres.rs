@@ -924,6 +924,25 @@ async fn entries_of_an_earlier_version_expire_by_the_reader_s_ttl() {
     assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_cache").await, 1);
 }
 
+/// An index that is missing, or that a killed concurrent build left invalid, is built at the
+/// next connect, while a replica serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_invalid_index_is_built_again_at_connect() {
+    let Some(fx) = fixture().await else { return };
+    let serving = fx.cache(&config(86_400, 100)).await;
+    fx.execute(
+        "DROP INDEX idx_idempotency_last_used_at;
+         UPDATE pg_index SET indisvalid = false
+         WHERE indexrelid = 'idx_idempotency_expires_at'::regclass",
+    )
+    .await;
+    let _another = fx.cache(&config(86_400, 100)).await;
+    let valid = "SELECT COUNT(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                 WHERE c.relname LIKE 'idx_idempotency_%' AND i.indisvalid";
+    assert_eq!(fx.count(valid).await, 3);
+    execute(&serving, &key(1), "{}", "served").await;
+}
+
 /// A table far past its bound (the bound lowered on a restart) is evicted in chunks: a call's
 /// commit evicts one and stores its entry, and the sweep drains the rest to the bound exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
