@@ -372,7 +372,10 @@ async fn the_admin_tool_reads_and_purges_a_database_while_it_is_served() {
     let hash = idem_conformance::request_hash::request_hash(&send_body(&kept, "kept")).unwrap();
     assert!(text.contains(&format!("request_hash  {hash}")), "{text}");
     assert!(text.contains("state         live, HTTP 200"), "{text}");
-    assert!(text.contains(" (in 864"), "expires a day after it was stored:\n{text}");
+    assert!(
+        text.contains(" (in 864"),
+        "expires a day after it was stored:\n{text}"
+    );
     let body = String::from_utf8(answered.body.clone()).unwrap();
     assert!(
         text.contains(&body),
@@ -600,7 +603,10 @@ async fn on_postgres_a_purge_is_seen_by_the_serving_replica_at_once() {
     assert!(stats.contains("entries              1"), "{stats}");
     let show = stdout(&admin(&["--db", db.url(), "show", &key], &[]));
     assert!(show.contains("method        message/send"), "{show}");
-    assert!(show.contains(" (in 864"), "the row's own expiry, a day on:\n{show}");
+    assert!(
+        show.contains(" (in 864"),
+        "the row's own expiry, a day on:\n{show}"
+    );
     let purge = admin(&["--db", db.url(), "purge", &key, "--yes"], &[]);
     assert!(purge.status.success(), "{purge:?}");
     // No replica keeps entries in memory: the key executes again, at once.

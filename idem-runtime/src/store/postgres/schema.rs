@@ -79,6 +79,9 @@ const INDEXES: [(&str, &str); 3] = [
 /// The advisory lock key under which one replica at a time builds the missing indexes.
 const INDEX_LOCK: i64 = 0x1de3_0003;
 
+/// How long an index build waits for another transaction before it gives up.
+const INDEX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
 /// replica of another TTL serves the database (the lock orders replicas that open at once).
 /// Then the indexes that are missing.
@@ -93,7 +96,12 @@ pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), S
     let ttl = settings::stored(ttl_seconds);
     tx.execute(settings::RECORD_TTL, &[&ttl]).await?;
     tx.commit().await?;
-    create_indexes(deadpool_postgres::Object::take(client)).await
+    // The indexes make the sweep and the bound fast, not the calls right: a replica whose
+    // build failed serves, and the next start builds them (a build left invalid is dropped).
+    if let Err(error) = create_indexes(deadpool_postgres::Object::take(client)).await {
+        tracing::warn!(%error, "an index of idempotency_cache could not be built; serving without it");
+    }
+    Ok(())
 }
 
 /// Builds each index that is missing, or that a killed build left invalid: concurrently, so
@@ -101,14 +109,20 @@ pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), S
 /// version held their writes until it was built, 0.8 s per million rows, and they failed at
 /// their statement bound), and only where missing (`IF NOT EXISTS` locks the table against
 /// writes even when the index exists). A replica that finds another building them serves
-/// without waiting. `client` is this step's own session, closed after (its statement bound
-/// lifted, and its lock held, until then).
+/// without waiting. A concurrent build waits for every transaction older than itself on the
+/// database: one it would wait for longer than [`INDEX_LOCK_WAIT`] fails it, so that no long
+/// transaction of the application's holds a replica's start. `client` is this step's own
+/// session, closed after (its bounds changed, and its lock held, until then).
 async fn create_indexes(client: deadpool_postgres::ClientWrapper) -> Result<(), StoreError> {
     let locked = client.query_one("SELECT pg_try_advisory_lock($1)", &[&INDEX_LOCK]);
     if !locked.await?.get::<_, bool>(0) {
         return Ok(());
     }
-    client.batch_execute("SET statement_timeout = 0").await?;
+    let bounds = format!(
+        "SET statement_timeout = 0; SET lock_timeout = {}",
+        INDEX_LOCK_WAIT.as_millis()
+    );
+    client.batch_execute(&bounds).await?;
     let validity = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)";
     for (name, column) in INDEXES {
         match client.query_opt(validity, &[&name]).await? {

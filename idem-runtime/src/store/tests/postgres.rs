@@ -943,6 +943,29 @@ async fn a_missing_or_invalid_index_is_built_again_at_connect() {
     execute(&serving, &key(1), "{}", "served").await;
 }
 
+/// A transaction older than a replica's start holds no start up: the index build, which
+/// waits for every older transaction, gives up after its lock wait, the replica serves without
+/// the index, and the next start builds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_transaction_holds_no_start_up_for_an_index() {
+    let Some(fx) = fixture().await else { return };
+    drop(fx.cache(&config(86_400, 100)).await);
+    fx.execute("DROP INDEX idx_idempotency_expires_at").await;
+    let long = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
+    let report = "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT COUNT(*) FROM idempotency_cache";
+    long.batch_execute(report).await.unwrap();
+    let config = config(86_400, 100);
+    let Ok(cache) = tokio::time::timeout(Duration::from_secs(60), fx.cache(&config)).await else {
+        panic!("the start waited on the application's transaction")
+    };
+    execute(&cache, &key(1), "{}", "served").await;
+    long.batch_execute("COMMIT").await.unwrap();
+    drop(fx.cache(&config).await);
+    let valid = "SELECT COUNT(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                 WHERE c.relname LIKE 'idx_idempotency_%' AND i.indisvalid";
+    assert_eq!(fx.count(valid).await, 3, "built by the next start");
+}
+
 /// A table far past its bound (the bound lowered on a restart) is evicted in chunks: a call's
 /// commit evicts one and stores its entry, and the sweep drains the rest to the bound exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
