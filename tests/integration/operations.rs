@@ -352,6 +352,16 @@ pub(crate) fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// The epoch seconds `idem-admin show` prints on its `name` line (the line's first number:
+/// what follows it, "in 86399 s", moves with the second the tool runs in).
+fn shown_seconds(show: &str, name: &str) -> u64 {
+    let line = show.lines().find(|line| line.starts_with(name));
+    let number = line.and_then(|line| line[name.len()..].split_whitespace().next());
+    number
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} line in:\n{show}"))
+}
+
 #[tokio::test]
 async fn the_admin_tool_reads_and_purges_a_database_while_it_is_served() {
     let mut server = ServerProcess::start(&[]);
@@ -372,8 +382,9 @@ async fn the_admin_tool_reads_and_purges_a_database_while_it_is_served() {
     let hash = idem_conformance::request_hash::request_hash(&send_body(&kept, "kept")).unwrap();
     assert!(text.contains(&format!("request_hash  {hash}")), "{text}");
     assert!(text.contains("state         live, HTTP 200"), "{text}");
-    assert!(
-        text.contains(" (in 864"),
+    assert_eq!(
+        shown_seconds(&text, "expires_at"),
+        shown_seconds(&text, "inserted_at") + 86_400,
         "expires a day after it was stored:\n{text}"
     );
     let body = String::from_utf8(answered.body.clone()).unwrap();
@@ -603,8 +614,9 @@ async fn on_postgres_a_purge_is_seen_by_the_serving_replica_at_once() {
     assert!(stats.contains("entries              1"), "{stats}");
     let show = stdout(&admin(&["--db", db.url(), "show", &key], &[]));
     assert!(show.contains("method        message/send"), "{show}");
-    assert!(
-        show.contains(" (in 864"),
+    assert_eq!(
+        shown_seconds(&show, "expires_at"),
+        shown_seconds(&show, "inserted_at") + 86_400,
         "the row's own expiry, a day on:\n{show}"
     );
     let purge = admin(&["--db", db.url(), "purge", &key, "--yes"], &[]);

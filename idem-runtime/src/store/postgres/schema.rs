@@ -53,12 +53,13 @@ CREATE TABLE IF NOT EXISTS idempotency_stream_events (
     PRIMARY KEY (message_id, seq)
 );
 -- Tables of an earlier version get the columns they lack. Looked up first: ALTER TABLE would
--- lock the table, and every replica's claims and renewals with it, on each start.
+-- lock the table, and every replica's claims and renewals with it, on each start. In the
+-- order a closing stream locks them (claim, open stream, entry): no deadlock with one.
 DO $$ DECLARE added text[]; BEGIN
     FOREACH added SLICE 1 IN ARRAY ARRAY[
         ['idempotency_claims', 'attempt', 'BIGINT NOT NULL DEFAULT 0'],
-        ['idempotency_cache', 'expires_at', 'BIGINT'],
-        ['idempotency_open_streams', 'expires_at', 'BIGINT']
+        ['idempotency_open_streams', 'expires_at', 'BIGINT'],
+        ['idempotency_cache', 'expires_at', 'BIGINT']
     ] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = added[1]::regclass
                        AND attname = added[2] AND NOT attisdropped) THEN
@@ -79,8 +80,9 @@ const INDEXES: [(&str, &str); 3] = [
 /// The advisory lock key under which one replica at a time builds the missing indexes.
 const INDEX_LOCK: i64 = 0x1de3_0003;
 
-/// How long an index build waits for another transaction before it gives up.
-const INDEX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long an index build, or the columns added to an earlier version's table, wait for
+/// another transaction before they give up.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
 /// replica of another TTL serves the database (the lock orders replicas that open at once).
@@ -91,7 +93,11 @@ pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), S
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .await?;
     one_ttl::refuse_another(&tx, ttl_seconds).await?;
-    tx.batch_execute(SCHEMA).await?;
+    // A column added waits for the table's lock behind a long transaction (a `pg_dump`), and
+    // every replica's calls would queue behind the wait: bounded, and the start refused.
+    let bound = format!("SET LOCAL lock_timeout = {}", LOCK_WAIT.as_millis());
+    tx.batch_execute(&bound).await?;
+    tx.batch_execute(SCHEMA).await.map_err(held_tables)?;
     tx.batch_execute(settings::TABLE).await?;
     let ttl = settings::stored(ttl_seconds);
     tx.execute(settings::RECORD_TTL, &[&ttl]).await?;
@@ -104,23 +110,41 @@ pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), S
     Ok(())
 }
 
+/// The error of a schema step that waited [`LOCK_WAIT`] for a table's lock, said as such.
+fn held_tables(error: tokio_postgres::Error) -> StoreError {
+    if error.code() != Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        return error.into();
+    }
+    let cause = format!(
+        "the tables of an earlier version need columns added, and another transaction has \
+         held them for {} s (a pg_dump, a long report?): start this replica again when it \
+         has ended ({error})",
+        LOCK_WAIT.as_secs()
+    );
+    StoreError::Backend {
+        backend: "postgres",
+        cause: cause.into(),
+    }
+}
+
 /// Builds each index that is missing, or that a killed build left invalid: concurrently, so
 /// that the other replicas keep writing (a plain `CREATE INDEX` on a large table of an earlier
 /// version held their writes until it was built, 0.8 s per million rows, and they failed at
 /// their statement bound), and only where missing (`IF NOT EXISTS` locks the table against
 /// writes even when the index exists). A replica that finds another building them serves
 /// without waiting. A concurrent build waits for every transaction older than itself on the
-/// database: one it would wait for longer than [`INDEX_LOCK_WAIT`] fails it, so that no long
+/// database: one it would wait for longer than [`LOCK_WAIT`] fails it, so that no long
 /// transaction of the application's holds a replica's start. `client` is this step's own
 /// session, closed after (its bounds changed, and its lock held, until then).
 async fn create_indexes(client: deadpool_postgres::ClientWrapper) -> Result<(), StoreError> {
     let locked = client.query_one("SELECT pg_try_advisory_lock($1)", &[&INDEX_LOCK]);
     if !locked.await?.get::<_, bool>(0) {
+        tracing::info!("another replica builds the indexes of idempotency_cache: not waited for");
         return Ok(());
     }
     let bounds = format!(
         "SET statement_timeout = 0; SET lock_timeout = {}",
-        INDEX_LOCK_WAIT.as_millis()
+        LOCK_WAIT.as_millis()
     );
     client.batch_execute(&bounds).await?;
     let validity = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)";

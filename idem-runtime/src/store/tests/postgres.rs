@@ -966,6 +966,38 @@ async fn a_long_transaction_holds_no_start_up_for_an_index() {
     assert_eq!(fx.count(valid).await, 3, "built by the next start");
 }
 
+/// A table of an earlier version, held by a long transaction (a `pg_dump` reads under ACCESS
+/// SHARE): the column it lacks is not added behind the wait for ever, with every replica's
+/// calls queued behind it; the start is refused, saying why, and the next one adds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_added_waits_no_longer_than_its_bound_for_a_held_table() {
+    let Some(fx) = fixture().await else { return };
+    drop(fx.cache(&config(86_400, 100)).await);
+    fx.stores_gone().await;
+    fx.execute("ALTER TABLE idempotency_cache DROP COLUMN expires_at")
+        .await;
+    let dump = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
+    let read = "BEGIN; LOCK TABLE idempotency_cache IN ACCESS SHARE MODE";
+    dump.batch_execute(read).await.unwrap();
+    let options = PostgresOptions::new(fx.url.clone().unwrap());
+    let day = config(86_400, 100);
+    let open = PostgresStore::connect_with(options, &day, fx.clock.clone());
+    let Ok(opened) = tokio::time::timeout(Duration::from_secs(60), open).await else {
+        panic!("the start waited on the held table")
+    };
+    let refused = opened.err().expect("a start that could not add the column");
+    assert!(
+        refused.to_string().contains("held them for 5 s"),
+        "{refused}"
+    );
+    dump.batch_execute("COMMIT").await.unwrap();
+    let cache = fx.cache(&day).await;
+    execute(&cache, &key(1), "{}", "served").await;
+    let column = "SELECT COUNT(*) FROM information_schema.columns
+                  WHERE table_name = 'idempotency_cache' AND column_name = 'expires_at'";
+    assert_eq!(fx.count(column).await, 1, "added by the next start");
+}
+
 /// A table far past its bound (the bound lowered on a restart) is evicted in chunks: a call's
 /// commit evicts one and stores its entry, and the sweep drains the rest to the bound exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
