@@ -163,6 +163,7 @@ impl ReadAt {
     }
 
     /// What SQL compares a row's `expires_at` with: now.
+    #[cfg(feature = "postgres")]
     pub(crate) fn now_param(self) -> i64 {
         i64::try_from(self.now).unwrap_or(i64::MAX)
     }

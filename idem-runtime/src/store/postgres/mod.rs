@@ -72,12 +72,22 @@ macro_rules! expired_by_ttl {
             $inserted,
             " < ",
             $before,
-            " AND (expires_at IS NULL OR expires_at < ",
-            $inserted,
-            ")"
+            " AND ",
+            $crate::store::postgres::expires_by_ttl!($inserted)
         )
     };
 }
+#[cfg(test)]
+pub(crate) use expired_by_ttl;
+
+/// SQL: whether the row expires by the reader's TTL rather than by its own `expires_at`
+/// (the predicate of the index that the sweep's second pass reads, `schema.rs`).
+macro_rules! expires_by_ttl {
+    ($inserted:literal) => {
+        concat!("(expires_at IS NULL OR expires_at < ", $inserted, ")")
+    };
+}
+pub(crate) use expires_by_ttl;
 
 /// The advisory lock key under which one replica at a time enforces the LRU bound (the
 /// schema's is in `schema.rs`).
@@ -93,12 +103,14 @@ const EVICTION_CHUNK: i64 = 5_000;
 /// How long a lease may have been expired before the sweep deletes its row.
 const STALE_CLAIM_MS: i64 = 60_000;
 
-// After `now_ms!` and `expired_by_*!`, which they use.
+// After `now_ms!` and the `expire*!` SQL, which they use.
 mod claims;
 mod pool;
 mod renewer;
 mod rows;
 mod schema;
+#[cfg(test)]
+pub(crate) use schema::INDEX_LOCK;
 
 pub use pool::PostgresOptions;
 

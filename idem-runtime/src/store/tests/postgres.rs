@@ -889,7 +889,11 @@ async fn entries_of_an_earlier_version_expire_by_the_reader_s_ttl() {
         .unwrap();
     let indexes = "SELECT COUNT(*) FROM pg_indexes WHERE tablename = 'idempotency_cache'
                    AND indexname LIKE 'idx_idempotency_%'";
-    assert_eq!(fx.count(indexes).await, 3, "by age, by use, by expiry");
+    assert_eq!(
+        fx.count(indexes).await,
+        4,
+        "by age, by use, by expiry, by the reader's TTL"
+    );
     assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"earlier");
     fx.clock.advance(Duration::from_secs(61));
     assert_eq!(
@@ -924,6 +928,53 @@ async fn entries_of_an_earlier_version_expire_by_the_reader_s_ttl() {
     assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_cache").await, 1);
 }
 
+/// After the TTL was lowered on a large table, the sweep's second pass (the rows that expire
+/// by the reader's TTL, an earlier version's) reads those rows alone, not every row of the
+/// longer expiry that is older than the new TTL and still live by its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_reads_no_live_row_of_a_longer_ttl_to_find_an_earlier_version_s() {
+    let Some(fx) = fixture().await else { return };
+    drop(fx.cache(&config(86_400, 1_000_000)).await); // the schema
+    fx.stores_gone().await;
+    let hour_ago = T0_MS / 1000 - 3600;
+    fx.execute(&format!(
+        "INSERT INTO idempotency_cache (message_id, request_hash, response_status,
+           response_headers, response_body, inserted_at, method, last_used_at, expires_at)
+         SELECT 'day-' || n, '{hash}', 200, '', '', {hour_ago}, 'message/send', 0,
+                CASE WHEN n <= 3 THEN NULL ELSE {hour_ago} + 86400 END
+         FROM generate_series(1, 20000) AS n;
+         ANALYZE idempotency_cache",
+        hash = "0".repeat(64),
+    ))
+    .await;
+    let client = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
+    let second_pass = concat!(
+        "EXPLAIN SELECT message_id FROM idempotency_cache WHERE ",
+        crate::store::postgres::expired_by_ttl!("inserted_at", "9999999999"),
+        " LIMIT 500"
+    );
+    let plan: Vec<String> = client
+        .query(second_pass, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        plan.iter()
+            .any(|line| line.contains("idx_idempotency_expiring_by_ttl")),
+        "{plan:#?}"
+    );
+    let minute = fx.cache(&config(60, 1_000_000)).await;
+    assert_eq!(
+        minute.store().sweep().await.unwrap(),
+        3,
+        "the earlier version's rows"
+    );
+    let count = "SELECT COUNT(*) FROM idempotency_cache";
+    assert_eq!(fx.count(count).await, 19_997, "live by their own expiry");
+}
+
 /// An index that is missing, or that a killed concurrent build left invalid, is built at the
 /// next connect, while a replica serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -937,9 +988,7 @@ async fn a_missing_or_invalid_index_is_built_again_at_connect() {
     )
     .await;
     let _another = fx.cache(&config(86_400, 100)).await;
-    let valid = "SELECT COUNT(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-                 WHERE c.relname LIKE 'idx_idempotency_%' AND i.indisvalid";
-    assert_eq!(fx.count(valid).await, 3);
+    assert_eq!(valid_indexes(&fx).await, 4);
     execute(&serving, &key(1), "{}", "served").await;
 }
 
@@ -961,9 +1010,42 @@ async fn a_long_transaction_holds_no_start_up_for_an_index() {
     execute(&cache, &key(1), "{}", "served").await;
     long.batch_execute("COMMIT").await.unwrap();
     drop(fx.cache(&config).await);
+    assert_eq!(valid_indexes(&fx).await, 4, "built by the next start");
+}
+
+/// A replica that finds another building the indexes (the build's lock held) serves without
+/// waiting for that build, and leaves it to that replica; a later start builds what is still
+/// missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_finds_the_indexes_being_built_serves_without_waiting() {
+    let Some(fx) = fixture().await else { return };
+    drop(fx.cache(&config(86_400, 100)).await);
+    fx.execute("DROP INDEX idx_idempotency_expires_at").await;
+    let building = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
+    let lock = crate::store::postgres::INDEX_LOCK;
+    building
+        .execute("SELECT pg_advisory_lock($1)", &[&lock])
+        .await
+        .unwrap();
+    let config = config(86_400, 100);
+    let Ok(cache) = tokio::time::timeout(Duration::from_secs(60), fx.cache(&config)).await else {
+        panic!("the start waited for another replica's index build")
+    };
+    execute(&cache, &key(1), "{}", "served").await;
+    assert_eq!(valid_indexes(&fx).await, 3, "left to the lock's holder");
+    building
+        .execute("SELECT pg_advisory_unlock($1)", &[&lock])
+        .await
+        .unwrap();
+    drop(fx.cache(&config).await);
+    assert_eq!(valid_indexes(&fx).await, 4, "built by the next start");
+}
+
+/// How many of the store's indexes are valid.
+async fn valid_indexes(fx: &Fixture) -> i64 {
     let valid = "SELECT COUNT(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
                  WHERE c.relname LIKE 'idx_idempotency_%' AND i.indisvalid";
-    assert_eq!(fx.count(valid).await, 3, "built by the next start");
+    fx.count(valid).await
 }
 
 /// A table of an earlier version, held by a long transaction (a `pg_dump` reads under ACCESS
