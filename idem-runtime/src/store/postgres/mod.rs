@@ -343,13 +343,15 @@ impl PostgresStore {
             // the entry just answered would be gone. Nor is the entry this call just stored
             // (SKIP LOCKED skips no row of its own transaction), whatever its stamp says: a
             // replica's clock behind the others' would have it evicted as it commits, and its
-            // retry run again.
-            "DELETE FROM idempotency_cache WHERE message_id IN (
+            // retry run again. `ANY(ARRAY(..))`, not `IN`: the rows are chosen once. A join
+            // may run an `IN` subquery again for each row, and each run skips the rows the
+            // statement already deleted and takes the next ones past the bound.
+            "DELETE FROM idempotency_cache WHERE message_id = ANY(ARRAY(
                SELECT message_id FROM idempotency_cache
                WHERE message_id IS DISTINCT FROM $3::text
                ORDER BY last_used_at, message_id
                LIMIT LEAST($2, GREATEST(0, (SELECT COUNT(*) FROM idempotency_cache) - $1))
-               FOR UPDATE SKIP LOCKED)",
+               FOR UPDATE SKIP LOCKED))",
             &[&max, &at_most, &stored.map(MessageId::as_str)],
         )
         .await?;

@@ -92,7 +92,7 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
 /// replica of another TTL serves the database (the lock orders replicas that open at once).
-/// Then the indexes that are missing.
+/// Then the indexes that are missing, built in the background.
 pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), StoreError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
@@ -108,11 +108,17 @@ pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), S
     let ttl = settings::stored(ttl_seconds);
     tx.execute(settings::RECORD_TTL, &[&ttl]).await?;
     tx.commit().await?;
-    // The indexes make the sweep and the bound fast, not the calls right: a replica whose
-    // build failed serves, and the next start builds them (a build left invalid is dropped).
-    if let Err(error) = create_indexes(deadpool_postgres::Object::take(client)).await {
-        tracing::warn!(%error, "an index of idempotency_cache could not be built; serving without it");
-    }
+    // The indexes make the sweep and the bound fast, not the calls right, so the replica
+    // serves while they are built: a start held for the build of an earlier version's large
+    // table would be killed by an orchestrator's probe, again at every start. A build that
+    // fails, or is cut short with the process, is done by the next start (one left invalid
+    // is dropped first).
+    let session = deadpool_postgres::Object::take(client);
+    tokio::spawn(async move {
+        if let Err(error) = create_indexes(session).await {
+            tracing::warn!(%error, "an index of idempotency_cache could not be built; serving without it");
+        }
+    });
     Ok(())
 }
 
@@ -137,11 +143,11 @@ fn held_tables(error: tokio_postgres::Error) -> StoreError {
 /// that the other replicas keep writing (a plain `CREATE INDEX` on a large table of an earlier
 /// version held their writes until it was built, 0.8 s per million rows, and they failed at
 /// their statement bound), and only where missing (`IF NOT EXISTS` locks the table against
-/// writes even when the index exists). A replica that finds another building them serves
-/// without waiting. A concurrent build waits for every transaction older than itself on the
-/// database: one it would wait for longer than [`LOCK_WAIT`] fails it, so that no long
-/// transaction of the application's holds a replica's start. `client` is this step's own
-/// session, closed after (its bounds changed, and its lock held, until then).
+/// writes even when the index exists). A replica that finds another building them leaves them
+/// to it. A concurrent build waits for every transaction older than itself on the database:
+/// one it would wait for longer than [`LOCK_WAIT`] fails it, and the next start builds it.
+/// `client` is this step's own session, closed after (its bounds changed, and its lock held,
+/// until then).
 async fn create_indexes(client: deadpool_postgres::ClientWrapper) -> Result<(), StoreError> {
     let locked = client.query_one("SELECT pg_try_advisory_lock($1)", &[&INDEX_LOCK]);
     if !locked.await?.get::<_, bool>(0) {
@@ -167,6 +173,7 @@ async fn create_indexes(client: deadpool_postgres::ClientWrapper) -> Result<(), 
             "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON idempotency_cache{definition}"
         );
         client.batch_execute(&create).await?;
+        tracing::info!(index = name, "built an index of idempotency_cache");
     }
     Ok(())
 }
