@@ -41,7 +41,8 @@ struct State {
     /// Keys in the order the clock hand visits them.
     hand: VecDeque<MessageId>,
     bytes: usize,
-    /// Deletions so far, per slot of keys.
+    /// Deletions so far, per slot of keys, and the entries committed over a row (an expired
+    /// one's): either makes a read of that row stale.
     deletions: Vec<u64>,
     /// Operators' purges seen so far (see [`MemoryTier::purges_seen`]).
     purges_seen: u64,
@@ -126,6 +127,10 @@ impl MemoryTier {
             return;
         }
         let mut state = self.state();
+        // A read of the row this one replaced, still running, would fill the tier with it
+        // (live again to a clock stepped back) were this one not resident: past the budget,
+        // or evicted since.
+        state.deletions[slot(&entry.message_id)] += 1;
         state.remove(&entry.message_id);
         if state.purges_seen == purges_seen {
             self.admit(&mut state, entry);
@@ -382,6 +387,16 @@ mod tests {
         assert!(tier.get(&e.message_id, |_| true).is_none());
         tier.fill(e.clone(), tier.deletions(&e.message_id));
         assert!(tier.get(&e.message_id, |_| true).is_some());
+    }
+
+    #[test]
+    fn a_read_that_raced_a_replacement_is_not_kept() {
+        let tier = MemoryTier::new(1 << 20);
+        let (old, new) = (entry(1, 10), entry(1, 2 << 20)); // `new`: past the budget
+        let before = tier.deletions(&old.message_id);
+        tier.insert(new, tier.purges_seen()); // committed while the read ran
+        tier.fill(old.clone(), before);
+        assert!(tier.get(&old.message_id, |_| true).is_none());
     }
 
     #[test]
