@@ -88,6 +88,24 @@ pub(crate) enum FoundId {
 
 /// Checks `raw` and writes its canonical form.
 pub(crate) fn canonicalize(raw: &[u8]) -> Result<Canonical, HashError> {
+    canonicalize_within(raw, REORDER_FACTOR * raw.len() + REORDER_FLOOR)
+}
+
+/// [`canonicalize`], reordering at most `reorder_budget` bytes in the pass.
+fn canonicalize_within(raw: &[u8], reorder_budget: usize) -> Result<Canonical, HashError> {
+    let scanner = scan(raw, reorder_budget)?;
+    let bytes = match scanner.reorder_budget {
+        Some(_) => scanner.out,
+        None => reordered_from_tree(scanner.text)?,
+    };
+    Ok(Canonical {
+        bytes,
+        message_id: scanner.message_id,
+    })
+}
+
+/// Checks `raw` in one pass, writing its canonical form while reordering stays within budget.
+fn scan(raw: &[u8], reorder_budget: usize) -> Result<Scanner<'_>, HashError> {
     let text = std::str::from_utf8(raw).map_err(|e| HashError::InvalidUtf8 {
         offset: e.valid_up_to(),
     })?;
@@ -100,6 +118,7 @@ pub(crate) fn canonicalize(raw: &[u8]) -> Result<Canonical, HashError> {
         scratch: Vec::new(),
         members: Vec::new(),
         message_id: FoundId::Missing,
+        reorder_budget: Some(reorder_budget),
     };
     scanner.ws();
     scanner.value(Place::Params)?;
@@ -107,16 +126,30 @@ pub(crate) fn canonicalize(raw: &[u8]) -> Result<Canonical, HashError> {
     if scanner.pos != raw.len() {
         return Err(scanner.syntax("trailing characters"));
     }
-    Ok(Canonical {
-        bytes: scanner.out,
-        message_id: scanner.message_id,
-    })
+    Ok(scanner)
+}
+
+/// How many bytes the pass may move to put members in order, per byte of params (plus a
+/// floor for small ones): an object out of order moves everything inside it, so objects out
+/// of order nested `d` deep move a byte `d` times. Ordinary params move each byte a few
+/// times at most; hostile ones (a 10 MB string under 120 levels each out of order) would
+/// have moved gigabytes, on the async worker.
+const REORDER_FACTOR: usize = 8;
+const REORDER_FLOOR: usize = 64 * 1024;
+
+/// The canonical form of params the pass checked but gave up putting in order: written
+/// from a parsed tree instead, where each byte is written once (`jcs.rs`).
+fn reordered_from_tree(checked: &str) -> Result<Vec<u8>, HashError> {
+    let params = serde_json::from_str(checked).map_err(|e| HashError::Syntax {
+        offset: 0,
+        detail: e.to_string(),
+    })?;
+    crate::hash::canonical_without_message_id(params)
 }
 
 /// Checks `raw`; on success returns it as `&str`, ready for serde_json.
 pub fn check(raw: &[u8]) -> Result<&str, HashError> {
-    canonicalize(raw)?;
-    Ok(std::str::from_utf8(raw).expect("checked"))
+    Ok(scan(raw, 0)?.text) // nothing written is kept: nothing worth reordering
 }
 
 struct Scanner<'a> {
@@ -132,6 +165,9 @@ struct Scanner<'a> {
     /// so an object costs no allocation of its own.
     members: Vec<Member<'a>>,
     message_id: FoundId,
+    /// Bytes that reordering members may still move; `None` once spent, after which `out`
+    /// is not kept in order (see [`reordered_from_tree`]).
+    reorder_budget: Option<usize>,
 }
 
 /// Where a value sits, as far as the messageId's removal cares.
@@ -290,6 +326,11 @@ impl<'a> Scanner<'a> {
         members.sort_unstable_by(|a, b| utf16_cmp(&a.name, &b.name));
         if let Some(pair) = members.windows(2).find(|m| m[0].name == m[1].name) {
             return Err(duplicate(&pair[0].name));
+        }
+        let moved = self.out.len() - body;
+        self.reorder_budget = self.reorder_budget.and_then(|left| left.checked_sub(moved));
+        if self.reorder_budget.is_none() {
+            return Ok(()); // checked; the order is written from a tree
         }
         self.scratch.clear();
         for (i, member) in members.iter().enumerate() {
@@ -608,6 +649,9 @@ mod tests {
                 match canonicalize(spelling.as_bytes()) {
                     Ok(ours) => {
                         assert_eq!(ours.bytes, reference, "{spelling}");
+                        // And reordered from a tree, as past the reordering budget.
+                        let tree = canonicalize_within(spelling.as_bytes(), 0).unwrap();
+                        assert_eq!(tree.bytes, reference, "{spelling}");
                         accepted += 1;
                     }
                     // Integers beyond 2^53 that a double would round: refused on purpose.
@@ -811,6 +855,31 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn objects_out_of_order_nested_deep_are_reordered_from_a_tree() {
+        // Each level out of order moves all it holds: in the pass, 100 levels over a 100 KB
+        // string would move 10 MB, 100 times the params.
+        let mut nested = format!("\"{}\"", "a".repeat(100_000));
+        for _ in 0..100 {
+            nested = format!("{{\"z\":{nested},\"a\":0}}");
+        }
+        let text = format!("{{\"message\":{{\"x\":{nested},\"messageId\":\"m\"}}}}");
+        let raw = text.as_bytes();
+        let budget = REORDER_FACTOR * raw.len() + REORDER_FLOOR;
+        assert!(
+            scan(raw, budget).unwrap().reorder_budget.is_none(),
+            "given up"
+        );
+        let ours = canonicalize(raw).unwrap();
+        let mut value: Value = serde_json::from_str(&text).unwrap();
+        value["message"]
+            .as_object_mut()
+            .unwrap()
+            .remove("messageId");
+        assert_eq!(ours.bytes, serde_jcs::to_vec(&value).unwrap());
+        assert_eq!(ours.message_id, FoundId::Text("m".into()));
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub fn canonical_params(raw_params: &[u8]) -> Result<Vec<u8>, HashError> {
     Ok(canonicalize(raw_params)?.bytes)
 }
 
-fn canonical_without_message_id(mut params: Value) -> Result<Vec<u8>, HashError> {
+pub(crate) fn canonical_without_message_id(mut params: Value) -> Result<Vec<u8>, HashError> {
     if let Some(Value::Object(message)) = params.get_mut("message") {
         message.remove("messageId");
     }
