@@ -264,8 +264,8 @@ impl SqliteStore {
         mut writes: Vec<SqlWrite>,
         unanswered: Unanswered<'_>,
     ) -> Result<(), StoreError> {
-        self.write(unanswered, all_rerunnable(&writes), move |conn, _| {
-            apply_writes(conn, &mut writes)
+        self.write(unanswered, all_rerunnable(&writes), move |conn, batch| {
+            apply_writes(conn, batch, &mut writes)
         })
         .await
     }
@@ -395,7 +395,7 @@ impl Store for SqliteStore {
             Unanswered::HoldsKey(&key),
             all_rerunnable(&writes),
             move |conn, batch| {
-                apply_writes(conn, &mut writes)?;
+                apply_writes(conn, batch, &mut writes)?;
                 entries::store(conn, batch, entry.clone())
             },
         )
@@ -417,7 +417,7 @@ impl Store for SqliteStore {
             Unanswered::HoldsKey(&key),
             all_rerunnable(&writes),
             move |conn, batch| {
-                apply_writes(conn, &mut writes)?;
+                apply_writes(conn, batch, &mut writes)?;
                 let may_exist = batch.may_hold(&stream.message_id);
                 let new = insert_open_stream(conn, &stream, may_exist)?;
                 batch.opened(&stream.message_id, new);
@@ -619,10 +619,14 @@ fn all_rerunnable(writes: &[SqlWrite]) -> bool {
 
 /// A call's staged writes, in the order it staged them. One that ended the batch's
 /// transaction and said nothing of it fails all the same, before anything else runs.
-fn apply_writes(conn: &Connection, writes: &mut [SqlWrite]) -> Result<(), StoreError> {
+fn apply_writes(
+    conn: &Connection,
+    batch: &Batch,
+    writes: &mut [SqlWrite],
+) -> Result<(), StoreError> {
     for write in writes {
         write.run(conn).map_err(StoreError::Write)?;
-        if conn.is_autocommit() {
+        if batch.ended(conn) {
             return Err(ended_the_transaction());
         }
     }

@@ -47,6 +47,8 @@ pub(crate) struct Batch {
     index: Arc<KeyIndex>,
     written: HashSet<u64>,
     entries_written: Vec<(u64, i64)>,
+    /// Set when the batch's transaction was rolled back ([`CommitGate`]).
+    rolled_back: Arc<AtomicBool>,
 }
 
 /// How far a batch had got: what a write that failed alone is rewound to.
@@ -57,6 +59,13 @@ pub(crate) struct Mark {
 }
 
 impl Batch {
+    /// Whether the batch's transaction has ended under the writes: rolled back (by SQLite, for
+    /// the write, or by a `ROLLBACK` of its own), even if a `BEGIN` or `SAVEPOINT` of the write
+    /// has opened another transaction since, which `conn` alone cannot tell from the batch's.
+    pub(crate) fn ended(&self, conn: &Connection) -> bool {
+        conn.is_autocommit() || self.rolled_back.load(Ordering::SeqCst)
+    }
+
     /// `false` only when no row of `key` exists, neither an entry nor an open stream: a fresh
     /// key's insert then needs no read first.
     pub(crate) fn may_hold(&self, key: &MessageId) -> bool {
@@ -222,7 +231,15 @@ pub(crate) struct Writer {
 /// its own, its own and the next calls' writes and entries, while their calls are told the
 /// batch failed and run again; a `COMMIT` of its own would commit half a batch. Any commit
 /// but the writer's is turned into a rollback instead (the statement fails).
-pub(crate) struct CommitGate(Arc<AtomicBool>);
+///
+/// Every rollback is noted too: a write that rolled the batch back and then opened a
+/// transaction of its own (`ROLLBACK; BEGIN`) leaves the connection in a transaction, which
+/// the writer would otherwise take for the batch's, and commit the later calls' entries
+/// while the earlier ones' were gone (see [`Batch::ended`]).
+pub(crate) struct CommitGate {
+    open: Arc<AtomicBool>,
+    rolled_back: Arc<AtomicBool>,
+}
 
 impl CommitGate {
     /// Installs the gate on the writer's connection, closed.
@@ -231,13 +248,26 @@ impl CommitGate {
         let seen = open.clone();
         // `true` turns the commit into a rollback.
         conn.commit_hook(Some(move || !seen.load(Ordering::SeqCst)));
-        Self(open)
+        let rolled_back = Arc::new(AtomicBool::new(false));
+        let noted = rolled_back.clone();
+        conn.rollback_hook(Some(move || noted.store(true, Ordering::SeqCst)));
+        Self { open, rolled_back }
+    }
+
+    /// Begins the batch's transaction, with no rollback noted in it.
+    fn begin(&self, conn: &Connection) -> rusqlite::Result<()> {
+        // IMMEDIATE takes the write lock up front, waiting on busy_timeout if another
+        // connection holds it. A deferred transaction that reads first would fail at once
+        // with SQLITE_BUSY when it upgrades to write.
+        run(conn, "BEGIN IMMEDIATE")?;
+        self.rolled_back.store(false, Ordering::SeqCst);
+        Ok(())
     }
 
     fn commit(&self, conn: &Connection) -> rusqlite::Result<()> {
-        self.0.store(true, Ordering::SeqCst);
+        self.open.store(true, Ordering::SeqCst);
         let committed = run(conn, "COMMIT");
-        self.0.store(false, Ordering::SeqCst);
+        self.open.store(false, Ordering::SeqCst);
         committed
     }
 }
@@ -298,10 +328,7 @@ impl Writer {
         touches: &HashMap<String, u64>,
         careful: bool,
     ) -> Result<Attempt, StoreError> {
-        // IMMEDIATE takes the write lock up front, waiting on busy_timeout if another
-        // connection holds it. A deferred transaction that reads first would fail at once
-        // with SQLITE_BUSY when it upgrades to write.
-        run(&self.conn, "BEGIN IMMEDIATE")?;
+        self.gate.begin(&self.conn)?;
         let mut batch = Batch {
             now_ms: self.clock.now_millis(),
             rows: self.rows,
@@ -309,6 +336,7 @@ impl Writer {
             index: self.index.clone(),
             written: HashSet::new(),
             entries_written: Vec::new(),
+            rolled_back: self.gate.rolled_back.clone(),
         };
         apply_touches(&self.conn, &self.index, touches)?;
         let mut outcomes = Vec::with_capacity(jobs.len());
@@ -317,11 +345,15 @@ impl Writer {
                 true => self.apply_alone(job.as_mut(), &mut batch)?,
                 false => job.apply(&self.conn, &mut batch),
             };
-            if self.conn.is_autocommit() {
+            if batch.ended(&self.conn) {
                 // SQLite rolled the whole transaction back: by the write's own request (an
                 // error it returned, or one it swallowed and said nothing of), or for the disk
                 // (full, an I/O error), which fails the batch. Nothing after it committed on
-                // its own: the gate turned any such commit into a rollback.
+                // its own: the gate turned any such commit into a rollback. A transaction the
+                // write opened since is not the batch's: rolled back with what it holds.
+                if !self.conn.is_autocommit() {
+                    run(&self.conn, "ROLLBACK")?;
+                }
                 return match outcome {
                     Ok(()) => Ok(Attempt::RolledBackBy(n, ended_the_transaction())),
                     Err(error) if rolled_back_by_the_write(&error) => {
@@ -391,14 +423,14 @@ impl Writer {
         run(&self.conn, "SAVEPOINT job")?;
         match job.apply(&self.conn, batch) {
             // The write ended the transaction, savepoint and all: the caller sees to it.
-            Ok(()) if self.conn.is_autocommit() => Ok(Ok(())),
+            Ok(()) if batch.ended(&self.conn) => Ok(Ok(())),
             Ok(()) => {
                 run(&self.conn, "RELEASE job")?;
                 Ok(Ok(()))
             }
             Err(error) => {
                 batch.rewind(mark);
-                if !self.conn.is_autocommit() {
+                if !batch.ended(&self.conn) {
                     run(&self.conn, "ROLLBACK TO job")?;
                     run(&self.conn, "RELEASE job")?;
                 }

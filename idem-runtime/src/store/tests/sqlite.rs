@@ -465,6 +465,43 @@ async fn a_write_that_ends_the_batch_silently_fails_its_own_call_only() {
     assert_eq!(fx.effects().await, ["a", "c", "f", "g", "taken"]);
 }
 
+/// A write that rolls the batch back and opens a transaction of its own (`ROLLBACK; BEGIN`,
+/// or a `SAVEPOINT`, which opens one outside a transaction) fails its own call, and that
+/// transaction is not taken for the batch's: the calls before it, whose work the rollback
+/// took, are not answered as stored, and the calls after it do not commit in it.
+#[tokio::test]
+async fn a_write_that_rolls_back_and_begins_anew_fails_its_own_call_only() {
+    let reopening = |sql: &'static str| {
+        crate::store::SqlWrite::rerunnable(move |db| {
+            db.execute_batch(sql)?;
+            db.execute("INSERT INTO effects (name) VALUES ('reopened')", [])?;
+            Ok(())
+        })
+    };
+    let (fx, results) = one_batch(|fx| {
+        vec![
+            fx.effect("a"),
+            reopening("ROLLBACK; BEGIN"),
+            fx.effect("c"),
+            reopening("ROLLBACK; SAVEPOINT s"),
+            fx.effect("e"),
+            once("f"),
+        ]
+    })
+    .await;
+    for ok in [0, 2, 4, 5] {
+        assert!(results[ok].is_ok(), "{ok}: {results:?}");
+    }
+    for failed in [1, 3] {
+        let error = results[failed].as_ref().unwrap_err();
+        assert!(
+            matches!(error, crate::store::StoreError::Write(_)),
+            "{failed}: {error}"
+        );
+    }
+    assert_eq!(fx.effects().await, ["a", "c", "e", "f", "taken"]);
+}
+
 /// A write that panics fails its own call, as an error would; the writer thread, which every
 /// call needs, lives on.
 #[tokio::test]
@@ -528,6 +565,7 @@ async fn one_batch(
         async move { store.apply(Vec::new()).await }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
+    let with_entry: Vec<bool> = writes.iter().map(|w| w.is_rerunnable()).collect();
     let calls: Vec<_> = writes
         .into_iter()
         .enumerate()
@@ -565,6 +603,10 @@ async fn one_batch(
         assert!(
             !stored || result.is_ok(),
             "call {n} failed but has an entry"
+        );
+        assert!(
+            stored || result.is_err() || !with_entry[n],
+            "call {n} was answered but its entry is not stored"
         );
     }
     (fx, results)
