@@ -119,21 +119,26 @@ pub(super) async fn delete_events(
     Ok(())
 }
 
-/// An open stream and its recorded events, in order; none for a record expired at `at`,
-/// whose events are not read.
+/// An open stream and its recorded events, in order; none for a record expired at `at`.
+/// One statement, so one snapshot: a sweep of the stream between two reads would leave its
+/// record without its events, and the retry would store it as interrupted with none of them.
 pub(super) async fn select_open_stream(
     client: &impl GenericClient,
     id: &MessageId,
     at: ReadAt,
 ) -> Result<Option<(OpenStream, Vec<Bytes>)>, StoreError> {
-    let row = query_opt(
-        client,
-        "SELECT method, request_hash, jsonrpc_id, started_at, expires_at
-         FROM idempotency_open_streams WHERE message_id = $1",
-        &[&id.as_str()],
-    )
-    .await?;
-    let Some(row) = row else { return Ok(None) };
+    let statement = client
+        .prepare_cached(
+            "SELECT o.method, o.request_hash, o.jsonrpc_id, o.started_at, o.expires_at, e.event
+             FROM idempotency_open_streams o
+             LEFT JOIN idempotency_stream_events e ON e.message_id = o.message_id
+             WHERE o.message_id = $1 ORDER BY e.seq",
+        )
+        .await?;
+    let rows = client.query(&statement, &[&id.as_str()]).await?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
     let stream = OpenStreamRow {
         method: row.get(0),
         request_hash: row.get(1),
@@ -144,16 +149,10 @@ pub(super) async fn select_open_stream(
     if at.expired(row.get(4), stream.started_at) {
         return Ok(None);
     }
-    let statement = client
-        .prepare_cached(
-            "SELECT event FROM idempotency_stream_events WHERE message_id = $1 ORDER BY seq",
-        )
-        .await?;
-    let events = client
-        .query(&statement, &[&id.as_str()])
-        .await?
-        .into_iter()
-        .map(|row| Bytes::from(row.get::<_, Vec<u8>>(0)))
+    let events = rows
+        .iter()
+        .filter_map(|row| row.get::<_, Option<Vec<u8>>>(5))
+        .map(Bytes::from)
         .collect();
     Ok(Some((stream, events)))
 }

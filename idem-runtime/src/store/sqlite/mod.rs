@@ -363,13 +363,17 @@ impl Store for SqliteStore {
         let (entry, open) = self
             .readers
             .run(move |conn| {
-                let entry = entries::select(conn, &id, &rowids)?;
-                // While an entry is live no stream of its key can be open: a replay costs one
-                // query.
+                // The entry, the open stream and its events as of one moment: a sweep of the
+                // stream between two reads would leave its record without its events, and the
+                // retry would store it as interrupted with none of them.
+                let snapshot = conn.unchecked_transaction()?;
+                let entry = entries::select(&snapshot, &id, &rowids)?;
+                // While an entry is live no stream of its key can be open: a replay reads none.
                 let open = match &entry {
                     Some(e) if !is_expired(e.inserted_at, ttl, now) => None,
-                    _ => select_open_stream(conn, &id, ttl, now)?,
+                    _ => select_open_stream(&snapshot, &id, ttl, now)?,
                 };
+                snapshot.finish()?;
                 Ok((entry, open))
             })
             .await?;
