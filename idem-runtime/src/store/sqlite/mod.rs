@@ -167,6 +167,7 @@ impl SqliteStore {
             restart,
             file: FileIdentity::of(&path)?,
             rows: entries::count(&conn)?,
+            rows_purged_as_of: purge_watch::generation(&conn)?,
             conn,
             clock: clock.clone(),
             touches: touches.clone(),

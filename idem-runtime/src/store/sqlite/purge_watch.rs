@@ -120,7 +120,8 @@ impl PurgeWatch {
     }
 }
 
-fn generation(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+/// The file's purge generation (none before its first purge).
+pub(crate) fn generation(conn: &Connection) -> rusqlite::Result<Option<i64>> {
     conn.prepare_cached("SELECT generation FROM idempotency_purges WHERE id = 1")?
         .query_row([], |row| row.get(0))
         .optional()

@@ -27,6 +27,7 @@ use crate::store::sqlite::entries;
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::key_index::{KeyIndex, StoredKeys};
 use crate::store::sqlite::memory_tier::MemoryTier;
+use crate::store::sqlite::purge_watch;
 use crate::store::{Entry, StoreError};
 
 /// Most writes committed in one transaction.
@@ -219,6 +220,8 @@ pub(crate) struct Writer {
     pub(crate) max_entries: u64,
     /// Rows in the table, kept up to date so the bound costs no `COUNT(*)` per commit.
     pub(crate) rows: u64,
+    /// The file's purge generation when `rows` was last counted.
+    pub(crate) rows_purged_as_of: Option<i64>,
     pub(crate) tier: Arc<MemoryTier>,
     pub(crate) index: Arc<KeyIndex>,
     /// Lets `conn` commit only the writer's own `COMMIT`.
@@ -329,6 +332,7 @@ impl Writer {
         careful: bool,
     ) -> Result<Attempt, StoreError> {
         self.gate.begin(&self.conn)?;
+        self.recount_after_a_purge()?;
         let mut batch = Batch {
             now_ms: self.clock.now_millis(),
             rows: self.rows,
@@ -409,6 +413,18 @@ impl Writer {
                 Change::Reloaded(keys) => self.index.reload(&keys),
             }
         }
+    }
+
+    /// Counts the rows again if an operator's purge deleted some behind the writer since it
+    /// last did: under the batch's write lock, so that the LRU bound evicts no live entry for
+    /// rows already gone. One read of the purge generation a batch.
+    fn recount_after_a_purge(&mut self) -> rusqlite::Result<()> {
+        let purged = purge_watch::generation(&self.conn)?;
+        if purged != self.rows_purged_as_of {
+            self.rows = entries::count(&self.conn)?;
+            self.rows_purged_as_of = purged;
+        }
+        Ok(())
     }
 
     /// One job under its own savepoint, so that its failure undoes its own writes only: the
