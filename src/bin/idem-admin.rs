@@ -64,13 +64,44 @@ async fn main() -> ExitCode {
     };
     let admin = match Admin::open(&db, &config).await {
         Ok(admin) => admin,
-        Err(error) => return fail(&format!("cannot open database {db}: {error}")),
+        Err(error) => {
+            let db = without_password(&db);
+            return fail(&format!("cannot open database {db}: {error}"));
+        }
     };
     warn_of_another_ttl(&admin, &config);
     match run(&admin, &db, command).await {
         Ok(code) => code,
         Err(error) => fail(&error.to_string()),
     }
+}
+
+/// `db` as the tool prints it: a PostgreSQL URL's password (`user:PASSWORD@`, or a
+/// `password=` parameter) as `***`, so that it stays out of terminals and CI logs.
+fn without_password(db: &str) -> String {
+    let Some((scheme, rest)) = db.split_once("://") else {
+        return db.to_owned(); // a file's path
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((user, host)) => match user.split_once(':') {
+            Some((name, _)) => format!("{name}:***@{host}"),
+            None => authority.to_owned(),
+        },
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let masked = query.split('&').map(|pair| match pair.split_once('=') {
+                Some(("password", _)) => "password=***".to_owned(),
+                _ => pair.to_owned(),
+            });
+            format!("{path}?{}", masked.collect::<Vec<_>>().join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
 }
 
 /// The shell's `AIWG_IDEMPOTENCY_TTL` does not decide what is expired where the servers
@@ -189,6 +220,7 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
             None => nothing_for(&key),
         },
         Command::Purge { key, yes } => {
+            let db = without_password(db);
             if !confirmed(yes, &format!("delete the entry of {key} in {db}"))? {
                 return Err("not confirmed; nothing deleted".into());
             }
@@ -207,6 +239,7 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
             Ok(emit(format!("purged {key}\n"), ExitCode::SUCCESS))
         }
         Command::PurgeExpired { yes } => {
+            let db = without_password(db);
             if !confirmed(yes, &format!("delete every expired entry in {db}"))? {
                 return Err("not confirmed; nothing deleted".into());
             }

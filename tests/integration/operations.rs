@@ -569,6 +569,33 @@ fn the_admin_tool_refuses_what_no_server_serves_by_that_name() {
     assert!(stderr.contains(&format!("{path}.missing")), "{stderr}");
 }
 
+/// A PostgreSQL URL's password, in its user part or as a parameter, is not printed when the
+/// database cannot be reached (a purge's confirmation prints the URL the same way).
+#[test]
+fn the_admin_tool_prints_no_postgres_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // nothing listens on it once the listener is gone
+    for url in [
+        format!("postgres://idem:s3cret-pw@127.0.0.1:{port}/db"),
+        format!("postgresql://idem@127.0.0.1:{port}/db?password=s3cret-pw&connect_timeout=5"),
+    ] {
+        for args in [
+            vec!["--db", &url, "stats"],
+            vec!["--db", &url, "purge", "--expired"],
+        ] {
+            let output = admin(&args, &[]);
+            assert_eq!(output.status.code(), Some(2), "{args:?}");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(!stderr.contains("s3cret-pw"), "{stderr}");
+            assert!(stderr.contains(&format!("127.0.0.1:{port}/db")), "{stderr}");
+            assert!(stderr.contains("***"), "{stderr}");
+        }
+    }
+}
+
 /// The tool's output to a reader that went away, or to a full disk, is no panic: a closed
 /// pipe (`| head`) is the reader's choice, a full disk is said; an argument that is not UTF-8
 /// is a usage error.
