@@ -151,7 +151,7 @@ impl IdempotencyConfig {
     /// `AIWG_IDEMPOTENCY_DISK_TIMEOUT_MS`.
     /// A malformed value is an error, never a silent default.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(env_text)
     }
 
     /// Like [`from_env`](Self::from_env) with a custom variable lookup (for tests and embedding).
@@ -189,9 +189,15 @@ impl IdempotencyConfig {
 
     /// The `capabilities.extensions[]` entry of the AgentCard, from the effective values.
     pub fn agent_card_extension(&self) -> Value {
+        // The spec's words (§2), with this server's TTL in them.
+        let description = format!(
+            "Server-side request deduplication keyed on Message.message_id with {} TTL and \
+             payload-hash binding.",
+            spoken_duration(self.ttl_seconds)
+        );
         json!({
             "uri": EXTENSION_URI,
-            "description": "Server-side request deduplication keyed on Message.message_id with 24h TTL and payload-hash binding.",
+            "description": description,
             "required": self.required,
             "params": {
                 "ttl_seconds": self.ttl_seconds,
@@ -200,6 +206,21 @@ impl IdempotencyConfig {
                 "max_cache_entries": self.max_cache_entries,
             }
         })
+    }
+}
+
+/// A variable's value; one that is not UTF-8 comes back with U+FFFD where its bytes were not,
+/// so that it is refused as malformed, naming the variable, instead of taken for unset.
+fn env_text(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+}
+
+/// `seconds` as the spec's description says a TTL ("24h").
+fn spoken_duration(seconds: u64) -> String {
+    match seconds {
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}min", s / 60),
+        s => format!("{s}s"),
     }
 }
 
@@ -253,6 +274,38 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         IdempotencyConfig::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn the_agent_card_says_the_spec_s_words_with_the_ttl_in_effect() {
+        let spec = "Server-side request deduplication keyed on Message.message_id with 24h TTL \
+                    and payload-hash binding.";
+        let card = IdempotencyConfig::default().agent_card_extension();
+        assert_eq!(card["description"], spec);
+        for (ttl, said) in [
+            (3600, "with 1h TTL"),
+            (90, "with 90s TTL"),
+            (120, "with 2min TTL"),
+        ] {
+            let card = from(&[(TTL_ENV, &ttl.to_string())])
+                .unwrap()
+                .agent_card_extension();
+            assert!(
+                card["description"].as_str().unwrap().contains(said),
+                "{card}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_malformed_not_unset() {
+        use std::os::unix::ffi::OsStrExt;
+        let name = "IDEM_CONFIG_TEST_NOT_UTF8"; // read by this test alone
+        std::env::set_var(name, std::ffi::OsStr::from_bytes(b"6\xff0"));
+        let text = env_text(name).expect("set");
+        std::env::remove_var(name);
+        let err = positive_integer(TTL_ENV, &text).unwrap_err();
+        assert_eq!(err.variable, TTL_ENV);
     }
 
     #[test]

@@ -177,6 +177,9 @@ fn counters_at_zero() {
         for result in WAIT_RESULTS {
             counter!(WAITS, "method" => method, "result" => result).increment(0);
         }
+        for code in ErrorCode::ALL {
+            counter!(REJECTIONS, "method" => method, "code" => code.name()).increment(0);
+        }
     }
     for kind in CALL_STORE_ERRORS {
         counter!(STORE_ERRORS, "kind" => kind).increment(0);

@@ -27,7 +27,7 @@ commands:
                           within the hour, the oldest, open streams, top methods
   show MESSAGE_ID [--body]  what holds the key (with --body, the stored response too)
   purge MESSAGE_ID [--yes]  delete the key's entry, so that the key executes again
-  purge --expired [--yes]   delete every expired entry now, as the servers' sweep would
+  purge --expired [--yes]   delete every expired entry now (the servers' sweep also ends dead streams)
 Where servers scope keys by principal, --principal NAME names whose key show and purge mean.
 Without --yes, a purge asks for confirmation on the terminal (and is refused elsewhere).
 What counts as expired is the TTL the servers recorded in the database when they opened it;

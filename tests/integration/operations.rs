@@ -258,6 +258,10 @@ async fn the_counters_series_are_rendered_at_zero_before_any_call() {
             "idempotency_calls_total",
             [("method", "message/stream"), ("outcome", "executed")],
         ),
+        (
+            "idempotency_rejections_total",
+            [send, ("code", "IDEMPOTENCY_REQUEST_IN_PROGRESS")],
+        ),
     ] {
         let samples = m.samples(name, &labels);
         assert_eq!(samples.len(), 1, "{name} {labels:?}:\n{}", m.0);
