@@ -534,7 +534,25 @@ fn read_sqlite(conn: &Connection, key: &str) -> Result<Shown, StoreError> {
 #[cfg(feature = "postgres")]
 /// The connection, and the TTL the database's replicas recorded, if one did.
 async fn connect_postgres(url: &str) -> Result<(Db, Option<u64>), StoreError> {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let mut config: tokio_postgres::Config = url.parse()?;
+    // A host that drops packets, or a server that accepts and never answers (a stopped
+    // process), would hold the tool for minutes or for ever: the URL's `connect_timeout`, or
+    // 10 s, bounds the connection and its start-up.
+    let bound = config.get_connect_timeout().copied();
+    let bound = bound.unwrap_or(Duration::from_secs(10));
+    config.connect_timeout(bound);
+    let connect = config.connect(tokio_postgres::NoTls);
+    let Ok(connected) = tokio::time::timeout(bound, connect).await else {
+        return Err(StoreError::Backend {
+            backend: "postgres",
+            cause: format!(
+                "the database did not answer within {} s",
+                bound.as_secs_f32()
+            )
+            .into(),
+        });
+    };
+    let (client, connection) = connected?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::warn!(%error, "idem-admin: the PostgreSQL connection ended");

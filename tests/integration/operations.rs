@@ -600,6 +600,21 @@ fn the_admin_tool_prints_no_postgres_password() {
     }
 }
 
+/// A PostgreSQL that accepts the connection and never answers (a stopped process) holds the
+/// tool for the URL's `connect_timeout` (10 s without one), not for ever.
+#[test]
+fn the_admin_tool_gives_up_on_a_database_that_never_answers() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap(); // accepts, says nothing
+    let port = silent.local_addr().unwrap().port();
+    let url = format!("postgres://idem@127.0.0.1:{port}/db?connect_timeout=1");
+    let started = std::time::Instant::now();
+    let output = admin(&["--db", &url, "stats"], &[]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("did not answer within 1 s"), "{stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}
+
 /// The tool's output to a reader that went away, or to a full disk, is no panic: a closed
 /// pipe (`| head`) is the reader's choice, a full disk is said; an argument that is not UTF-8
 /// is a usage error.
