@@ -197,10 +197,14 @@ impl Admin {
         let (now, ttl) = (self.clock.now_seconds(), self.ttl_seconds);
         match &self.db {
             Db::Sqlite(conn, _) => {
-                sqlite(conn, move |c| Ok(StoreStats::read_sqlite(c, now, ttl)?)).await
+                let read = move |c: &Connection| Ok(StoreStats::read_sqlite(c, now, ttl)?);
+                sqlite(conn, move |c| at_one_moment(c, read)).await
             }
             #[cfg(feature = "postgres")]
-            Db::Postgres(client) => Ok(StoreStats::read_postgres(client, now, ttl).await?),
+            Db::Postgres(client) => {
+                let read = async { Ok(StoreStats::read_postgres(client, now, ttl).await?) };
+                at_one_moment_postgres(client, read).await
+            }
         }
     }
 
@@ -243,9 +247,13 @@ impl Admin {
         let key = key.as_str().to_owned();
         let read = key.clone();
         let (entry, stream) = match &self.db {
-            Db::Sqlite(conn, _) => sqlite(conn, move |c| read_sqlite(c, &read)).await?,
+            Db::Sqlite(conn, _) => {
+                sqlite(conn, move |c| at_one_moment(c, |c| read_sqlite(c, &read))).await?
+            }
             #[cfg(feature = "postgres")]
-            Db::Postgres(client) => read_postgres(client, &read).await?,
+            Db::Postgres(client) => {
+                at_one_moment_postgres(client, read_postgres(client, &read)).await?
+            }
         };
         Ok(match (entry, stream) {
             (Some(row), _) => Some(row.info(ttl, now)),
@@ -444,6 +452,34 @@ fn open_sqlite(path: &Path) -> Result<Connection, StoreError> {
 }
 
 /// Runs `job` on the SQLite connection, off the async workers.
+/// `read`'s queries, in one read transaction: what they print agrees (the totals and the top
+/// methods; a stream's record and its events), however the servers write meanwhile.
+fn at_one_moment<T>(
+    conn: &Connection,
+    read: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let snapshot = conn.unchecked_transaction()?;
+    let value = read(&snapshot)?;
+    snapshot.finish()?;
+    Ok(value)
+}
+
+/// [`at_one_moment`] on PostgreSQL: `read` runs on `client` in a read-only transaction of one
+/// snapshot (repeatable read).
+#[cfg(feature = "postgres")]
+async fn at_one_moment_postgres<T>(
+    client: &tokio_postgres::Client,
+    read: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await?;
+    let value = read.await;
+    let end = if value.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    client.batch_execute(end).await?;
+    value
+}
+
 async fn sqlite<T: Send + 'static>(
     conn: &Arc<Mutex<Connection>>,
     job: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
