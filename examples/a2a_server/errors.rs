@@ -71,6 +71,17 @@ pub fn mission_failed(reason: &str) -> ErrorObjectOwned {
     ErrorObjectOwned::owned(-32000, "Mission failed", Some(json!({ "reason": reason })))
 }
 
+/// -32603: a task still working a minute past its due time (its completion could not be
+/// written: the store fails): a stream that waited for its end ends with this, not with a
+/// last status that is not terminal.
+pub fn task_not_ended(task_id: &str) -> ErrorObjectOwned {
+    ErrorObjectOwned::owned(
+        -32603,
+        "Internal error: the task has not ended a minute past its due time; subscribe again",
+        Some(json!({ "taskId": task_id })),
+    )
+}
+
 /// -32603: the task store failed; details go to the log, not to the client.
 pub fn internal() -> ErrorObjectOwned {
     ErrorObjectOwned::owned(-32603, "Internal error", None::<()>)

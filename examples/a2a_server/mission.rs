@@ -284,13 +284,17 @@ impl Missions {
     }
 
     /// The task once it is terminal: its mission completes on the timer scheduled for it (here
-    /// or, after a restart, by the resume), which may run a moment after the deadline.
+    /// or, after a restart, by the resume), which may run a moment after the deadline. One
+    /// still working a minute later is an error: a stream's last status must be terminal.
     async fn ended(&self, task_id: String) -> RpcResult<Task> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(MAX_DURATION_MS);
         loop {
             let task = self.store.get(task_id.clone()).await?;
-            if task.state.is_terminal() || tokio::time::Instant::now() > deadline {
+            if task.state.is_terminal() {
                 return Ok(task);
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(errors::task_not_ended(&task.id));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
