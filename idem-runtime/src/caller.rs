@@ -80,15 +80,16 @@ pub(crate) struct CallerPolicy {
     pub(crate) key_scope: Option<KeyScope>,
     /// Whether a replay carries `Idempotent-Replayed: true`.
     pub(crate) mark_replays: bool,
+    /// Keys are scoped by principal and no `Caller` came with the request: its keys cannot
+    /// be scoped, and governed calls are refused (see [`unidentified`]).
+    pub(crate) unidentified: bool,
 }
 
 impl CallerPolicy {
     /// The policy for the caller in `extensions` (none inserted: an unscoped, marked one).
     pub(crate) fn of(extensions: &http::Extensions, config: &IdempotencyConfig) -> Self {
         let caller = extensions.get::<Caller>();
-        if caller.is_none() && config.scope_keys_by_principal {
-            warn_once_of_no_caller();
-        }
+        let unidentified = caller.is_none() && config.scope_keys_by_principal;
         let key_scope = match caller {
             Some(Caller::Authenticated(principal)) if config.scope_keys_by_principal => {
                 Some(KeyScope::of(principal))
@@ -99,6 +100,7 @@ impl CallerPolicy {
         Self {
             key_scope,
             mark_replays: !unauthenticated || config.mark_replays_to_unauthenticated,
+            unidentified,
         }
     }
 
@@ -111,18 +113,18 @@ impl CallerPolicy {
     }
 }
 
-/// With keys scoped, a request without any `Caller` is most often an auth layer installed
-/// after the HTTP layer, which silently puts every caller in the global keys: said once.
-fn warn_once_of_no_caller() {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    SAID.call_once(|| {
-        tracing::warn!(
-            "keys are scoped by principal, but a request reached the idempotency HTTP layer \
-             without a Caller, so it shares the global keys: install the layer that inserts \
-             Caller before Idempotency::http_layer, and have it insert \
-             Caller::Unauthenticated for anonymous callers (said once)"
-        );
-    });
+/// The refusal of a governed call that came without a `Caller` while keys are scoped by
+/// principal. Most often the auth layer is installed after the HTTP layer; served in the
+/// global keys, every such caller would replay, or learn the request hash of, any other's
+/// entry: what scoping is there to prevent.
+pub(crate) fn unidentified() -> crate::error::IdempotencyError {
+    let reason = "keys are scoped by principal, but the request reached the idempotency HTTP \
+                  layer without a Caller: install the layer that inserts Caller in front of \
+                  Idempotency::http_layer, and have it insert Caller::Unauthenticated for \
+                  anonymous callers";
+    tracing::warn!(reason, "a governed call refused");
+    crate::error::IdempotencyError::new(crate::error::ErrorCode::LayerMissing)
+        .with_detail("reason", reason)
 }
 
 impl Default for CallerPolicy {
@@ -130,6 +132,7 @@ impl Default for CallerPolicy {
         Self {
             key_scope: None,
             mark_replays: true,
+            unidentified: false,
         }
     }
 }
@@ -183,6 +186,9 @@ mod tests {
             policy(Some(Caller::Unauthenticated), &config).key_scope,
             None
         );
+        assert!(policy(None, &config).unidentified, "no Caller at all");
+        assert!(!policy(Some(Caller::Unauthenticated), &config).unidentified);
+        assert!(!policy(None, &IdempotencyConfig::default()).unidentified);
     }
 
     #[test]

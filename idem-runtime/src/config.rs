@@ -82,8 +82,10 @@ pub struct IdempotencyConfig {
     /// Scope keys by the authenticated principal the application puts in each request's
     /// extensions ([`crate::Caller`]): the same messageId from two principals is then two
     /// keys, and neither can replay, collide with or learn of the other's entry. Off, the
-    /// spec's one global key space (callers without a principal always share it). Turn it on
-    /// where callers do not trust each other and their keys might meet.
+    /// spec's one global key space (callers marked [`crate::Caller::Unauthenticated`] always
+    /// share it). On, a governed call that comes with no `Caller` at all is refused
+    /// (`IDEMPOTENCY_LAYER_MISSING`). Turn it on where callers do not trust each other and
+    /// their keys might meet.
     pub scope_keys_by_principal: bool,
     /// Whether a replay to a caller the application marks [`crate::Caller::Unauthenticated`]
     /// carries `Idempotent-Replayed: true` (spec §7.4: the header confirms cache state, which

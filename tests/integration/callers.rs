@@ -62,10 +62,45 @@ async fn one_message_id_from_two_principals_is_two_keys_that_never_meet() {
     assert_eq!(server.executions(), 2);
 
     // Callers without a principal share the spec's global key space, apart from both.
-    let anonymous = post_activated(&server.url, send(1, &mid, "gamma")).await;
+    let anonymous = post_as(&server.url, "-", send(1, &mid, "gamma")).await;
     assert_eq!(anonymous.status, 200);
     assert!(!anonymous.replayed());
     assert_eq!(server.executions(), 3);
+}
+
+/// With keys scoped, a request that reaches the extension without any `Caller` (an auth layer
+/// installed after the HTTP layer, or none) is refused for governed methods, its resend too:
+/// in the global keys it would replay or collide with every other such caller's entries.
+/// Other methods are served.
+#[tokio::test]
+async fn with_keys_scoped_a_governed_call_without_a_caller_is_refused() {
+    let db = Db::new();
+    let server = db.server(scoped()).await;
+    let mid = new_id();
+    let body = send(1, &mid, "alpha");
+    let anonymous = post_as(&server.url, "-", body.clone()).await;
+    assert_eq!(anonymous.status, 200, "{}", anonymous.describe());
+    for _ in 0..2 {
+        let refused = post_activated(&server.url, body.clone()).await;
+        let error = &refused.json()["error"];
+        assert_eq!(
+            error["data"]["code"], "IDEMPOTENCY_LAYER_MISSING",
+            "{error}"
+        );
+        assert!(error["data"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("without a Caller"));
+        assert!(!refused.replayed());
+    }
+    assert_eq!(server.executions(), 1);
+    let other = r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get"}"#;
+    let served = post_activated(&server.url, other).await;
+    assert!(
+        served.json().get("result").is_some(),
+        "{}",
+        served.describe()
+    );
 }
 
 #[tokio::test]

@@ -203,7 +203,9 @@ fn first_look(
     caller: CallerPolicy,
 ) -> FirstLook {
     let mut spelling = None;
-    if let Some(cache) = cache {
+    // A caller the scoped keys cannot place has no resend to be recognised (its call is
+    // refused, by the RPC layer, as governed calls only are).
+    if let Some(cache) = cache.filter(|_| !caller.unidentified) {
         let spelled = caller.spelling(request_spelling(bytes));
         if let Some(entry) = resent(cache, &spelled) {
             let scope = HttpScope::new(activated, caller, None);

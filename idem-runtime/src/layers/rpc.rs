@@ -218,6 +218,11 @@ impl<S> RpcService<S> {
             self.pass_down(request, undeduplicated);
             return Ok(None);
         }
+        if scope.caller().unidentified {
+            let error = crate::caller::unidentified();
+            scope.record(request.method_name(), Outcome::Rejected(error.code));
+            return Err(error.to_error_object());
+        }
         let raw = request.params.as_ref().map_or("null", |p| p.get());
         let spelling = scope.caller().spelling(spelling(raw.as_bytes()));
         if spelled {
