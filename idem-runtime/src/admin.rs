@@ -441,11 +441,19 @@ fn open_sqlite(path: &Path) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    let table = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idempotency_cache'";
-    if !conn.prepare(table)?.exists([])? {
+    let table = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1";
+    let has = |name: &str| conn.prepare(table)?.exists([name]);
+    if !has("idempotency_cache")? {
         return Err(refused(
             "holds no idempotency cache (no table idempotency_cache): give the file a server \
              serves (a server creates the table when it first opens the file)",
+        ));
+    }
+    if !has("idempotency_open_streams")? {
+        return Err(refused(
+            "holds the tables of an earlier version (no idempotency_open_streams): start a \
+             server of this version on the file first, which adds them, or use the admin \
+             tool of that version",
         ));
     }
     Ok(conn)

@@ -534,7 +534,8 @@ fn the_admin_tool_refuses_a_missing_file_and_a_bad_command() {
 
 /// What the tool cannot work on as a served file is refused, saying what to give instead:
 /// a URI or a second name of the file would hide the server's lock (a purge would not wait
-/// for it to forget the key), a file without the cache is no server's.
+/// for it to forget the key), a file without the cache is no server's, one with an earlier
+/// version's tables needs a server of this version first.
 #[test]
 fn the_admin_tool_refuses_what_no_server_serves_by_that_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -543,12 +544,19 @@ fn the_admin_tool_refuses_what_no_server_serves_by_that_name() {
     let path = file.display().to_string();
     let linked = dir.path().join("other-name.db");
     let uri = format!("file:{path}");
+    let earlier_file = dir.path().join("earlier.db");
+    let earlier = earlier_file.display().to_string();
+    rusqlite::Connection::open(&earlier_file)
+        .unwrap()
+        .execute_batch("CREATE TABLE idempotency_cache (message_id TEXT PRIMARY KEY)")
+        .unwrap();
     let cases = [
         (
             vec!["--db", &uri, "stats"],
             "a URI: give the database file's path",
         ),
         (vec!["--db", &path, "stats"], "holds no idempotency cache"),
+        (vec!["--db", &earlier, "stats"], "an earlier version"),
         (
             vec!["--db", &path, "--db", &path, "stats"],
             "--db is given twice",
