@@ -86,8 +86,9 @@ pub struct Admin {
 
 enum Db {
     Sqlite(Arc<Mutex<Connection>>, PathBuf),
+    /// One session, one caller at a time: a read's snapshot is a transaction on it.
     #[cfg(feature = "postgres")]
-    Postgres(tokio_postgres::Client),
+    Postgres(tokio::sync::Mutex<tokio_postgres::Client>),
 }
 
 /// How many expired rows one purge transaction deletes: a served SQLite file's writer waits
@@ -202,8 +203,11 @@ impl Admin {
             }
             #[cfg(feature = "postgres")]
             Db::Postgres(client) => {
-                let read = async { Ok(StoreStats::read_postgres(client, now, ttl).await?) };
-                at_one_moment_postgres(client, read).await
+                let mut client = client.lock().await;
+                let snapshot = at_one_moment_postgres(&mut client).await?;
+                let stats = StoreStats::read_postgres(&snapshot, now, ttl).await?;
+                snapshot.commit().await?;
+                Ok(stats)
             }
         }
     }
@@ -252,7 +256,11 @@ impl Admin {
             }
             #[cfg(feature = "postgres")]
             Db::Postgres(client) => {
-                at_one_moment_postgres(client, read_postgres(client, &read)).await?
+                let mut client = client.lock().await;
+                let snapshot = at_one_moment_postgres(&mut client).await?;
+                let shown = read_postgres(&snapshot, &read).await?;
+                snapshot.commit().await?;
+                shown
             }
         };
         Ok(match (entry, stream) {
@@ -274,7 +282,7 @@ impl Admin {
         let Db::Postgres(client) = &self.db else {
             return Ok(None);
         };
-        let claim = client.query_opt(LIVE_CLAIM, &[&key]).await?;
+        let claim = client.lock().await.query_opt(LIVE_CLAIM, &[&key]).await?;
         Ok(claim.map(|row| EntryInfo {
             method: row.get(0),
             request_hash: row.get(1),
@@ -302,7 +310,7 @@ impl Admin {
                 u64::from(purged.is_some())
             }
             #[cfg(feature = "postgres")]
-            Db::Postgres(client) => client.execute(PURGE, &[&key]).await?,
+            Db::Postgres(client) => client.lock().await.execute(PURGE, &[&key]).await?,
         };
         Ok(deleted > 0)
     }
@@ -332,7 +340,8 @@ impl Admin {
             }
             #[cfg(feature = "postgres")]
             Db::Postgres(client) => {
-                crate::store::postgres::delete_expired(client, at, PURGE_CHUNK).await
+                let client = client.lock().await;
+                crate::store::postgres::delete_expired(&client, at, PURGE_CHUNK).await
             }
         }
     }
@@ -472,20 +481,17 @@ fn at_one_moment<T>(
     Ok(value)
 }
 
-/// [`at_one_moment`] on PostgreSQL: `read` runs on `client` in a read-only transaction of one
-/// snapshot (repeatable read).
+/// [`at_one_moment`] on PostgreSQL: a read-only transaction of one snapshot (repeatable
+/// read), rolled back if dropped before its commit.
 #[cfg(feature = "postgres")]
-async fn at_one_moment_postgres<T>(
-    client: &tokio_postgres::Client,
-    read: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    client
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .await?;
-    let value = read.await;
-    let end = if value.is_ok() { "COMMIT" } else { "ROLLBACK" };
-    client.batch_execute(end).await?;
-    value
+async fn at_one_moment_postgres(
+    client: &mut tokio_postgres::Client,
+) -> Result<tokio_postgres::Transaction<'_>, StoreError> {
+    let snapshot = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true);
+    Ok(snapshot.start().await?)
 }
 
 async fn sqlite<T: Send + 'static>(
@@ -585,8 +591,10 @@ async fn connect_postgres(url: &str) -> Result<(Db, Option<u64>), StoreError> {
     let bound = config.get_connect_timeout().copied();
     let bound = bound.unwrap_or(Duration::from_secs(10));
     config.connect_timeout(bound);
+    // Each host of a URL that names several is tried in turn, each for the bound.
+    let hosts = config.get_hosts().len().max(1) as u32;
     let connect = config.connect(tokio_postgres::NoTls);
-    let Ok(connected) = tokio::time::timeout(bound, connect).await else {
+    let Ok(connected) = tokio::time::timeout(bound * hosts, connect).await else {
         return Err(StoreError::Backend {
             backend: "postgres",
             cause: format!(
@@ -618,7 +626,7 @@ async fn connect_postgres(url: &str) -> Result<(Db, Option<u64>), StoreError> {
         false => None,
     };
     let ttl = recorded.map(|row| row.get::<_, i64>(0).max(0) as u64);
-    Ok((Db::Postgres(client), ttl))
+    Ok((Db::Postgres(tokio::sync::Mutex::new(client)), ttl))
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -638,7 +646,10 @@ SELECT to_regclass('idempotency_cache') IS NOT NULL AND NOT EXISTS (
     AND attname = 'expires_at' AND NOT attisdropped)";
 
 #[cfg(feature = "postgres")]
-async fn read_postgres(client: &tokio_postgres::Client, key: &str) -> Result<Shown, StoreError> {
+async fn read_postgres(
+    client: &impl tokio_postgres::GenericClient,
+    key: &str,
+) -> Result<Shown, StoreError> {
     let entry = client.query_opt(POSTGRES_ENTRY, &[&key]).await?;
     let entry = entry.map(|row| EntryRow {
         method: row.get(0),

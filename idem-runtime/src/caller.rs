@@ -122,7 +122,8 @@ pub(crate) fn unidentified() -> crate::error::IdempotencyError {
                   layer without a Caller: install the layer that inserts Caller in front of \
                   Idempotency::http_layer, and have it insert Caller::Unauthenticated for \
                   anonymous callers";
-    tracing::warn!(reason, "a governed call refused");
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| tracing::warn!(reason, "governed calls refused (said once)"));
     crate::error::IdempotencyError::new(crate::error::ErrorCode::LayerMissing)
         .with_detail("reason", reason)
 }

@@ -214,7 +214,12 @@ impl IdempotencyConfig {
 /// A variable's value; one that is not UTF-8 comes back with U+FFFD where its bytes were not,
 /// so that it is refused as malformed, naming the variable, instead of taken for unset.
 fn env_text(name: &str) -> Option<String> {
-    std::env::var_os(name).map(|value| value.to_string_lossy().into_owned())
+    std::env::var_os(name).map(|value| text_of(&value))
+}
+
+/// `value` as text, with U+FFFD where it is not UTF-8 (which no setting's parse accepts).
+fn text_of(value: &std::ffi::OsStr) -> String {
+    value.to_string_lossy().into_owned()
 }
 
 /// `seconds` as the spec's description says a TTL ("24h").
@@ -302,10 +307,7 @@ mod tests {
     #[test]
     fn a_value_that_is_not_utf8_is_malformed_not_unset() {
         use std::os::unix::ffi::OsStrExt;
-        let name = "IDEM_CONFIG_TEST_NOT_UTF8"; // read by this test alone
-        std::env::set_var(name, std::ffi::OsStr::from_bytes(b"6\xff0"));
-        let text = env_text(name).expect("set");
-        std::env::remove_var(name);
+        let text = text_of(std::ffi::OsStr::from_bytes(b"6\xff0"));
         let err = positive_integer(TTL_ENV, &text).unwrap_err();
         assert_eq!(err.variable, TTL_ENV);
     }

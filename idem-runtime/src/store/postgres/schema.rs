@@ -154,8 +154,11 @@ async fn create_indexes(client: deadpool_postgres::ClientWrapper) -> Result<(), 
         tracing::info!("another replica builds the indexes of idempotency_cache: not waited for");
         return Ok(());
     }
+    // Not named as a serving replica (`one_ttl.rs`): a build that outlives its replica (the
+    // server ends a statement only when it is done) must not refuse a replica of another TTL.
     let bounds = format!(
-        "SET statement_timeout = 0; SET lock_timeout = {}",
+        "SET application_name = 'idem index build'; SET statement_timeout = 0; \
+         SET lock_timeout = {}",
         LOCK_WAIT.as_millis()
     );
     client.batch_execute(&bounds).await?;

@@ -167,7 +167,8 @@ impl SqliteStore {
             restart,
             file: FileIdentity::of(&path)?,
             rows: entries::count(&conn)?,
-            rows_purged_as_of: purge_watch::generation(&conn)?,
+            purge_generation: purge_watch::generation(&conn)?,
+            rows_may_be_fewer: false,
             conn,
             clock: clock.clone(),
             touches: touches.clone(),
@@ -364,15 +365,22 @@ impl Store for SqliteStore {
         let (entry, open) = self
             .readers
             .run(move |conn| {
-                // The entry, the open stream and its events as of one moment: a sweep of the
-                // stream between two reads would leave its record without its events, and the
-                // retry would store it as interrupted with none of them.
+                let live = |entry: &Option<Entry>| {
+                    matches!(entry, Some(e) if !is_expired(e.inserted_at, ttl, now))
+                };
+                // While an entry is live no stream of its key can be open: a replay reads none.
+                let entry = entries::select(conn, &id, &rowids)?;
+                if live(&entry) {
+                    return Ok((entry, None));
+                }
+                // Otherwise the entry, the open stream and its events as of one moment: a
+                // sweep of the stream between two reads would leave its record without its
+                // events, and the retry would store it as interrupted with none of them.
                 let snapshot = conn.unchecked_transaction()?;
                 let entry = entries::select(&snapshot, &id, &rowids)?;
-                // While an entry is live no stream of its key can be open: a replay reads none.
-                let open = match &entry {
-                    Some(e) if !is_expired(e.inserted_at, ttl, now) => None,
-                    _ => select_open_stream(&snapshot, &id, ttl, now)?,
+                let open = match live(&entry) {
+                    true => None,
+                    false => select_open_stream(&snapshot, &id, ttl, now)?,
                 };
                 snapshot.finish()?;
                 Ok((entry, open))

@@ -220,8 +220,11 @@ pub(crate) struct Writer {
     pub(crate) max_entries: u64,
     /// Rows in the table, kept up to date so the bound costs no `COUNT(*)` per commit.
     pub(crate) rows: u64,
-    /// The file's purge generation when `rows` was last counted.
-    pub(crate) rows_purged_as_of: Option<i64>,
+    /// The file's purge generation as the writer last read it.
+    pub(crate) purge_generation: Option<i64>,
+    /// An operator's purge deleted rows behind the writer since `rows` was counted: it may
+    /// be too high (see [`Writer::note_purges`]).
+    pub(crate) rows_may_be_fewer: bool,
     pub(crate) tier: Arc<MemoryTier>,
     pub(crate) index: Arc<KeyIndex>,
     /// Lets `conn` commit only the writer's own `COMMIT`.
@@ -332,7 +335,7 @@ impl Writer {
         careful: bool,
     ) -> Result<Attempt, StoreError> {
         self.gate.begin(&self.conn)?;
-        self.recount_after_a_purge()?;
+        self.note_purges()?;
         let mut batch = Batch {
             now_ms: self.clock.now_millis(),
             rows: self.rows,
@@ -377,7 +380,10 @@ impl Writer {
             run(&self.conn, "ROLLBACK")?;
             return Ok(Attempt::Again);
         }
-        let evicted = evict_least_recently_used(&self.conn, &batch, self.max_entries)?;
+        let evicted = match self.rows_past_the_bound(&mut batch)? {
+            true => evict_least_recently_used(&self.conn, &batch, self.max_entries)?,
+            false => Vec::new(),
+        };
         let evictions = evicted.len() as u64;
         batch.rows -= evictions;
         batch.changes.extend(evicted);
@@ -415,16 +421,27 @@ impl Writer {
         }
     }
 
-    /// Counts the rows again if an operator's purge deleted some behind the writer since it
-    /// last did: under the batch's write lock, so that the LRU bound evicts no live entry for
-    /// rows already gone. One read of the purge generation a batch.
-    fn recount_after_a_purge(&mut self) -> rusqlite::Result<()> {
-        let purged = purge_watch::generation(&self.conn)?;
-        if purged != self.rows_purged_as_of {
-            self.rows = entries::count(&self.conn)?;
-            self.rows_purged_as_of = purged;
+    /// Notes an operator's purge committed since the last batch (one read of the purge
+    /// generation, under the batch's write lock): the rows it deleted are still counted, and
+    /// the LRU bound would evict live entries for them. They are counted again once the bound
+    /// is passed ([`Writer::rows_past_the_bound`]), not at every batch of a long purge.
+    fn note_purges(&mut self) -> rusqlite::Result<()> {
+        let purges = purge_watch::generation(&self.conn)?;
+        if purges != self.purge_generation {
+            self.purge_generation = purges;
+            self.rows_may_be_fewer = true;
         }
         Ok(())
+    }
+
+    /// Whether the batch's rows pass the LRU bound: counted again, with the batch's own
+    /// writes, where a purge may have deleted some behind the writer.
+    fn rows_past_the_bound(&mut self, batch: &mut Batch) -> rusqlite::Result<bool> {
+        if batch.rows > self.max_entries && self.rows_may_be_fewer {
+            batch.rows = entries::count(&self.conn)?;
+            self.rows_may_be_fewer = false;
+        }
+        Ok(batch.rows > self.max_entries)
     }
 
     /// One job under its own savepoint, so that its failure undoes its own writes only: the

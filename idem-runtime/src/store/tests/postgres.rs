@@ -1053,6 +1053,8 @@ async fn a_replica_that_finds_the_indexes_being_built_serves_without_waiting() {
         .execute("SELECT pg_advisory_unlock($1)", &[&lock])
         .await
         .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(valid_indexes(&fx).await, 3, "no build waited for the lock");
     drop(fx.cache(&config).await);
     indexes_built(&fx).await;
 }

@@ -543,7 +543,10 @@ async fn one_batch(
     writes: impl FnOnce(&Fixture) -> Vec<crate::store::SqlWrite>,
 ) -> (Fixture, Vec<Result<(), crate::store::StoreError>>) {
     let fx = Fixture::sqlite();
-    let cache = fx.cache(&config(86_400, 100)).await;
+    // No memory tier: an entry the batch lost must not be found in memory by the checks.
+    let cache = fx
+        .cache(&config(86_400, 100).with(|c| c.memory_tier_bytes = 0))
+        .await;
     let store = cache.store().clone();
     fx.create_effects(&store).await;
     store.apply(vec![fx.effect("taken")]).await.unwrap();
