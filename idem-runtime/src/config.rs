@@ -54,8 +54,9 @@ pub struct IdempotencyConfig {
     /// How often the background sweep deletes expired entries.
     pub sweep_interval: Duration,
     /// Bytes of stored entries kept in memory, so that replays need no disk read (0 turns
-    /// the memory tier off). Each entry costs its response bytes plus about 450 bytes, and 112
-    /// bytes for each spelling of the request it remembers (two for most).
+    /// the memory tier off). Each entry costs its response bytes plus about 450 bytes, and 160
+    /// bytes for each spelling of the request it remembers (none until a retry, two for most
+    /// retried entries).
     pub memory_tier_bytes: usize,
     /// How long a claim holds without renewal where several processes share the store
     /// (PostgreSQL): the executor renews it every third of this while it runs; a process

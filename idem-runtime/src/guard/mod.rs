@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use crate::claim::{Claim, Progress, Ticket, Waited};
 use crate::error::{ErrorCode, IdempotencyError};
-use crate::hash::{RequestHash, Spelling};
+use crate::hash::{Glimpse, RequestHash, Spelling};
 use crate::layers::scope::{CallId, GovernedCall, GuardReach, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, StoreError, StoredResponse};
 use crate::telemetry;
@@ -215,10 +215,10 @@ pub(crate) async fn store_json(
     telemetry::committed(&call.method, started.elapsed());
     match completed {
         // The stored bytes were serialized from this very payload: answering with it is
-        // answering with what is stored.
-        Ok(stored) => {
+        // answering with what is stored. Its bytes are spelled if a retry comes
+        // (`replay_json`): most never do.
+        Ok(_) => {
             call.record(Outcome::Executed);
-            note_spellings(call, &stored, call.scope.single_request_spelling());
             payload
         }
         Err(e) => Err(store_failure(call, e)),
@@ -264,12 +264,16 @@ pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
 }
 
 /// Remembers the bytes that asked for `answered`, the call's entry: its params, and the whole
-/// request's spelling where the entry's very bytes answer that request.
-fn note_spellings(call: &GovernedCall, answered: &Entry, request: Option<Spelling>) {
+/// request where the entry's very bytes answer that request.
+fn note_spellings(call: &GovernedCall, answered: &Entry, request: Option<(Glimpse, Spelling)>) {
+    let params = (
+        call.params.glimpse,
+        call.scope.caller().spelling(call.params.spelling()),
+    );
     let store = call.cache.store();
     match request {
-        Some(request) => store.note_spellings(answered, &[call.spelling, request]),
-        None => store.note_spellings(answered, &[call.spelling]),
+        Some(request) => store.note_spellings(answered, &[params, request]),
+        None => store.note_spellings(answered, &[params]),
     }
 }
 

@@ -21,6 +21,9 @@ pub(crate) mod canonical_pass;
 pub use canonical_pass::MAX_DEPTH;
 pub(crate) mod jcs;
 mod number_exactness;
+mod resend;
+pub(crate) use resend::Sent;
+pub use resend::{glimpse, Glimpse};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};

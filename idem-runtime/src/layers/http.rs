@@ -25,7 +25,7 @@ use crate::caller::CallerPolicy;
 use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::sse;
-use crate::hash::{request_spelling, Spelling};
+use crate::hash::Sent;
 use crate::layers::activation::{is_activated, A2A_EXTENSIONS};
 use crate::layers::invalid_request;
 use crate::layers::scope::{HttpScope, Outcome, StreamSource, WebSocket};
@@ -161,21 +161,21 @@ where
     if content_length(&request).is_some_and(|n| n > limit) {
         return Ok(too_large(request.into_body(), 0, limit).await);
     }
-    let (mut request, mut body, mut spelling) = (request, None, None);
+    let (mut request, mut body, mut sent) = (request, None, None);
     if recognisable(&request) {
         let (parts, bytes) = match read_body(request, limit).await {
             Ok(read) => read,
             Err(response) => return Ok(response),
         };
         match first_look(&bytes, cache.as_ref(), activated, caller) {
-            FirstLook::Passed(spelled) => spelling = spelled,
+            FirstLook::Passed(read) => sent = read,
             FirstLook::Answered(answer) => return Ok(answer),
         }
         let read_again = HttpBody::new(http_body_util::Full::new(bytes.clone()));
         request = HttpRequest::from_parts(parts, read_again);
         body = Some(bytes);
     }
-    let scope = HttpScope::new(activated, caller, spelling);
+    let scope = HttpScope::new(activated, caller, sent);
     request.extensions_mut().insert(scope.clone());
     // In a task of its own: a client that hangs up must not cut a governed call off
     // mid-execution (its retry would run it again); the call runs to its end, stored.
@@ -192,32 +192,33 @@ enum FirstLook {
     /// Answered here: a resend of an answered request's very bytes, with the stored answer,
     /// or a body that is not UTF-8, refused.
     Answered(HttpResponse<HttpBody>),
-    /// For jsonrpsee, with the body's spelling where the request activated the cache.
-    Passed(Option<Spelling>),
+    /// For jsonrpsee, with the body as a resend of it would be recognised, where the request
+    /// activated the cache.
+    Passed(Option<Sent>),
 }
 
 fn first_look(
-    bytes: &[u8],
+    bytes: &Bytes,
     cache: Option<&IdempotencyCache>,
     activated: bool,
     caller: CallerPolicy,
 ) -> FirstLook {
-    let mut spelling = None;
+    let mut sent = None;
     // A caller the scoped keys cannot place has no resend to be recognised (its call is
     // refused, by the RPC layer, as governed calls only are).
     if let Some(cache) = cache.filter(|_| !caller.unidentified) {
-        let spelled = caller.spelling(request_spelling(bytes));
-        if let Some(entry) = resent(cache, &spelled) {
+        let request = Sent::request(bytes.clone());
+        if let Some(entry) = resent(cache, &request, caller) {
             let scope = HttpScope::new(activated, caller, None);
             scope.record(&entry.method, Outcome::Replayed);
             let response = response::ok_response(entry.response.body.clone());
             return FirstLook::Answered(answered(&scope, response));
         }
-        spelling = Some(spelled);
+        sent = Some(request);
     }
     // A resend of bytes that were answered was UTF-8 then: checked after the lookup.
     match std::str::from_utf8(bytes) {
-        Ok(_) => FirstLook::Passed(spelling),
+        Ok(_) => FirstLook::Passed(sent),
         Err(error) => FirstLook::Answered(invalid_request::not_utf8(&error)),
     }
 }
@@ -284,10 +285,11 @@ async fn read_chunked(mut body: HttpBody, limit: u64) -> Result<Bytes, HttpRespo
     Ok(bytes.freeze())
 }
 
-/// The entry whose stored bytes answer a resend spelled `spelling`, if the store's memory
-/// holds one (a stream is replayed by the guard, not here).
-fn resent(cache: &IdempotencyCache, spelling: &Spelling) -> Option<Arc<Entry>> {
-    let entry = cache.store().spelled(spelling)?;
+/// The entry whose stored bytes answer a resend of `request`'s very bytes by `caller`, if
+/// the store's memory holds one (a stream is replayed by the guard, not here).
+fn resent(cache: &IdempotencyCache, request: &Sent, caller: CallerPolicy) -> Option<Arc<Entry>> {
+    let spelling = || caller.spelling(request.spelling());
+    let entry = cache.store().spelled(request.glimpse, &spelling)?;
     (!crate::guard::stream::is_event_stream(&entry)).then_some(entry)
 }
 

@@ -22,7 +22,7 @@ use serde_json::value::RawValue;
 use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::collision;
-use crate::hash::{hash_and_message_id, spelling, HashError, Spelling, MAX_DEPTH};
+use crate::hash::{hash_and_message_id, HashError, Sent, Spelling, MAX_DEPTH};
 use crate::layers::scope::{
     CallId, GovernedCall, GuardReach, HttpScope, Outcome, Undeduplicated, WebSocket,
 };
@@ -224,14 +224,16 @@ impl<S> RpcService<S> {
             return Err(error.to_error_object());
         }
         let raw = request.params.as_ref().map_or("null", |p| p.get());
-        let spelling = scope.caller().spelling(spelling(raw.as_bytes()));
+        let params = Sent::params(raw.as_bytes());
         if spelled {
-            if let Some(payload) = replay_spelled(cache, &spelling, request.method_name()) {
+            let spelling = || scope.caller().spelling(params.spelling());
+            if let Some(payload) = replay_spelled(cache, &params, &spelling, request.method_name())
+            {
                 scope.record(request.method_name(), Outcome::Replayed);
                 return Ok(Some(payload));
             }
         }
-        match self.governed_call(request, cache, &scope, spelling) {
+        match self.governed_call(request, cache, &scope, params) {
             Ok(call) => {
                 self.pass_down(request, call);
                 Ok(None)
@@ -264,7 +266,7 @@ impl<S> RpcService<S> {
         request: &Request<'_>,
         cache: &IdempotencyCache,
         scope: &HttpScope,
-        spelling: Spelling,
+        params: Sent,
     ) -> Result<GovernedCall, IdempotencyError> {
         let raw = request.params.as_ref().map_or("null", |p| p.get());
         let (hash, id) = hash_and_message_id(raw.as_bytes()).map_err(not_canonicalizable)?;
@@ -284,7 +286,7 @@ impl<S> RpcService<S> {
             method: request.method_name().to_owned(),
             key,
             hash,
-            spelling,
+            params,
         })
     }
 }
@@ -301,8 +303,13 @@ fn not_canonicalizable(error: HashError) -> IdempotencyError {
 
 /// The stored JSON-RPC payload that answers a resend of these very params, if the store
 /// holds it in memory. Streams are replayed by the guard (their answer is not one payload).
-fn replay_spelled(cache: &IdempotencyCache, spelling: &Spelling, method: &str) -> Option<Payload> {
-    let entry = cache.store().spelled(spelling)?;
+fn replay_spelled(
+    cache: &IdempotencyCache,
+    params: &Sent,
+    spelling: &dyn Fn() -> Spelling,
+    method: &str,
+) -> Option<Payload> {
+    let entry = cache.store().spelled(params.glimpse, spelling)?;
     // The same params under another method are the guard's 422, not a replay.
     if entry.method != method || crate::guard::stream::is_event_stream(&entry) {
         return None;

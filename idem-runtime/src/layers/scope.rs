@@ -14,7 +14,7 @@ use crate::caller::CallerPolicy;
 use crate::claim::IdempotencyCache;
 use crate::error::ErrorCode;
 use crate::guard::recording::Recording;
-use crate::hash::{RequestHash, Spelling};
+use crate::hash::{Glimpse, RequestHash, Sent, Spelling};
 use crate::message_id::MessageId;
 
 /// What happened to one governed call.
@@ -37,9 +37,9 @@ pub(crate) struct HttpScope(Arc<ScopeInner>);
 struct ScopeInner {
     activated: bool,
     caller: CallerPolicy,
-    /// The whole request body's spelling, when the HTTP layer read it: once its single call
-    /// is answered with the stored bytes, a resend of the same request is answered with them.
-    request_spelling: Option<Spelling>,
+    /// The whole request body, when the HTTP layer read it: once its single call is answered
+    /// with the stored bytes, a resend of the same request is answered with them.
+    request: Option<Sent>,
     /// Whether jsonrpsee dispatched a call of the request to the RPC layer: its answer is
     /// then the call's, never jsonrpsee's refusal of the body.
     dispatched: AtomicBool,
@@ -63,15 +63,11 @@ pub(crate) struct StreamSource {
 }
 
 impl HttpScope {
-    pub(crate) fn new(
-        activated: bool,
-        caller: CallerPolicy,
-        request_spelling: Option<Spelling>,
-    ) -> Self {
+    pub(crate) fn new(activated: bool, caller: CallerPolicy, request: Option<Sent>) -> Self {
         Self(Arc::new(ScopeInner {
             activated,
             caller,
-            request_spelling,
+            request,
             dispatched: AtomicBool::new(false),
             state: Mutex::default(),
         }))
@@ -85,9 +81,11 @@ impl HttpScope {
         self.0.dispatched.load(Ordering::Relaxed)
     }
 
-    /// The spelling of the request's body, if it is a single call (not a batch).
-    pub(crate) fn single_request_spelling(&self) -> Option<Spelling> {
-        self.0.request_spelling.filter(|_| !self.is_batch())
+    /// The glimpse and spelling of the request's body (the caller's, where keys are scoped),
+    /// if it is a single call (not a batch).
+    pub(crate) fn single_request_spelling(&self) -> Option<(Glimpse, Spelling)> {
+        let request = self.0.request.as_ref().filter(|_| !self.is_batch())?;
+        Some((request.glimpse, self.0.caller.spelling(request.spelling())))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ScopeState> {
@@ -159,9 +157,9 @@ pub(crate) struct GovernedCall {
     pub(crate) method: String,
     pub(crate) key: MessageId,
     pub(crate) hash: RequestHash,
-    /// The raw params' spelling: once the call is answered, a resend of these very bytes
-    /// is recognised without hashing.
-    pub(crate) spelling: Spelling,
+    /// The raw params: once an entry answers the call by its key, a resend of these very
+    /// bytes is recognised without hashing.
+    pub(crate) params: Sent,
 }
 
 impl GovernedCall {

@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::hash::{RequestHash, Spelling};
+use crate::hash::{Glimpse, RequestHash, Spelling};
 use crate::message_id::MessageId;
 
 /// What holds a key, as seen by the call that has just claimed it.
@@ -246,16 +246,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// The live entry last answered to exactly these bytes (raw params, or a whole request),
     /// if this store keeps it in memory: a byte-identical retry, recognised without parsing or
-    /// hashing canonically. Counts as a use, as [`get`](Self::get) does. Never waits.
-    fn spelled(&self, _spelling: &Spelling) -> Option<Arc<Entry>> {
+    /// hashing canonically. The bytes are spelled (`spelling`, a SHA-256) only if their
+    /// `glimpse` is one a remembered spelling has. Counts as a use, as [`get`](Self::get)
+    /// does. Never waits.
+    fn spelled(&self, _glimpse: Glimpse, _spelling: &dyn Fn() -> Spelling) -> Option<Arc<Entry>> {
         None
     }
 
-    /// Remembers that each of `spellings` (the SHA-256 of some bytes) asks for `answered`, the
-    /// entry a lookup or a commit just gave: raw params whose request hash is the entry's, or
-    /// a whole request that the entry's bytes answer. Nothing is noted once another entry of
-    /// the key has replaced it.
-    fn note_spellings(&self, _answered: &Entry, _spellings: &[Spelling]) {}
+    /// Remembers that each of `spellings` (the SHA-256 of some bytes, and their glimpse) asks
+    /// for `answered`, the entry a lookup just gave: raw params whose request hash is the
+    /// entry's, or a whole request that the entry's bytes answer. Nothing is noted once
+    /// another entry of the key has replaced it.
+    fn note_spellings(&self, _answered: &Entry, _spellings: &[(Glimpse, Spelling)]) {}
 
     /// The PostgreSQL pool the store commits through, for the application's own work.
     #[cfg(feature = "postgres")]

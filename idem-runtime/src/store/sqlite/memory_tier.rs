@@ -14,12 +14,14 @@
 //!
 //! It also remembers the raw params each resident was asked with (their SHA-256, a
 //! [`Spelling`]): a retry that resends the very same bytes is the same key with the same
-//! request hash, so it is recognised without parsing or canonicalizing anything.
+//! request hash, so it is recognised without parsing or canonicalizing anything. Each
+//! spelling is filed under a [`Glimpse`] of its bytes too, so that bytes no spelling has are
+//! not spelled at all (`hash/resend.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use crate::hash::Spelling;
+use crate::hash::{Glimpse, Spelling};
 use crate::message_id::MessageId;
 use crate::store::Entry;
 
@@ -38,6 +40,8 @@ pub(crate) struct MemoryTier {
 struct State {
     residents: HashMap<MessageId, Resident>,
     spellings: HashMap<Spelling, MessageId>,
+    /// The glimpses of the spellings' bytes, counted (two spellings may share one).
+    glimpses: HashMap<Glimpse, u32>,
     /// Keys in the order the clock hand visits them.
     hand: VecDeque<MessageId>,
     bytes: usize,
@@ -50,7 +54,7 @@ struct State {
 
 struct Resident {
     entry: Arc<Entry>,
-    spellings: Vec<Spelling>,
+    spellings: Vec<(Glimpse, Spelling)>,
     used: bool,
     bytes: usize,
 }
@@ -73,25 +77,32 @@ impl MemoryTier {
         self.state().get(key, live)
     }
 
-    /// The resident entry last asked with exactly these raw params, if it is `live`.
+    /// The resident entry last asked with exactly these raw bytes, if it is `live`: bytes of
+    /// this `glimpse` are spelled (outside the lock), other bytes are not.
     pub(crate) fn get_spelled(
         &self,
-        spelling: &Spelling,
+        glimpse: Glimpse,
+        spelling: impl FnOnce() -> Spelling,
         live: impl Fn(&Entry) -> bool,
     ) -> Option<Arc<Entry>> {
+        if !self.state().glimpses.contains_key(&glimpse) {
+            return None;
+        }
+        let spelling = spelling();
         let mut state = self.state();
-        let key = state.spellings.get(spelling)?.clone();
+        let key = state.spellings.get(&spelling)?.clone();
         state.get(&key, live)
     }
 
     /// Remembers that these spellings ask for `answered` (whose request hash they have),
     /// while it is the resident entry of its key; one lock for all of them.
-    pub(crate) fn add_spellings(&self, answered: &Entry, spellings: &[Spelling]) {
+    pub(crate) fn add_spellings(&self, answered: &Entry, spellings: &[(Glimpse, Spelling)]) {
         let key = &answered.message_id;
         let mut state = self.state();
         let State {
             residents,
             spellings: by_spelling,
+            glimpses,
             bytes,
             ..
         } = &mut *state;
@@ -103,18 +114,19 @@ impl MemoryTier {
         if !std::ptr::eq(Arc::as_ptr(&resident.entry), answered) {
             return;
         }
-        for &spelling in spellings {
+        for &(glimpse, spelling) in spellings {
             if resident.spellings.len() >= SPELLINGS_PER_ENTRY
-                || resident.spellings.contains(&spelling)
+                || resident.spellings.iter().any(|(_, s)| *s == spelling)
             {
                 continue;
             }
             // Room for this one alone: a `Vec` of digests left to grow takes four at once.
             resident.spellings.reserve_exact(1);
-            resident.spellings.push(spelling);
+            resident.spellings.push((glimpse, spelling));
             resident.bytes += SPELLING_BYTES;
             *bytes += SPELLING_BYTES;
             by_spelling.insert(spelling, key.clone());
+            *glimpses.entry(glimpse).or_default() += 1;
         }
         self.shrink(&mut state);
     }
@@ -181,6 +193,7 @@ impl MemoryTier {
         state.purges_seen += 1;
         state.residents.clear();
         state.spellings.clear();
+        state.glimpses.clear();
         state.hand.clear();
         state.bytes = 0;
     }
@@ -251,8 +264,16 @@ impl State {
     fn remove(&mut self, key: &MessageId) {
         if let Some(resident) = self.residents.remove(key) {
             self.bytes -= resident.bytes;
-            for spelling in &resident.spellings {
+            for (glimpse, spelling) in &resident.spellings {
                 self.spellings.remove(spelling);
+                if let std::collections::hash_map::Entry::Occupied(mut count) =
+                    self.glimpses.entry(*glimpse)
+                {
+                    *count.get_mut() -= 1;
+                    if *count.get() == 0 {
+                        count.remove();
+                    }
+                }
             }
         }
         // Its place in the hand goes when the hand reaches it; a key that comes back before
@@ -264,8 +285,8 @@ impl State {
     }
 }
 
-/// What one spelling costs: its digest in the resident and in the spelling map.
-const SPELLING_BYTES: usize = 2 * 32 + 48;
+/// What one spelling costs: its digest and glimpse in the resident, and in the two maps.
+const SPELLING_BYTES: usize = 2 * (32 + 8) + 48 + 32;
 
 /// What a resident costs: the entry's bytes, plus the maps' and the hand's share.
 fn entry_bytes(entry: &Entry) -> usize {
@@ -293,6 +314,11 @@ mod tests {
     use super::*;
     use crate::hash::request_hash;
     use crate::store::StoredResponse;
+
+    /// Spelling `n`, whose bytes' glimpse is `n` too.
+    fn spelled(n: u8) -> (Glimpse, Spelling) {
+        (Glimpse::from(n), [n; 32])
+    }
 
     fn entry(n: u32, body_bytes: usize) -> Arc<Entry> {
         Arc::new(Entry {
@@ -407,26 +433,26 @@ mod tests {
         let alone = tier.bytes();
         // What the resident holds allocated for its spellings, in digests.
         let room = || tier.state().residents[&e.message_id].spellings.capacity();
-        tier.add_spellings(&e, &[[1; 32], [1; 32]]);
+        tier.add_spellings(&e, &[spelled(1), spelled(1)]);
         assert_eq!(
             tier.bytes(),
             alone + SPELLING_BYTES,
             "a repeated spelling once"
         );
         assert_eq!(room(), 1, "and allocated once");
-        let more: Vec<Spelling> = (2..=6).map(|n| [n; 32]).collect();
+        let more: Vec<_> = (2..=6).map(spelled).collect();
         tier.add_spellings(&e, &more);
         let kept = SPELLINGS_PER_ENTRY;
         assert_eq!(tier.bytes(), alone + kept * SPELLING_BYTES);
         assert_eq!(room(), kept, "none allocated past the bound");
-        assert!(tier.get_spelled(&[4; 32], |_| true).is_some());
+        assert!(tier.get_spelled(4, || [4; 32], |_| true).is_some());
         assert!(
-            tier.get_spelled(&[5; 32], |_| true).is_none(),
+            tier.get_spelled(5, || [5; 32], |_| true).is_none(),
             "past the bound"
         );
         tier.deleted([&e.message_id]);
         assert_eq!(tier.bytes(), 0, "the entry and its spellings are gone");
-        assert!(tier.get_spelled(&[1; 32], |_| true).is_none());
+        assert!(tier.get_spelled(1, || [1; 32], |_| true).is_none());
     }
 
     /// Between an answer and the noting of its spellings the key may be swept and stored
@@ -438,10 +464,10 @@ mod tests {
         tier.insert(answered.clone(), tier.purges_seen());
         let replacement = entry(1, 20);
         tier.insert(replacement.clone(), tier.purges_seen());
-        tier.add_spellings(&answered, &[[8; 32]]);
-        assert!(tier.get_spelled(&[8; 32], |_| true).is_none());
-        tier.add_spellings(&replacement, &[[8; 32]]);
-        let found = tier.get_spelled(&[8; 32], |_| true).unwrap();
+        tier.add_spellings(&answered, &[spelled(8)]);
+        assert!(tier.get_spelled(8, || [8; 32], |_| true).is_none());
+        tier.add_spellings(&replacement, &[spelled(8)]);
+        let found = tier.get_spelled(8, || [8; 32], |_| true).unwrap();
         assert!(Arc::ptr_eq(&found, &replacement));
     }
 
@@ -450,15 +476,34 @@ mod tests {
         let tier = MemoryTier::new(1 << 20);
         let e = entry(1, 10);
         tier.insert(e.clone(), tier.purges_seen());
-        tier.add_spellings(&e, &[[3; 32]]);
+        tier.add_spellings(&e, &[spelled(3)]);
         let read = entry(2, 10);
         let before = tier.deletions(&read.message_id);
         tier.forget_all();
         assert!(tier.get(&e.message_id, |_| true).is_none());
-        assert!(tier.get_spelled(&[3; 32], |_| true).is_none());
+        assert!(tier.get_spelled(3, || [3; 32], |_| true).is_none());
         assert_eq!(tier.bytes(), 0);
         tier.fill(read.clone(), before); // read before the purge was seen
         assert!(tier.get(&read.message_id, |_| true).is_none());
+    }
+
+    /// Bytes whose glimpse no remembered spelling has are not spelled: a first execution
+    /// costs no SHA-256 here. Nor once the spellings of that glimpse are gone.
+    #[test]
+    fn bytes_of_a_glimpse_no_spelling_has_are_not_spelled() {
+        let tier = MemoryTier::new(1 << 20);
+        let never = || -> Spelling { panic!("spelled bytes of an unknown glimpse") };
+        assert!(tier.get_spelled(9, never, |_| true).is_none());
+        let e = entry(1, 10);
+        tier.insert(e.clone(), tier.purges_seen());
+        tier.add_spellings(&e, &[spelled(9), (9, [10; 32])]); // two spellings, one glimpse
+        assert!(tier.get_spelled(9, || [10; 32], |_| true).is_some());
+        assert!(
+            tier.get_spelled(9, || [11; 32], |_| true).is_none(),
+            "the spelling decides"
+        );
+        tier.deleted([&e.message_id]);
+        assert!(tier.get_spelled(9, never, |_| true).is_none());
     }
 
     #[test]
@@ -466,16 +511,16 @@ mod tests {
         let tier = MemoryTier::new(1 << 20);
         let e = entry(1, 10);
         tier.insert(e.clone(), tier.purges_seen());
-        tier.add_spellings(&e, &[[7; 32]]);
-        assert!(tier.get_spelled(&[7; 32], |_| true).is_some());
+        tier.add_spellings(&e, &[spelled(7)]);
+        assert!(tier.get_spelled(7, || [7; 32], |_| true).is_some());
         assert!(
-            tier.get_spelled(&[7; 32], |_| false).is_none(),
+            tier.get_spelled(7, || [7; 32], |_| false).is_none(),
             "not live: not answered"
         );
         assert!(tier.get(&e.message_id, |_| true).is_none(), "and gone");
         tier.insert(e.clone(), tier.purges_seen());
-        tier.add_spellings(&e, &[[7; 32]]);
+        tier.add_spellings(&e, &[spelled(7)]);
         tier.deleted([&e.message_id]);
-        assert!(tier.get_spelled(&[7; 32], |_| true).is_none());
+        assert!(tier.get_spelled(7, || [7; 32], |_| true).is_none());
     }
 }

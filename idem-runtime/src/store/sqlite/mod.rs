@@ -35,7 +35,7 @@ use tokio::sync::oneshot;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
-use crate::hash::Spelling;
+use crate::hash::{Glimpse, Spelling};
 use crate::message_id::MessageId;
 use crate::store::settings;
 use crate::store::sqlite::checkpointer::{Checkpointer, Restart};
@@ -560,14 +560,15 @@ impl Store for SqliteStore {
         self.clock.now_seconds()
     }
 
-    fn spelled(&self, spelling: &Spelling) -> Option<Arc<Entry>> {
+    fn spelled(&self, glimpse: Glimpse, spelling: &dyn Fn() -> Spelling) -> Option<Arc<Entry>> {
         if self.closed.load(SeqCst) {
             return None;
         }
-        self.used(self.tier.get_spelled(spelling, |e| self.is_live(e)))
+        let live = |e: &Entry| self.is_live(e);
+        self.used(self.tier.get_spelled(glimpse, spelling, live))
     }
 
-    fn note_spellings(&self, answered: &Entry, spellings: &[Spelling]) {
+    fn note_spellings(&self, answered: &Entry, spellings: &[(Glimpse, Spelling)]) {
         self.tier.add_spellings(answered, spellings);
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::claim::{Claim, IdempotencyCache};
 use crate::hash::request_hash;
-use crate::store::{SqliteStore, Store};
+use crate::store::{Entry, SqliteStore, Store};
 use crate::IdempotencyConfig;
 
 use crate::store::tests::fixture::Fixture;
@@ -111,9 +111,9 @@ async fn closed_store_fails_loudly() {
     let store = Arc::new(store);
     let cache = IdempotencyCache::from_arc(store.clone());
     let stored = execute(&cache, &key(1), "{}", "in memory").await;
-    let spelling = crate::hash::spelling(b"{}");
+    let spelling = sent(b"{}");
     store.note_spellings(&stored, &[spelling]);
-    assert!(store.spelled(&spelling).is_some());
+    assert!(found(&*store, &spelling).is_some());
     store.close();
     let closed = |result: Result<(), crate::store::StoreError>| {
         matches!(result, Err(crate::store::StoreError::Closed))
@@ -123,7 +123,7 @@ async fn closed_store_fails_loudly() {
     assert!(closed(store.get(&key(1)).await.map(drop)));
     assert!(closed(store.lookup(&key(1)).await.map(drop)));
     assert!(closed(store.lookup(&key(2)).await.map(drop)));
-    assert!(store.spelled(&spelling).is_none());
+    assert!(found(&*store, &spelling).is_none());
 }
 
 #[test]
@@ -273,34 +273,35 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
     let cache = fx.cache(&config(60, 2)).await;
     let store = cache.store().clone();
     let (a, b, c) = (key(1), key(2), key(3));
-    let spelled_a = crate::hash::spelling(br#"{"v":"a"}"#);
+    let spelled_a = sent(br#"{"v":"a"}"#);
     let entry_a = execute(&cache, &a, r#"{"v":"a"}"#, "A").await;
     store.note_spellings(&entry_a, &[spelled_a]);
-    let entry = store
-        .spelled(&spelled_a)
-        .expect("a resend of the same bytes");
+    let entry = found(&*store, &spelled_a).expect("a resend of the same bytes");
     assert_eq!(entry.response.body, b"A");
     assert_eq!(entry.method, "message/send", "the caller checks its method");
-    let other = crate::hash::spelling(br#"{"v":"b"}"#);
-    assert!(store.spelled(&other).is_none(), "other bytes: hash them");
+    let other = sent(br#"{"v":"b"}"#);
+    assert!(found(&*store, &other).is_none(), "other bytes: hash them");
 
     // The LRU bound: a, then b and c; a is the least recently used and leaves everywhere.
     fx.clock.advance(Duration::from_millis(10));
     let entry_b = execute(&cache, &b, "{}", "B").await;
     fx.clock.advance(Duration::from_millis(10));
     execute(&cache, &c, "{}", "C").await;
-    assert!(store.spelled(&spelled_a).is_none(), "evicted from the file");
+    assert!(
+        found(&*store, &spelled_a).is_none(),
+        "evicted from the file"
+    );
     assert!(cached_body(&cache, &a).await.is_none());
     let hash_a = request_hash(br#"{"v":"a"}"#).unwrap();
     assert!(wins(&cache, &a, &hash_a).await);
 
     // The TTL, by the store's own rule (live at exactly ttl, gone one second later).
-    let spelled_b = crate::hash::spelling(b"{}");
+    let spelled_b = sent(b"{}");
     store.note_spellings(&entry_b, &[spelled_b]);
     fx.clock.advance(Duration::from_secs(60));
-    assert!(store.spelled(&spelled_b).is_some());
+    assert!(found(&*store, &spelled_b).is_some());
     fx.clock.advance(Duration::from_secs(1));
-    assert!(store.spelled(&spelled_b).is_none(), "past the TTL");
+    assert!(found(&*store, &spelled_b).is_none(), "past the TTL");
     assert!(cached_body(&cache, &b).await.is_none());
 
     // The sweep deletes them; the key index forgets them with the rows.
@@ -314,16 +315,16 @@ async fn the_memory_tier_never_answers_what_the_store_would_not() {
 #[tokio::test]
 async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
     let fx = Fixture::sqlite();
-    let spelled = crate::hash::spelling(br#"{"v":1}"#);
+    let spelled = sent(br#"{"v":1}"#);
     {
         let cache = fx.cache(&config(86_400, 100)).await;
         let one = execute(&cache, &key(1), r#"{"v":1}"#, "one").await;
         cache.store().note_spellings(&one, &[spelled]);
-        assert!(cache.store().spelled(&spelled).is_some());
+        assert!(found(&**cache.store(), &spelled).is_some());
     }
     let cache = fx.cache(&config(86_400, 100)).await;
     assert!(
-        cache.store().spelled(&spelled).is_none(),
+        found(&**cache.store(), &spelled).is_none(),
         "nothing in memory survives the process"
     );
     // The key index is rebuilt from the file: the key is not taken for new.
@@ -334,7 +335,7 @@ async fn a_restart_starts_with_an_empty_tier_and_gives_the_same_answers() {
     assert_eq!(entry.response.body, b"one");
     // Read once, it is in memory again; the bytes it was asked with are learnt anew.
     cache.store().note_spellings(&entry, &[spelled]);
-    let again = cache.store().spelled(&spelled).unwrap();
+    let again = found(&**cache.store(), &spelled).unwrap();
     assert_eq!(*again, *entry);
 }
 
@@ -344,9 +345,9 @@ async fn with_the_tier_off_every_answer_is_the_same() {
     let off = config(60, 2).with(|c| c.memory_tier_bytes = 0);
     let cache = fx.cache(&off).await;
     let one = execute(&cache, &key(1), "{}", "one").await;
-    let spelled = crate::hash::spelling(b"{}");
+    let spelled = sent(b"{}");
     cache.store().note_spellings(&one, &[spelled]);
-    assert!(cache.store().spelled(&spelled).is_none());
+    assert!(found(&**cache.store(), &spelled).is_none());
     assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"one");
     fx.clock.advance(Duration::from_secs(61));
     assert!(cached_body(&cache, &key(1)).await.is_none());
@@ -1220,4 +1221,17 @@ async fn a_read_the_disk_does_not_answer_fails_in_time() {
     assert_unanswered(read, started);
     drop(disk);
     assert_eq!(body_of(&store, 1).await, Some(b"stored".to_vec()));
+}
+
+/// Bytes as a call sent them: their glimpse and spelling.
+fn sent(bytes: &[u8]) -> (crate::hash::Glimpse, crate::hash::Spelling) {
+    (crate::hash::glimpse(bytes), crate::hash::spelling(bytes))
+}
+
+/// The entry `store` answers a resend of `sent`'s bytes with, from memory.
+fn found(
+    store: &dyn Store,
+    (glimpse, spelling): &(crate::hash::Glimpse, crate::hash::Spelling),
+) -> Option<Arc<Entry>> {
+    store.spelled(*glimpse, &|| *spelling)
 }
