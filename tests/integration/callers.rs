@@ -127,8 +127,8 @@ async fn replays_to_callers_marked_unauthenticated_can_go_unmarked() {
     let server = db.server(config).await;
     let mid = new_id();
     let first = post_as(&server.url, "-", send(1, &mid, "x")).await;
-    // The same bytes (the HTTP layer's resend path) and another id (the guard's replay).
-    for body in [send(1, &mid, "x"), send(2, &mid, "x")] {
+    // The same bytes (a retry by key, then the HTTP layer's resend path) and another id.
+    for body in [send(1, &mid, "x"), send(1, &mid, "x"), send(2, &mid, "x")] {
         let replay = post_as(&server.url, "-", body).await;
         assert_eq!(replay.status, 200);
         assert!(

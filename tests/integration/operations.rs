@@ -109,13 +109,25 @@ async fn each_outcome_moves_its_own_counter_and_no_label_names_a_key() {
         assert_eq!(m.get(&format!("{timing}_bucket"), &all), 1.0);
     }
 
-    // The same bytes (answered by the HTTP layer), then the same params under another id.
+    // The first resend of the same bytes is a retry by key (the guard claims it), which
+    // teaches the memory tier its bytes; the next one is answered by the HTTP layer, and the
+    // same params under another id by the RPC layer: neither claims anything.
     let replay = post_activated(url, send_body(&key, "survey")).await;
     assert!(replay.replayed());
+    let claims = |m: &Metrics| m.get("idempotency_claim_seconds_count", send);
+    assert_eq!(
+        claims(&Metrics::scrape(url).await),
+        2.0,
+        "the first retry, by key"
+    );
+    let resend = post_activated(url, send_body(&key, "survey")).await;
+    assert!(resend.replayed());
+    assert_eq!(resend.body, replay.body);
     let again = post_activated(url, self::send(2, &key, "survey")).await;
     assert!(again.replayed());
     let m = Metrics::scrape(url).await;
-    assert_eq!(m.calls("replayed"), 2.0);
+    assert_eq!(claims(&m), 2.0, "answered from memory by their bytes");
+    assert_eq!(m.calls("replayed"), 3.0);
     assert_eq!(m.calls("executed"), 1.0, "a replay executes nothing");
 
     let collision = post_activated(url, send_body(&key, "another payload")).await;

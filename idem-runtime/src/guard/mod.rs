@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use crate::claim::{Claim, Progress, Ticket, Waited};
 use crate::error::{ErrorCode, IdempotencyError};
-use crate::hash::{Glimpse, RequestHash, Spelling};
+use crate::hash::RequestHash;
 use crate::layers::scope::{CallId, GovernedCall, GuardReach, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, StoreError, StoredResponse};
 use crate::telemetry;
@@ -251,27 +251,26 @@ pub(crate) fn replay_json(call: &GovernedCall, entry: &Entry) -> Payload {
     match decode(&entry.response.body) {
         Some(payload) => {
             call.record(Outcome::Replayed);
-            // The request's own bytes may be answered by the stored bytes only if this call's
-            // answer is those bytes (its JSON-RPC id is the stored one).
-            let request = call.scope.single_request_spelling();
-            let verbatim =
-                request.filter(|_| response_bytes(&call.id, &payload) == entry.response.body);
-            note_spellings(call, entry, verbatim);
+            note_spellings(call, entry, &payload);
             payload
         }
         None => Err(corrupt(call)),
     }
 }
 
-/// Remembers the bytes that asked for `answered`, the call's entry: its params, and the whole
-/// request where the entry's very bytes answer that request.
-fn note_spellings(call: &GovernedCall, answered: &Entry, request: Option<(Glimpse, Spelling)>) {
-    let params = (
-        call.params.glimpse,
-        call.scope.caller().spelling(call.params.spelling()),
-    );
+/// Remembers the bytes that asked for `answered`, the call's entry, and answered `payload`:
+/// its params, and the whole request where the entry's very bytes answer that request (its
+/// JSON-RPC id is the stored one). Spelled only where the store keeps spellings, and not for
+/// a batch's call (a batch is never answered from them).
+fn note_spellings(call: &GovernedCall, answered: &Entry, payload: &Payload) {
     let store = call.cache.store();
-    match request {
+    if !store.keeps_spellings() || call.scope.is_batch() {
+        return;
+    }
+    let caller = call.scope.caller();
+    let params = (call.params.glimpse, caller.spelling(call.params.spelling()));
+    let verbatim = response_bytes(&call.id, payload) == answered.response.body;
+    match call.scope.single_request_spelling().filter(|_| verbatim) {
         Some(request) => store.note_spellings(answered, &[params, request]),
         None => store.note_spellings(answered, &[params]),
     }

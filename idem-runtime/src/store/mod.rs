@@ -259,6 +259,12 @@ pub trait Store: Send + Sync + 'static {
     /// another entry of the key has replaced it.
     fn note_spellings(&self, _answered: &Entry, _spellings: &[(Glimpse, Spelling)]) {}
 
+    /// Whether [`note_spellings`](Self::note_spellings) keeps anything: bytes are not spelled
+    /// for a store that does not.
+    fn keeps_spellings(&self) -> bool {
+        false
+    }
+
     /// The PostgreSQL pool the store commits through, for the application's own work.
     #[cfg(feature = "postgres")]
     fn postgres_pool(&self) -> Option<deadpool_postgres::Pool> {

@@ -568,6 +568,10 @@ impl Store for SqliteStore {
         self.used(self.tier.get_spelled(glimpse, spelling, live))
     }
 
+    fn keeps_spellings(&self) -> bool {
+        self.tier.keeps_anything() && !self.closed.load(SeqCst)
+    }
+
     fn note_spellings(&self, answered: &Entry, spellings: &[(Glimpse, Spelling)]) {
         self.tier.add_spellings(answered, spellings);
     }

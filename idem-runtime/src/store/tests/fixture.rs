@@ -109,13 +109,16 @@ impl Fixture {
     }
 
     /// Waits until the sessions of the PostgreSQL stores dropped so far have ended (moments
-    /// after the drop), so that one of another TTL opens instead of being refused.
+    /// after the drop), so that one of another TTL opens instead of being refused, and their
+    /// index builds too, so that a test's own schema change does not meet one.
     pub async fn stores_gone(&self) {
         if !matches!(self.backend, Backend::Postgres) {
             return;
         }
         let sessions = "SELECT COUNT(*) FROM pg_stat_activity
-                        WHERE datname = current_database() AND application_name LIKE 'idem ttl=%'";
+                        WHERE datname = current_database()
+                          AND (application_name LIKE 'idem ttl=%'
+                               OR application_name = 'idem index build')";
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while self.count(sessions).await > 0 {
             assert!(
