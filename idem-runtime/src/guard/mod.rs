@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use crate::claim::{Claim, Progress, Ticket, Waited};
 use crate::error::{ErrorCode, IdempotencyError};
-use crate::hash::RequestHash;
+use crate::hash::{Glimpse, RequestHash, Spelling};
 use crate::layers::scope::{CallId, GovernedCall, GuardReach, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, StoreError, StoredResponse};
 use crate::telemetry;
@@ -269,11 +269,23 @@ fn note_spellings(call: &GovernedCall, answered: &Entry, payload: &Payload) {
     }
     let caller = call.scope.caller();
     let params = (call.params.glimpse, caller.spelling(call.params.spelling()));
-    let verbatim = response_bytes(&call.id, payload) == answered.response.body;
-    match call.scope.single_request_spelling().filter(|_| verbatim) {
+    match verbatim_request(&call.scope, &call.id, answered, payload) {
         Some(request) => store.note_spellings(answered, &[params, request]),
         None => store.note_spellings(answered, &[params]),
     }
+}
+
+/// The glimpse and spelling of the whole request where `payload`, the answer to its single
+/// call `id`, is `answered`'s very bytes (the stored JSON-RPC id is the call's): a resend of
+/// that request may then be answered with them.
+pub(crate) fn verbatim_request(
+    scope: &HttpScope,
+    id: &Id<'_>,
+    answered: &Entry,
+    payload: &Payload,
+) -> Option<(Glimpse, Spelling)> {
+    let verbatim = response_bytes(id, payload) == answered.response.body;
+    scope.single_request_spelling().filter(|_| verbatim)
 }
 
 pub(crate) fn corrupt(call: &GovernedCall) -> ErrorObjectOwned {

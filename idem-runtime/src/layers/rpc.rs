@@ -21,13 +21,14 @@ use serde_json::value::RawValue;
 
 use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
-use crate::guard::collision;
+use crate::guard::{collision, verbatim_request};
 use crate::hash::{hash_and_message_id, HashError, Sent, Spelling, MAX_DEPTH};
 use crate::layers::scope::{
     CallId, GovernedCall, GuardReach, HttpScope, Outcome, Undeduplicated, WebSocket,
 };
 use crate::message_id::MessageId;
 use crate::state::State;
+use crate::store::Entry;
 use crate::unit_of_work::UnitOfWork;
 use crate::wire::{decode, Payload};
 
@@ -227,9 +228,16 @@ impl<S> RpcService<S> {
         let params = Sent::params(raw.as_bytes());
         if spelled {
             let spelling = || scope.caller().spelling(params.spelling());
-            if let Some(payload) = replay_spelled(cache, &params, &spelling, request.method_name())
+            if let Some((entry, payload)) =
+                replay_spelled(cache, &params, &spelling, request.method_name())
             {
                 scope.record(request.method_name(), Outcome::Replayed);
+                // The first retry by key was under another JSON-RPC id (only its params were
+                // learnt): these very bytes are answered by the HTTP layer from now on.
+                let store = cache.store();
+                if let Some(whole) = verbatim_request(&scope, &request.id, &entry, &payload) {
+                    store.note_spellings(&entry, &[whole]);
+                }
                 return Ok(Some(payload));
             }
         }
@@ -301,20 +309,22 @@ fn not_canonicalizable(error: HashError) -> IdempotencyError {
     }
 }
 
-/// The stored JSON-RPC payload that answers a resend of these very params, if the store
-/// holds it in memory. Streams are replayed by the guard (their answer is not one payload).
+/// The entry, and the stored JSON-RPC payload, that answer a resend of these very params, if
+/// the store holds it in memory. Streams are replayed by the guard (their answer is not one
+/// payload).
 fn replay_spelled(
     cache: &IdempotencyCache,
     params: &Sent,
     spelling: &dyn Fn() -> Spelling,
     method: &str,
-) -> Option<Payload> {
+) -> Option<(Arc<Entry>, Payload)> {
     let entry = cache.store().spelled(params.glimpse, spelling)?;
     // The same params under another method are the guard's 422, not a replay.
     if entry.method != method || crate::guard::stream::is_event_stream(&entry) {
         return None;
     }
-    decode(&entry.response.body)
+    let payload = decode(&entry.response.body)?;
+    Some((entry, payload))
 }
 
 /// A governed call, to answer as the application's mistake if its method's guard never
