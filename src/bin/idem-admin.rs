@@ -58,7 +58,13 @@ async fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(error) => return fail(&format!("{error}\n\n{USAGE}")),
     };
-    let config = match IdempotencyConfig::from_env() {
+    // The TTL alone (where no server recorded one): a setting the tool does not use, malformed
+    // in the servers' environment, is no reason to refuse the operator.
+    let ttl_only = |name: &str| {
+        let value = std::env::var_os(name).filter(|_| name == TTL_ENV)?;
+        Some(value.to_string_lossy().into_owned())
+    };
+    let config = match IdempotencyConfig::from_lookup(ttl_only) {
         Ok(config) => config,
         Err(error) => return fail(&error.to_string()),
     };

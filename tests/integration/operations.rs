@@ -593,6 +593,29 @@ fn the_admin_tool_refuses_what_no_server_serves_by_that_name() {
     assert!(stderr.contains(&format!("{path}.missing")), "{stderr}");
 }
 
+/// The tool reads the TTL alone from the environment: a malformed setting it does not use (in
+/// a shell that shares the servers' environment) does not stop it; a malformed TTL does.
+#[test]
+fn the_admin_tool_minds_only_the_setting_it_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing.db").display().to_string();
+    let other = admin(
+        &["--db", &path, "stats"],
+        &[("AIWG_IDEMPOTENCY_DISK_TIMEOUT_MS", "abc")],
+    );
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    assert!(stderr.contains("cannot open database"), "{stderr}");
+    let ttl = admin(
+        &["--db", &path, "stats"],
+        &[("AIWG_IDEMPOTENCY_TTL", "abc")],
+    );
+    let stderr = String::from_utf8_lossy(&ttl.stderr);
+    assert!(
+        stderr.contains("AIWG_IDEMPOTENCY_TTL=\"abc\" is invalid"),
+        "{stderr}"
+    );
+}
+
 /// A PostgreSQL URL's password, in its user part or as a parameter, is not printed when the
 /// database cannot be reached (a purge's confirmation prints the URL the same way).
 #[test]
