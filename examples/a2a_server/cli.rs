@@ -7,7 +7,7 @@ use std::time::Duration;
 pub const USAGE: &str = "\
 usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|optional|off]
                   [--max-in-flight N] [--body-timeout SECONDS] [--shutdown-grace SECONDS]
-                  [--principal-header NAME]
+                  [--principal-header NAME] [--outbox-retention SECONDS]
 
   --listen ADDR          address to serve on (default 127.0.0.1:8080; port 0 picks a free one)
   --db PATH|URL          where tasks, outbox and idempotency cache live: a SQLite file
@@ -29,6 +29,8 @@ usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|option
                          names the caller (a request without it shares the global keys).
                          This agent authenticates nobody: set it only behind a proxy that
                          authenticates callers and sets H itself
+  --outbox-retention S   how long delivered outbox events are kept before they are
+                         deleted (default 86400, a day)
 
 environment: AIWG_IDEMPOTENCY_TTL (seconds), AIWG_IDEMPOTENCY_MAX_ENTRIES,
              AIWG_IDEMPOTENCY_CLAIM_LEASE_MS, AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS,
@@ -59,6 +61,8 @@ pub struct Cli {
     pub shutdown_grace: Duration,
     /// The request header that names the caller, where keys are scoped by caller.
     pub principal_header: Option<http::HeaderName>,
+    /// How long delivered outbox events are kept.
+    pub outbox_retention: Duration,
 }
 
 /// Where the server keeps its state.
@@ -105,6 +109,9 @@ const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// A stream's mission is at most 60 s.
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(65);
 
+/// A day, as long as an idempotency entry lives by default.
+const DEFAULT_OUTBOX_RETENTION: Duration = Duration::from_secs(86_400);
+
 /// Reads the flags (`--flag value` or `--flag=value`); the error says what is wrong.
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     let mut cli = Cli {
@@ -115,6 +122,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
         body_timeout: DEFAULT_BODY_TIMEOUT,
         shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         principal_header: None,
+        outbox_retention: DEFAULT_OUTBOX_RETENTION,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -138,6 +146,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             Flag::BodyTimeout => cli.body_timeout = seconds(flag, &value, 1)?,
             Flag::ShutdownGrace => cli.shutdown_grace = seconds(flag, &value, 0)?,
             Flag::PrincipalHeader => cli.principal_header = Some(header_name(&value)?),
+            Flag::OutboxRetention => cli.outbox_retention = seconds(flag, &value, 1)?,
         }
     }
     Ok(Command::Serve(cli))
@@ -153,10 +162,11 @@ enum Flag {
     BodyTimeout,
     ShutdownGrace,
     PrincipalHeader,
+    OutboxRetention,
 }
 
 impl Flag {
-    const ALL: [Flag; 7] = [
+    const ALL: [Flag; 8] = [
         Flag::Listen,
         Flag::Db,
         Flag::Idempotency,
@@ -164,6 +174,7 @@ impl Flag {
         Flag::BodyTimeout,
         Flag::ShutdownGrace,
         Flag::PrincipalHeader,
+        Flag::OutboxRetention,
     ];
 
     fn parse(arg: &str) -> Result<Self, String> {
@@ -182,6 +193,7 @@ impl Flag {
             Flag::BodyTimeout => "--body-timeout",
             Flag::ShutdownGrace => "--shutdown-grace",
             Flag::PrincipalHeader => "--principal-header",
+            Flag::OutboxRetention => "--outbox-retention",
         }
     }
 }

@@ -22,6 +22,7 @@ mod model;
 mod principal;
 mod push;
 mod relay;
+mod retention;
 mod shapes;
 mod task_locks;
 mod tasks;
@@ -110,6 +111,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
         missions.sweep_overdue();
     }
     let mut signals = Signals::new()?;
+    retention::spawn(store.clone(), cli.outbox_retention);
     relay::spawn(store, push.clone());
     let (handle, addr) = start(&cli, &idem, Agent::new(missions, push), metrics).await?;
     tracing::info!(%addr, db = %cli.db, mode = ?cli.mode, resumed, "serving");

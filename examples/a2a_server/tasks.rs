@@ -280,6 +280,24 @@ impl TaskStore {
         self.mark(sql::RETRY_AT, vec![id], at_ms).await
     }
 
+    /// Deletes the outbox events delivered before `before_ms`, in short transactions; how
+    /// many.
+    pub async fn prune_delivered(&self, before_ms: u64) -> RpcResult<u64> {
+        const CHUNK: i64 = 1_000;
+        let (sql, before) = (sql::PRUNE_DELIVERED, before_ms as i64);
+        let mut total = 0;
+        loop {
+            let deleted = match &self.db {
+                Backend::Sqlite(db) => sqlite::delete_chunk(db, sql, before, CHUNK).await,
+                Backend::Postgres(pool) => postgres::delete_chunk(pool, sql, before, CHUNK).await,
+            }?;
+            total += deleted;
+            if deleted < CHUNK as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
     async fn mark(&self, sql: &'static str, ids: Vec<i64>, value: u64) -> RpcResult<()> {
         let value = value as i64;
         let marked = match &self.db {

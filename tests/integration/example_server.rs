@@ -1130,6 +1130,28 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
     assert_eq!((not_found.status, not_found.error_code()), (200, -32001));
 }
 
+/// Delivered outbox events are deleted once past `--outbox-retention`; the tasks stay, and a
+/// replay of the call that made them is the same.
+#[tokio::test]
+async fn delivered_outbox_events_are_deleted_past_their_retention() {
+    let server = ServerProcess::start_with(&["--outbox-retention", "1"], &[]);
+    let body = blocking_send("message/send", &new_id(), 50);
+    let reply = post_activated(&server.url, body.clone()).await;
+    let id = reply.json()["result"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(outbox_events(&server, "mission.completed"), 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while outbox_events(&server, "mission.assigned") + outbox_events(&server, "mission.completed")
+        > 0
+    {
+        assert!(Instant::now() < deadline, "the outbox was not pruned");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let got = call(&server.url, "tasks/get", json!({"id": id})).await;
+    assert_eq!(got.json()["result"]["status"]["state"], "completed");
+    let replay = post_activated(&server.url, body).await;
+    assert_eq!(replay.body, reply.body);
+}
+
 /// How many outbox events of `event_type` the server's SQLite file holds.
 fn outbox_events(server: &ServerProcess, event_type: &str) -> i64 {
     let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;

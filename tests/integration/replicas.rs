@@ -92,6 +92,27 @@ fn replica(db: &Database, env: &[(&str, &str)]) -> ServerProcess {
     ServerProcess::start_on(Some(db.url()), &[], env)
 }
 
+/// The outbox's delivered events are deleted past `--outbox-retention` on PostgreSQL too (the
+/// statement is SQLite's): the task stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivered_outbox_events_are_deleted_past_their_retention_on_postgres() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let args = ["--outbox-retention", "1"];
+    let server = ServerProcess::start_on(Some(db.url()), &args, &[]);
+    let body = send_with(1, "message/send", &new_id(), "x", json!({"durationMs": 50}));
+    assert_eq!(post_activated(&server.url, body).await.status, 200);
+    let left = || postgres::count(db.url(), "SELECT COUNT(*) FROM outbox", None).unwrap();
+    assert!(left() > 0, "kept a second at least");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while left() > 0 {
+        assert!(Instant::now() < deadline, "the outbox was not pruned");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(db.counts().0, 1, "the task stays");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicates_sent_to_two_replicas_at_once_execute_once() {
     let Some(db) = Database::create().await else {

@@ -172,6 +172,12 @@ pub async fn mark(pool: &Pool, sql: &str, ids: Vec<i64>, value: i64) -> Result<(
     Ok(())
 }
 
+/// Runs `sql` (a delete of `$2` rows at most, before `$1`) once; how many rows it deleted.
+pub async fn delete_chunk(pool: &Pool, sql: &str, before: i64, chunk: i64) -> Result<u64, Failure> {
+    let client = pool.get().await?;
+    Ok(client.execute(sql, &[&before, &chunk]).await?)
+}
+
 pub async fn load(pool: &Pool, id: String) -> Result<Loaded, Failure> {
     let client = pool.get().await?;
     load_in(&client, &id, "").await

@@ -176,6 +176,11 @@ pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
 /// `$1` event id, `$2` now.
 pub const MARK_DELIVERED: &str = "UPDATE outbox SET delivered_at = $2 WHERE id = $1";
 
+/// Deletes at most `$2` events delivered before `$1` (epoch ms), the oldest first. Each one a
+/// join may pick again is past `$1` as well: at most more of them go, never another.
+pub const PRUNE_DELIVERED: &str = "DELETE FROM outbox WHERE id IN (
+    SELECT id FROM outbox WHERE delivered_at < $1 ORDER BY id LIMIT $2)";
+
 /// `$1` event id, `$2` when to try again (epoch ms).
 pub const RETRY_AT: &str = "UPDATE outbox SET next_attempt_at = $2 WHERE id = $1";
 

@@ -124,6 +124,21 @@ pub async fn mark(db: &Database, sql: &str, ids: Vec<i64>, value: i64) -> Result
     Ok(marked.await?)
 }
 
+/// Runs `sql` (a delete of `$2` rows at most, before `$1`) once; how many rows it deleted.
+pub async fn delete_chunk(
+    db: &Database,
+    sql: &str,
+    before: i64,
+    chunk: i64,
+) -> Result<u64, Failure> {
+    let sql = sqlite(sql);
+    let deleted = db.transact(move |conn| {
+        let deleted = conn.prepare_cached(&sql)?.execute(params![before, chunk])?;
+        Ok::<_, rusqlite::Error>(deleted as u64)
+    });
+    Ok(deleted.await?)
+}
+
 pub async fn load(db: &Database, id: String) -> Result<Loaded, Failure> {
     let read = db.read(move |conn| load_in(conn, &id)).await;
     Ok(read?)
