@@ -21,7 +21,8 @@ use crate::hash::{request_spelling, spelling, Spelling};
 /// A keyed 64-bit hash of raw bytes (see the module's text).
 pub type Glimpse = u64;
 
-/// Seeded per process: nobody outside can aim bytes at one glimpse.
+/// Seeded per process. Bytes aimed at a remembered spelling's glimpse cost one SHA-256, as
+/// any resend does: a glimpse filters, the spelling decides.
 static SEED: LazyLock<foldhash::quality::RandomState> = LazyLock::new(Default::default);
 
 /// The [`Glimpse`] of `bytes`.
