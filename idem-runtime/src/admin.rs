@@ -468,7 +468,6 @@ fn open_sqlite(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-/// Runs `job` on the SQLite connection, off the async workers.
 /// `read`'s queries, in one read transaction: what they print agrees (the totals and the top
 /// methods; a stream's record and its events), however the servers write meanwhile.
 fn at_one_moment<T>(
@@ -494,6 +493,7 @@ async fn at_one_moment_postgres(
     Ok(snapshot.start().await?)
 }
 
+/// Runs `job` on the SQLite connection, off the async workers.
 async fn sqlite<T: Send + 'static>(
     conn: &Arc<Mutex<Connection>>,
     job: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,

@@ -154,7 +154,7 @@ impl IdempotencyConfig {
     /// `AIWG_IDEMPOTENCY_DISK_TIMEOUT_MS`.
     /// A malformed value is an error, never a silent default.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(env_text)
+        Self::from_lookup(env_value)
     }
 
     /// Like [`from_env`](Self::from_env) with a custom variable lookup (for tests and embedding).
@@ -212,9 +212,17 @@ impl IdempotencyConfig {
     }
 }
 
-/// A variable's value; one that is not UTF-8 comes back with U+FFFD where its bytes were not,
-/// so that it is refused as malformed, naming the variable, instead of taken for unset.
-fn env_text(name: &str) -> Option<String> {
+/// An environment variable's value, as [`IdempotencyConfig::from_env`] reads it (for a
+/// [`from_lookup`](IdempotencyConfig::from_lookup) of some variables only): one that is not
+/// UTF-8 comes back with U+FFFD where its bytes were not, so that it is refused as malformed,
+/// naming the variable, instead of taken for unset.
+///
+/// ```
+/// use idem_runtime::config::{env_value, IdempotencyConfig, TTL_ENV};
+/// let ttl_only = |name: &str| env_value(name).filter(|_| name == TTL_ENV);
+/// assert!(IdempotencyConfig::from_lookup(ttl_only).is_ok());
+/// ```
+pub fn env_value(name: &str) -> Option<String> {
     std::env::var_os(name).map(|value| text_of(&value))
 }
 

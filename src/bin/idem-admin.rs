@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use idem::admin::{Admin, EntryInfo, EntryState};
-use idem::config::TTL_ENV;
+use idem::config::{env_value, TTL_ENV};
 use idem::message_id::MessageId;
 use idem::store::StoreStats;
 use idem::IdempotencyConfig;
@@ -60,10 +60,7 @@ async fn main() -> ExitCode {
     };
     // The TTL alone (where no server recorded one): a setting the tool does not use, malformed
     // in the servers' environment, is no reason to refuse the operator.
-    let ttl_only = |name: &str| {
-        let value = std::env::var_os(name).filter(|_| name == TTL_ENV)?;
-        Some(value.to_string_lossy().into_owned())
-    };
+    let ttl_only = |name: &str| env_value(name).filter(|_| name == TTL_ENV);
     let config = match IdempotencyConfig::from_lookup(ttl_only) {
         Ok(config) => config,
         Err(error) => return fail(&error.to_string()),

@@ -996,9 +996,7 @@ async fn a_missing_or_invalid_index_is_built_again_at_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_transaction_holds_no_start_up_for_an_index() {
     let Some(fx) = fixture().await else { return };
-    drop(fx.cache(&config(86_400, 100)).await);
-    indexes_built(&fx).await;
-    fx.execute("DROP INDEX idx_idempotency_expires_at").await;
+    expiry_index_dropped(&fx).await;
     let long = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
     let report = "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT COUNT(*) FROM idempotency_cache";
     long.batch_execute(report).await.unwrap();
@@ -1033,9 +1031,7 @@ async fn a_long_transaction_holds_no_start_up_for_an_index() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_finds_the_indexes_being_built_serves_without_waiting() {
     let Some(fx) = fixture().await else { return };
-    drop(fx.cache(&config(86_400, 100)).await);
-    indexes_built(&fx).await;
-    fx.execute("DROP INDEX idx_idempotency_expires_at").await;
+    expiry_index_dropped(&fx).await;
     let building = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
     let lock = crate::store::postgres::INDEX_LOCK;
     building
@@ -1057,6 +1053,13 @@ async fn a_replica_that_finds_the_indexes_being_built_serves_without_waiting() {
     assert_eq!(valid_indexes(&fx).await, 3, "no build waited for the lock");
     drop(fx.cache(&config).await);
     indexes_built(&fx).await;
+}
+
+/// A database whose schema a store made, its index by expiry dropped since.
+async fn expiry_index_dropped(fx: &Fixture) {
+    drop(fx.cache(&config(86_400, 100)).await);
+    indexes_built(fx).await;
+    fx.execute("DROP INDEX idx_idempotency_expires_at").await;
 }
 
 /// How many of the store's indexes are valid.
