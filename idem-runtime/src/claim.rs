@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::fingerprint::ByFingerprint;
 use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::{
@@ -40,7 +41,7 @@ struct Inner {
 
 /// The executions in flight.
 struct Table {
-    flights: HashMap<MessageId, Flight>,
+    flights: HashMap<MessageId, Flight, ByFingerprint>,
     /// How many executions have ended, per slot of keys. A claim that read the store, then
     /// took the key and finds its slot unchanged, knows that no execution of the key committed
     /// in between (entries are committed only by the ticket holder, before it releases), so
@@ -117,7 +118,7 @@ impl IdempotencyCache {
             inner: Arc::new(Inner {
                 store,
                 in_flight: Mutex::new(Table {
-                    flights: HashMap::new(),
+                    flights: HashMap::default(),
                     releases: vec![0; RELEASE_SLOTS],
                 }),
                 running: watch::Sender::new(0),

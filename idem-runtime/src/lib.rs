@@ -16,6 +16,7 @@ mod claim;
 mod clock;
 pub mod config;
 mod error;
+mod fingerprint;
 mod guard;
 pub mod hash;
 mod idempotency;

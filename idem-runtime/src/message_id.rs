@@ -13,7 +13,9 @@
 use crate::caller::KeyScope;
 use crate::hash::canonical_pass::FoundId;
 use serde_json::Value;
+use std::cmp::Ordering;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 /// The `tracing` target of key anomalies (spec §7.2): a non-random UUID version, a messageId
@@ -60,8 +62,12 @@ pub enum MessageIdPolicy {
 /// assert_eq!(id.as_str(), "0190b5a4-7c3e-7d2a-9f11-2b3c4d5e6f70");
 /// assert!(MessageId::parse_str("not-a-uuid").is_err());
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MessageId(Arc<str>);
+#[derive(Clone)]
+pub struct MessageId {
+    text: Arc<str>,
+    /// Taken once, here: the maps a call passes through hash by it (`fingerprint.rs`).
+    fingerprint: u64,
+}
 
 /// Why a message id was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -130,12 +136,15 @@ impl MessageId {
     /// Parses a string with the given policy.
     pub fn parse_with(s: &str, policy: MessageIdPolicy) -> Result<Self, MessageIdError> {
         check_shape(s)?;
-        let id = MessageId(s.to_ascii_lowercase().into());
-        if id.0.bytes().all(|b| b == b'0' || b == b'-')
-            || id.0.bytes().all(|b| b == b'f' || b == b'-')
-        {
+        let mut lower = [0; 36];
+        lower.copy_from_slice(s.as_bytes());
+        lower.make_ascii_lowercase();
+        let lower = std::str::from_utf8(&lower).expect("the shape is ASCII");
+        let digits = Digits::of(lower);
+        if digits.degenerate() {
             return Err(MessageIdError::Degenerate);
         }
+        let id = MessageId::new(lower.into());
         match (policy, id.version(), id.has_rfc_variant()) {
             (MessageIdPolicy::StrictV4V7, 4 | 7, true) => {}
             (MessageIdPolicy::StrictV4V7, _, _) => return Err(MessageIdError::NotV4OrV7),
@@ -147,7 +156,7 @@ impl MessageId {
             ),
             (MessageIdPolicy::Shape, _, _) => {}
         }
-        if looks_low_entropy(&id.0) {
+        if digits.look_low_entropy() {
             tracing::warn!(
                 target: KEY_ANOMALY,
                 message_id = %id,
@@ -160,23 +169,34 @@ impl MessageId {
 
     /// A key read back from the store, which only ever holds keys parsed here.
     pub(crate) fn from_stored(key: String) -> Self {
-        MessageId(key.into())
+        MessageId::new(key.into())
+    }
+
+    fn new(text: Arc<str>) -> Self {
+        let fingerprint = crate::fingerprint::of(&text);
+        MessageId { text, fingerprint }
     }
 
     /// Which of `slots` slots the key falls in, for counters kept per group of keys.
     pub(crate) fn slot(&self, slots: usize) -> usize {
-        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-        BuildHasherDefault::<DefaultHasher>::default().hash_one(self) as usize % slots
+        (self.fingerprint % slots as u64) as usize
+    }
+
+    /// The key's fingerprint (`fingerprint.rs`).
+    pub(crate) fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 
     /// The normalized lowercase form: the stored key (`<messageId>~<scope>` when scoped).
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
     }
 
     /// The client's messageId, without the scope a scoped key carries.
     pub fn message_id(&self) -> &str {
-        self.0.split_once('~').map_or(&*self.0, |(id, _scope)| id)
+        self.text
+            .split_once('~')
+            .map_or(&*self.text, |(id, _scope)| id)
     }
 
     /// The key this messageId is stored under for `principal`, where keys are scoped by
@@ -194,28 +214,64 @@ impl MessageId {
     }
 
     pub(crate) fn scoped(&self, scope: &KeyScope) -> Self {
-        MessageId(format!("{}~{}", self.message_id(), scope.suffix()).into())
+        MessageId::new(format!("{}~{}", self.message_id(), scope.suffix()).into())
     }
 
     /// The RFC 9562 version digit (meaningful only with the RFC variant).
     pub fn version(&self) -> u8 {
-        hex_value(self.0.as_bytes()[14])
+        hex_value(self.text.as_bytes()[14])
     }
 
     fn has_rfc_variant(&self) -> bool {
-        hex_value(self.0.as_bytes()[19]) & 0b1100 == 0b1000
+        hex_value(self.text.as_bytes()[19]) & 0b1100 == 0b1000
     }
 }
 
 impl fmt::Display for MessageId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
+    }
+}
+
+impl fmt::Debug for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("MessageId").field(&self.text).finish()
+    }
+}
+
+impl PartialEq for MessageId {
+    fn eq(&self, other: &Self) -> bool {
+        self.fingerprint == other.fingerprint && self.text == other.text
+    }
+}
+
+impl Eq for MessageId {}
+
+/// The fingerprint alone: equal keys have equal texts, so equal fingerprints.
+impl Hash for MessageId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.fingerprint);
+    }
+}
+
+impl PartialOrd for MessageId {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for MessageId {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.text.cmp(&other.text)
     }
 }
 
 const HYPHENS: [usize; 4] = [8, 13, 18, 23];
 
 fn check_shape(s: &str) -> Result<(), MessageIdError> {
+    if is_canonical_form(s.as_bytes()) {
+        return Ok(()); // what clients send: the reasons below are for what they should not
+    }
     if s.is_empty() {
         return Err(MessageIdError::Empty);
     }
@@ -242,23 +298,53 @@ fn check_shape(s: &str) -> Result<(), MessageIdError> {
     Ok(())
 }
 
-/// Whether a UUID-shaped id's 32 hex digits look like no random scheme made them (spec §7.2
-/// names incrementing integers and timestamps without a random suffix): six or fewer distinct
-/// digits, which about one random id in five billion has; eight in a row that each count one
-/// up (about one in twenty million); or twelve equal digits in a row, the padding of a counter
-/// or timestamp written into the id (about one in a trillion). Logged only: no single value
-/// proves its entropy.
+/// [`Digits::look_low_entropy`] of `id`.
+#[cfg(test)]
 fn looks_low_entropy(id: &str) -> bool {
-    let digits = || id.bytes().filter(|b| *b != b'-').map(hex_value);
-    let distinct = digits().fold(0u16, |seen, d| seen | 1 << d).count_ones();
-    let (mut counting, mut repeating) = (Run::default(), Run::default());
-    let mut last = None;
-    for digit in digits() {
-        counting.extend(last.is_some_and(|previous| digit == previous + 1));
-        repeating.extend(last == Some(digit));
-        last = Some(digit);
+    Digits::of(id).look_low_entropy()
+}
+
+/// What one pass over a UUID-shaped id's 32 hex digits tells.
+struct Digits {
+    /// Bit `d` set where digit `d` occurs.
+    seen: u16,
+    counting: Run,
+    repeating: Run,
+}
+
+impl Digits {
+    fn of(id: &str) -> Self {
+        let mut digits = Digits {
+            seen: 0,
+            counting: Run::default(),
+            repeating: Run::default(),
+        };
+        let mut last = None;
+        for digit in id.bytes().filter(|b| *b != b'-').map(hex_value) {
+            digits.seen |= 1 << digit;
+            digits
+                .counting
+                .extend(last.is_some_and(|previous| digit == previous + 1));
+            digits.repeating.extend(last == Some(digit));
+            last = Some(digit);
+        }
+        digits
     }
-    distinct <= 6 || counting.longest >= 8 || repeating.longest >= 12
+
+    /// The nil UUID (all zeros) or the max (all `f`).
+    fn degenerate(&self) -> bool {
+        self.seen == 1 || self.seen == 1 << 15
+    }
+
+    /// Whether a UUID-shaped id's 32 hex digits look like no random scheme made them (spec §7.2
+    /// names incrementing integers and timestamps without a random suffix): six or fewer distinct
+    /// digits, which about one random id in five billion has; eight in a row that each count one up
+    /// (about one in twenty million); or twelve equal digits in a row, the padding of a counter or
+    /// timestamp written into the id (about one in a trillion). Logged only: no single value proves
+    /// its entropy.
+    fn look_low_entropy(&self) -> bool {
+        self.seen.count_ones() <= 6 || self.counting.longest >= 8 || self.repeating.longest >= 12
+    }
 }
 
 /// The longest run of digits that each follow the one before by some rule.
@@ -276,7 +362,21 @@ impl Run {
 }
 
 fn hex_value(b: u8) -> u8 {
-    (b as char).to_digit(16).unwrap_or(0) as u8
+    match b {
+        b'0'..=b'9' => b - b'0',
+        b'a'..=b'f' => b - b'a' + 10,
+        b'A'..=b'F' => b - b'A' + 10,
+        _ => 0,
+    }
+}
+
+/// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in hex digits of either case.
+fn is_canonical_form(s: &[u8]) -> bool {
+    s.len() == 36
+        && s.iter().enumerate().all(|(i, &b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
 }
 
 #[cfg(test)]

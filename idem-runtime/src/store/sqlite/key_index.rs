@@ -21,22 +21,21 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
+
+use crate::fingerprint::{ByFingerprint, Fingerprinted};
 
 /// The fingerprints of every key with a row: the rowids of its entries, and its open streams.
 pub(crate) struct KeyIndex {
-    /// Seeded per process: nobody outside can aim keys at one fingerprint.
-    seed: RandomState,
     keys: Mutex<Keys>,
 }
 
 #[derive(Default)]
 struct Keys {
     /// `idempotency_cache` rows by fingerprint (two keys may share one).
-    entries: HashMap<u64, Rows>,
+    entries: HashMap<u64, Rows, ByFingerprint>,
     /// `idempotency_open_streams` rows by fingerprint, counted.
-    streams: HashMap<u64, u32>,
+    streams: HashMap<u64, u32, ByFingerprint>,
 }
 
 /// The rowids under one fingerprint: almost always one.
@@ -66,7 +65,6 @@ impl KeyIndex {
     /// An index of the rows already in the file.
     pub(crate) fn new(stored: &StoredKeys) -> Self {
         let index = Self {
-            seed: RandomState::new(),
             keys: Mutex::new(Keys::default()),
         };
         index.reload(stored);
@@ -77,21 +75,20 @@ impl KeyIndex {
     /// (an operator's purge), which the index would otherwise keep until a restart.
     pub(crate) fn reload(&self, stored: &StoredKeys) {
         let fresh = Self {
-            seed: self.seed.clone(),
             keys: Mutex::new(Keys::default()),
         };
         for (rowid, key) in &stored.entries {
-            fresh.entry_added(key, *rowid);
+            fresh.entry_added(key.as_str(), *rowid);
         }
         for key in &stored.streams {
-            fresh.stream_added(key);
+            fresh.stream_added(key.as_str());
         }
         *self.keys() = fresh.keys.into_inner().expect("a new lock");
     }
 
     /// `false` only when no row holds `key`, neither an entry nor an open stream.
-    pub(crate) fn may_hold(&self, key: &str) -> bool {
-        self.holds(self.fingerprint(key))
+    pub(crate) fn may_hold(&self, key: &(impl Fingerprinted + ?Sized)) -> bool {
+        self.holds(key.fingerprint())
     }
 
     /// [`may_hold`](Self::may_hold), for a fingerprint already taken.
@@ -101,11 +98,11 @@ impl KeyIndex {
     }
 
     /// The rowids that may hold `key`'s entry (none when it has none).
-    pub(crate) fn entry_rows(&self, key: &str) -> Vec<i64> {
-        self.rows_of(self.fingerprint(key))
+    pub(crate) fn entry_rows(&self, key: &(impl Fingerprinted + ?Sized)) -> Vec<i64> {
+        self.rows_of(key.fingerprint())
     }
 
-    /// The rowids under `fingerprint` (a key's, from [`fingerprint`](Self::fingerprint)).
+    /// The rowids under `fingerprint` (a key's).
     pub(crate) fn rows_of(&self, fingerprint: u64) -> Vec<i64> {
         let keys = self.keys();
         keys.entries
@@ -113,14 +110,9 @@ impl KeyIndex {
             .map_or_else(Vec::new, |rows| rows.as_slice().to_vec())
     }
 
-    /// What the index keeps of `key`.
-    pub(crate) fn fingerprint(&self, key: &str) -> u64 {
-        self.seed.hash_one(key)
-    }
-
     /// An entry of `key` was committed at `rowid`.
-    pub(crate) fn entry_added(&self, key: &str, rowid: i64) {
-        let fingerprint = self.fingerprint(key);
+    pub(crate) fn entry_added(&self, key: &(impl Fingerprinted + ?Sized), rowid: i64) {
+        let fingerprint = key.fingerprint();
         match self.keys().entries.entry(fingerprint) {
             // The common case, a fingerprint's first row, allocates nothing.
             Entry::Vacant(slot) => {
@@ -134,8 +126,8 @@ impl KeyIndex {
     }
 
     /// The entry of `key` at `rowid` was deleted (or was found not to be there).
-    pub(crate) fn entry_removed(&self, key: &str, rowid: i64) {
-        let fingerprint = self.fingerprint(key);
+    pub(crate) fn entry_removed(&self, key: &(impl Fingerprinted + ?Sized), rowid: i64) {
+        let fingerprint = key.fingerprint();
         let mut keys = self.keys();
         let Entry::Occupied(mut slot) = keys.entries.entry(fingerprint) else {
             return;
@@ -161,14 +153,14 @@ impl KeyIndex {
     }
 
     /// An open-stream row of `key` was committed.
-    pub(crate) fn stream_added(&self, key: &str) {
-        let fingerprint = self.fingerprint(key);
+    pub(crate) fn stream_added(&self, key: &(impl Fingerprinted + ?Sized)) {
+        let fingerprint = key.fingerprint();
         *self.keys().streams.entry(fingerprint).or_default() += 1;
     }
 
     /// An open-stream row of `key` was deleted.
-    pub(crate) fn stream_removed(&self, key: &str) {
-        let fingerprint = self.fingerprint(key);
+    pub(crate) fn stream_removed(&self, key: &(impl Fingerprinted + ?Sized)) {
+        let fingerprint = key.fingerprint();
         let mut keys = self.keys();
         if let Some(count) = keys.streams.get_mut(&fingerprint) {
             *count -= 1;

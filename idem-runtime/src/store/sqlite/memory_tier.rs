@@ -21,6 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use crate::fingerprint::ByFingerprint;
 use crate::hash::{Glimpse, Spelling};
 use crate::message_id::MessageId;
 use crate::store::Entry;
@@ -38,7 +39,7 @@ pub(crate) struct MemoryTier {
 
 #[derive(Default)]
 struct State {
-    residents: HashMap<MessageId, Resident>,
+    residents: HashMap<MessageId, Resident, ByFingerprint>,
     spellings: HashMap<Spelling, MessageId>,
     /// The glimpses of the spellings' bytes, counted (two spellings may share one).
     glimpses: HashMap<Glimpse, u32>,

@@ -35,6 +35,7 @@ use tokio::sync::oneshot;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
+use crate::fingerprint::ByFingerprint;
 use crate::hash::{Glimpse, Spelling};
 use crate::message_id::MessageId;
 use crate::store::settings;
@@ -84,7 +85,7 @@ pub struct SqliteStore {
     disk_timeout: Duration,
     /// The writes of calls that stopped waiting for the disk, by key, until the calls give
     /// their keys up ([`Store::unsettled`]).
-    unsettled: Mutex<HashMap<MessageId, Settling>>,
+    unsettled: Mutex<HashMap<MessageId, Settling, ByFingerprint>>,
     /// The keys whose stream this process records now: the sweep never takes their open
     /// records (every other one was left by a process that is gone, or by a recording here
     /// that failed and released its key).
@@ -109,7 +110,7 @@ impl SqliteStore {
     /// Whether the key index may hold a row of `key` (for tests of the admin tool's purge).
     #[cfg(all(test, feature = "postgres"))]
     pub(crate) fn indexes(&self, key: &MessageId) -> bool {
-        self.index.may_hold(key.as_str())
+        self.index.may_hold(key)
     }
 
     /// Opens (or creates, with mode 0600) the database at `path`, on the system clock.
@@ -185,7 +186,7 @@ impl SqliteStore {
             path,
             ttl_seconds: config.ttl_seconds,
             disk_timeout: config.disk_timeout,
-            unsettled: Mutex::new(HashMap::new()),
+            unsettled: Mutex::new(HashMap::default()),
             live_streams: LiveStreams::default(),
             clock,
             touches,
@@ -316,7 +317,7 @@ impl SqliteStore {
         if let Some(entry) = self.used(self.tier.get(key, |e| self.is_live(e))) {
             return Ok(Some(entry));
         }
-        match self.index.may_hold(key.as_str()) {
+        match self.index.may_hold(key) {
             true => Err(()),
             false => Ok(None),
         }
@@ -325,7 +326,7 @@ impl SqliteStore {
     /// Reads `key`'s entry from the file, keeping it in the memory tier if it is live.
     async fn read_entry(&self, key: &MessageId) -> Result<Option<Arc<Entry>>, StoreError> {
         let (id, deletions) = (key.clone(), self.tier.deletions(key));
-        let rowids = self.index.entry_rows(key.as_str());
+        let rowids = self.index.entry_rows(key);
         let entry = self
             .readers
             .run(move |conn| entries::select(conn, &id, &rowids))
@@ -361,7 +362,7 @@ impl Store for SqliteStore {
         // Taken before the read: a stream closed in between (its entry stored, its row gone)
         // looks like nothing at all here. The claim reads again in that case: the close
         // releases the key after the key index learnt the entry (`claim.rs`, `releases`).
-        let rowids = self.index.entry_rows(key.as_str());
+        let rowids = self.index.entry_rows(key);
         let (entry, open) = self
             .readers
             .run(move |conn| {
@@ -583,7 +584,7 @@ impl Store for SqliteStore {
 struct Answer<'a, T: Send + 'static> {
     done: Option<oneshot::Receiver<Result<T, StoreError>>>,
     unanswered: Unanswered<'a>,
-    unsettled: &'a Mutex<HashMap<MessageId, Settling>>,
+    unsettled: &'a Mutex<HashMap<MessageId, Settling, ByFingerprint>>,
 }
 
 /// What waits on a write whose caller may stop waiting for it.

@@ -6,13 +6,14 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::fingerprint::ByFingerprint;
 use crate::message_id::MessageId;
 use crate::store::sqlite::lock;
 use crate::store::{OpenStream, OpenStreamRow, StoreError};
 
 /// The keys whose stream this process records (see [`SqliteStore`]'s field).
 #[derive(Clone, Default)]
-pub(super) struct LiveStreams(Arc<Mutex<HashSet<MessageId>>>);
+pub(super) struct LiveStreams(Arc<Mutex<HashSet<MessageId, ByFingerprint>>>);
 
 impl LiveStreams {
     pub(super) fn start(&self, key: &MessageId) {
@@ -27,7 +28,7 @@ impl LiveStreams {
         self.keys().contains(key)
     }
 
-    fn keys(&self) -> std::sync::MutexGuard<'_, HashSet<MessageId>> {
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashSet<MessageId, ByFingerprint>> {
         lock(&self.0)
     }
 }

@@ -21,6 +21,7 @@ use rusqlite::{params, Connection};
 use tokio::sync::oneshot;
 
 use crate::clock::Clock;
+use crate::fingerprint::{self, ByFingerprint};
 use crate::message_id::MessageId;
 use crate::store::sqlite::checkpointer::Restart;
 use crate::store::sqlite::entries;
@@ -46,7 +47,7 @@ pub(crate) struct Batch {
     /// fingerprints, and the entries' rowids): together they know which keys cannot have a
     /// row, and where the others may have one.
     index: Arc<KeyIndex>,
-    written: HashSet<u64>,
+    written: HashSet<u64, ByFingerprint>,
     entries_written: Vec<(u64, i64)>,
     /// Set when the batch's transaction was rolled back ([`CommitGate`]).
     rolled_back: Arc<AtomicBool>,
@@ -70,13 +71,13 @@ impl Batch {
     /// `false` only when no row of `key` exists, neither an entry nor an open stream: a fresh
     /// key's insert then needs no read first.
     pub(crate) fn may_hold(&self, key: &MessageId) -> bool {
-        let fingerprint = self.index.fingerprint(key.as_str());
+        let fingerprint = key.fingerprint();
         self.index.holds(fingerprint) || self.written.contains(&fingerprint)
     }
 
     /// The rowids that may hold `key`'s entry: the key index's, then this batch's.
     pub(crate) fn entry_rows(&self, key: &MessageId) -> Vec<i64> {
-        let fingerprint = self.index.fingerprint(key.as_str());
+        let fingerprint = key.fingerprint();
         let mut rows = self.index.rows_of(fingerprint);
         let written = self
             .entries_written
@@ -88,7 +89,7 @@ impl Batch {
 
     /// Whether two keys share a fingerprint (and so the key index's candidates).
     pub(crate) fn same_fingerprint(&self, a: &str, b: &MessageId) -> bool {
-        self.index.fingerprint(a) == self.index.fingerprint(b.as_str())
+        fingerprint::of(a) == b.fingerprint()
     }
 
     /// `entry` was stored at `rowid`; `new` when no row of its key was there.
@@ -109,7 +110,7 @@ impl Batch {
     }
 
     fn wrote(&mut self, key: &MessageId) -> u64 {
-        let fingerprint = self.index.fingerprint(key.as_str());
+        let fingerprint = key.fingerprint();
         self.written.insert(fingerprint);
         fingerprint
     }
@@ -341,7 +342,7 @@ impl Writer {
             rows: self.rows,
             changes: Vec::new(),
             index: self.index.clone(),
-            written: HashSet::new(),
+            written: HashSet::default(),
             entries_written: Vec::new(),
             rolled_back: self.gate.rolled_back.clone(),
         };
@@ -406,16 +407,16 @@ impl Writer {
             match change {
                 Change::Stored { entry, rowid, new } => {
                     if new {
-                        self.index.entry_added(entry.message_id.as_str(), rowid);
+                        self.index.entry_added(&entry.message_id, rowid);
                     }
                     self.tier.insert(entry, purges_seen);
                 }
                 Change::Deleted { key, rowid } => {
-                    self.index.entry_removed(key.as_str(), rowid);
+                    self.index.entry_removed(&key, rowid);
                     self.tier.deleted([&key]);
                 }
-                Change::Opened(key) => self.index.stream_added(key.as_str()),
-                Change::Closed(key) => self.index.stream_removed(key.as_str()),
+                Change::Opened(key) => self.index.stream_added(&key),
+                Change::Closed(key) => self.index.stream_removed(&key),
                 Change::Reloaded(keys) => self.index.reload(&keys),
             }
         }
