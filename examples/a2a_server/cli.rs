@@ -8,6 +8,7 @@ pub const USAGE: &str = "\
 usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|optional|off]
                   [--max-in-flight N] [--body-timeout SECONDS] [--shutdown-grace SECONDS]
                   [--principal-header NAME] [--outbox-retention SECONDS]
+                  [--outbox-give-up SECONDS]
 
   --listen ADDR          address to serve on (default 127.0.0.1:8080; port 0 picks a free one)
   --db PATH|URL          where tasks, outbox and idempotency cache live: a SQLite file
@@ -31,6 +32,9 @@ usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|option
                          authenticates callers and sets H itself
   --outbox-retention S   how long delivered outbox events are kept before they are
                          deleted (default 86400, a day)
+  --outbox-give-up S     how long after it happened an outbox event whose webhooks keep
+                         failing is retried (default 86400, a day): then it is given up,
+                         logged and counted in a2a_outbox_abandoned_total
 
 environment: AIWG_IDEMPOTENCY_TTL (seconds), AIWG_IDEMPOTENCY_MAX_ENTRIES,
              AIWG_IDEMPOTENCY_CLAIM_LEASE_MS, AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS,
@@ -63,6 +67,8 @@ pub struct Cli {
     pub principal_header: Option<http::HeaderName>,
     /// How long delivered outbox events are kept.
     pub outbox_retention: Duration,
+    /// How long after it happened an event whose webhooks keep failing is retried.
+    pub outbox_give_up: Duration,
 }
 
 /// Where the server keeps its state.
@@ -112,6 +118,9 @@ const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(65);
 /// A day, as long as an idempotency entry lives by default.
 const DEFAULT_OUTBOX_RETENTION: Duration = Duration::from_secs(86_400);
 
+/// A day: a webhook down for longer is not coming back for these events.
+const DEFAULT_OUTBOX_GIVE_UP: Duration = Duration::from_secs(86_400);
+
 /// Reads the flags (`--flag value` or `--flag=value`); the error says what is wrong.
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     let mut cli = Cli {
@@ -123,6 +132,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
         shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         principal_header: None,
         outbox_retention: DEFAULT_OUTBOX_RETENTION,
+        outbox_give_up: DEFAULT_OUTBOX_GIVE_UP,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -147,6 +157,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             Flag::ShutdownGrace => cli.shutdown_grace = seconds(flag, &value, 0)?,
             Flag::PrincipalHeader => cli.principal_header = Some(header_name(&value)?),
             Flag::OutboxRetention => cli.outbox_retention = seconds(flag, &value, 1)?,
+            Flag::OutboxGiveUp => cli.outbox_give_up = seconds(flag, &value, 1)?,
         }
     }
     Ok(Command::Serve(cli))
@@ -163,10 +174,11 @@ enum Flag {
     ShutdownGrace,
     PrincipalHeader,
     OutboxRetention,
+    OutboxGiveUp,
 }
 
 impl Flag {
-    const ALL: [Flag; 8] = [
+    const ALL: [Flag; 9] = [
         Flag::Listen,
         Flag::Db,
         Flag::Idempotency,
@@ -175,6 +187,7 @@ impl Flag {
         Flag::ShutdownGrace,
         Flag::PrincipalHeader,
         Flag::OutboxRetention,
+        Flag::OutboxGiveUp,
     ];
 
     fn parse(arg: &str) -> Result<Self, String> {
@@ -194,6 +207,7 @@ impl Flag {
             Flag::ShutdownGrace => "--shutdown-grace",
             Flag::PrincipalHeader => "--principal-header",
             Flag::OutboxRetention => "--outbox-retention",
+            Flag::OutboxGiveUp => "--outbox-give-up",
         }
     }
 }

@@ -112,7 +112,7 @@ async fn serve(cli: Cli) -> Result<(), String> {
     }
     let mut signals = Signals::new()?;
     retention::spawn(store.clone(), cli.outbox_retention);
-    relay::spawn(store, push.clone());
+    relay::spawn(store, push.clone(), cli.outbox_give_up);
     let (handle, addr) = start(&cli, &idem, Agent::new(missions, push), metrics).await?;
     tracing::info!(%addr, db = %cli.db, mode = ?cli.mode, resumed, "serving");
     announce(addr)?;

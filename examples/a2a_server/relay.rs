@@ -6,10 +6,16 @@
 //! process stopped; an event it was delivering when the process died is delivered again,
 //! with the same id (`X-A2A-Event-Id`, the outbox row's id), which is how a receiver
 //! recognises a duplicate. A webhook that fails is retried with exponential backoff, written
-//! to the event's row (`next_attempt_at`, wall-clock ms): until then the outbox is read past
-//! it and the later events of its task, so events that wait for a failing webhook never hold
-//! back the others, however many (each read passes over them, so a backlog of thousands costs
-//! each read a scan of it). The events of one task are delivered in the order they happened.
+//! to the event's row (`next_attempt_at`, wall-clock ms, and the `attempts` that failed, so a
+//! restart or another replica's relay goes on with the same backoff): until then the outbox is
+//! read past it and the later events of its task, so events that wait for a failing webhook
+//! never hold back the others, however many (each read passes over them, so a backlog of
+//! thousands costs each read a scan of it). The events of one task are delivered in the order
+//! they happened. An event whose webhooks still fail `--outbox-give-up` after it happened (a
+//! day by default) is given up: logged as an error, counted in [`ABANDONED`], marked
+//! `abandoned_at` and `delivered_at` (so the reads pass it by, its task's later events go, and
+//! `--outbox-retention` deletes it in time); without this, a webhook that never came back
+//! kept the relay retrying its events every 5 s for as long as the database lived.
 //! The body is the task as A2A 0.3 shapes it, as it is when delivered; the event's type is
 //! in `X-A2A-Event-Type`, a config's token in `X-A2A-Notification-Token`. An event of a task
 //! without webhooks has nowhere to go: the events of all such tasks that one read finds are
@@ -70,21 +76,29 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A webhook that does not answer within this fails the attempt.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The counter of events given up (`GET /metrics`).
+pub const ABANDONED: &str = "a2a_outbox_abandoned_total";
 
-/// Starts the relay; it runs as long as the process.
-pub fn spawn(store: TaskStore, push: PushConfigs) {
+/// Starts the relay; it runs as long as the process. An event whose webhooks still fail
+/// `give_up` after it happened is given up.
+pub fn spawn(store: TaskStore, push: PushConfigs, give_up: Duration) {
     // No redirects: a webhook's host is the one the client named, not one it bounces to.
     let client = reqwest::Client::builder()
         .timeout(DELIVERY_TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("an HTTP client");
+    metrics::describe_counter!(
+        ABANDONED,
+        "Outbox events given up: their webhooks still failed --outbox-give-up after they happened"
+    );
+    metrics::counter!(ABANDONED).absolute(0); // shown from the start, at zero
     let relay = Relay {
         delivery: Arc::new(Delivery {
             store,
             push,
             client,
-            retries: Mutex::default(),
+            give_up,
             handed_out: Mutex::default(),
         }),
         lock: None,
@@ -114,8 +128,8 @@ struct Delivery {
     store: TaskStore,
     push: PushConfigs,
     client: reqwest::Client,
-    /// Events that failed: how many times (their next attempt is in their row).
-    retries: Mutex<HashMap<i64, u32>>,
+    /// How long after it happened an event whose webhooks fail is given up.
+    give_up: Duration,
     handed_out: Mutex<HandedOut>,
 }
 
@@ -310,7 +324,6 @@ impl Delivery {
     async fn settle(&self, event: &Pending) -> bool {
         let delivered = match self.deliver(event).await {
             Ok(()) => {
-                self.retries.lock().expect("relay lock").remove(&event.id);
                 // Not marked: the event goes again before the task's next one, which must
                 // not overtake it (in order per task, at least once).
                 if let Err(error) = self.store.mark_delivered(vec![event.id]).await {
@@ -320,25 +333,41 @@ impl Delivery {
                 true
             }
             Err(why) => {
-                let failures = {
-                    let mut retries = self.retries.lock().expect("relay lock");
-                    let failures = retries.entry(event.id).or_insert(0);
-                    *failures += 1;
-                    *failures
-                };
-                let wait = FIRST_BACKOFF
-                    .saturating_mul(1 << (failures - 1).min(16))
-                    .min(MAX_BACKOFF);
-                tracing::warn!(id = event.id, failures, ?wait, %why, "relay: delivery failed");
-                let at = clock::now_ms() + wait.as_millis() as u64;
-                if let Err(error) = self.store.retry_at(event.id, at).await {
-                    tracing::warn!(id = event.id, ?error, "relay: retry not scheduled");
-                }
+                self.failed(event, &why).await;
                 false
             }
         };
         self.handed_out().settled.insert(event.id);
         delivered
+    }
+
+    /// An attempt to deliver `event` failed: it waits out its backoff, which its row keeps
+    /// (a restart, or another replica's relay, goes on from there), or is given up once
+    /// `give_up` has passed since it happened.
+    async fn failed(&self, event: &Pending, why: &str) {
+        let failures = event.attempts.saturating_add(1);
+        let now = clock::now_ms();
+        let age = Duration::from_millis(now.saturating_sub(event.created_at.max(0) as u64));
+        if age >= self.give_up {
+            tracing::error!(id = event.id, task_id = event.task_id, event_type = event.event_type,
+                failures, ?age, %why, "relay: webhooks still failing, event given up");
+            match self.store.abandon(event.id).await {
+                Ok(()) => metrics::counter!(ABANDONED).increment(1),
+                Err(error) => tracing::warn!(id = event.id, ?error, "relay: not given up"),
+            }
+            return;
+        }
+        let wait = FIRST_BACKOFF
+            .saturating_mul(1 << (failures - 1).min(16))
+            .min(MAX_BACKOFF);
+        tracing::warn!(id = event.id, failures, ?wait, %why, "relay: delivery failed");
+        if let Err(error) = self
+            .store
+            .retry_at(event.id, now + wait.as_millis() as u64)
+            .await
+        {
+            tracing::warn!(id = event.id, ?error, "relay: retry not scheduled");
+        }
     }
 
     /// Posts the event to every webhook of its task; `Err` unless each answered 2xx.
@@ -397,6 +426,8 @@ mod tests {
             event_type: "mission.assigned".into(),
             has_webhooks: true,
             next_attempt_at: None,
+            attempts: 0,
+            created_at: 0,
         }
     }
 

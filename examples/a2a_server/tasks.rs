@@ -94,6 +94,10 @@ pub struct Pending {
     pub has_webhooks: bool,
     /// When it is due again, if an attempt to deliver it failed (in this process or another).
     pub next_attempt_at: Option<i64>,
+    /// How many attempts to deliver it failed.
+    pub attempts: u32,
+    /// When it happened (epoch ms).
+    pub created_at: i64,
 }
 
 impl Pending {
@@ -278,6 +282,11 @@ impl TaskStore {
     /// Holds outbox event `id` (and the later events of its task) back until `at_ms`.
     pub async fn retry_at(&self, id: i64, at_ms: u64) -> RpcResult<()> {
         self.mark(sql::RETRY_AT, vec![id], at_ms).await
+    }
+
+    /// Gives outbox event `id` up: it is not delivered, and its task's later events go.
+    pub async fn abandon(&self, id: i64) -> RpcResult<()> {
+        self.mark(sql::ABANDON, vec![id], clock::now_ms()).await
     }
 
     /// Deletes the outbox events delivered before `before_ms`, in short transactions; how

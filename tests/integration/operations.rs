@@ -14,10 +14,10 @@ use crate::support::{
 use idem_conformance::server_process::ServerProcess;
 
 /// The Prometheus text of `GET /metrics`, for lookups by name and labels.
-struct Metrics(String);
+pub(crate) struct Metrics(String);
 
 impl Metrics {
-    async fn scrape(url: &str) -> Self {
+    pub(crate) async fn scrape(url: &str) -> Self {
         let response = reqwest::get(format!("{url}/metrics"))
             .await
             .expect("GET /metrics");
@@ -45,7 +45,7 @@ impl Metrics {
 
     /// The sum of the samples `name{labels}` whose labels include all of `labels` (as
     /// PromQL's `sum` of a selector); 0 when none is rendered.
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+    pub(crate) fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let samples = self.samples(name, labels);
         samples.iter().map(|(_, value)| value).sum()
     }

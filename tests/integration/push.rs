@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
+use crate::operations::Metrics;
 use crate::support::{new_id, post, post_activated};
 use idem_conformance::server_process::ServerProcess;
 
@@ -18,6 +19,9 @@ use idem_conformance::server_process::ServerProcess;
 #[allow(dead_code)]
 #[path = "../../examples/a2a_server/tasks/sql.rs"]
 mod example_sql;
+
+/// The example's counter of events given up (`relay::ABANDONED`).
+const ABANDONED: &str = "a2a_outbox_abandoned_total";
 
 /// One POST the receiver took.
 #[derive(Debug, Clone)]
@@ -493,27 +497,111 @@ impl Drop for Silent {
     }
 }
 
-/// An outbox made by an earlier version has no `next_attempt_at`: the server adds it at start,
-/// and its index, and a failed delivery's retry is held in it.
+/// An outbox made by an earlier version has no `next_attempt_at`, `attempts` nor
+/// `abandoned_at`: the server adds them at start, and the index of held events, and a failed
+/// delivery's retry is held and counted in them.
 #[tokio::test]
-async fn an_outbox_of_an_earlier_version_gains_its_retry_column() {
+async fn an_outbox_of_an_earlier_version_gains_its_retry_columns() {
     let receiver = Receiver::start(1).await;
     let mut server = ServerProcess::start(&[]);
     server.kill();
     let conn = rusqlite::Connection::open(server.db()).unwrap();
     conn.execute_batch(
-        "DROP INDEX idx_outbox_held; ALTER TABLE outbox DROP COLUMN next_attempt_at",
+        "DROP INDEX idx_outbox_held; ALTER TABLE outbox DROP COLUMN next_attempt_at;
+         ALTER TABLE outbox DROP COLUMN attempts; ALTER TABLE outbox DROP COLUMN abandoned_at",
     )
     .unwrap();
     drop(conn);
     server.restart();
-    send_with_webhook(&server, json!({"url": receiver.url()}), 60_000).await;
+    let task_id = send_with_webhook(&server, json!({"url": receiver.url()}), 60_000).await;
     receiver.wait_for("mission.assigned").await;
     assert_eq!(receiver.taken()[0].status, 500, "delivered after a retry");
     // The index of held events needs the column: it is made after it.
     let conn = rusqlite::Connection::open(server.db()).unwrap();
     let held = "SELECT COUNT(*) FROM sqlite_master WHERE name = 'idx_outbox_held'";
     assert_eq!(conn.query_row(held, [], |r| r.get::<_, i64>(0)).unwrap(), 1);
+    let assigned = retries(&server, &task_id)[0];
+    assert_eq!(
+        assigned.attempts, 1,
+        "one failed attempt, counted in its row"
+    );
+    assert!(assigned.abandoned_at.is_none());
+}
+
+/// An event's retries as its row keeps them.
+#[derive(Debug, Clone, Copy)]
+struct Retries {
+    attempts: i64,
+    delivered_at: Option<i64>,
+    abandoned_at: Option<i64>,
+}
+
+/// The retries of task `task_id`'s events, in order, as the server's SQLite file holds them.
+fn retries(server: &ServerProcess, task_id: &str) -> Vec<Retries> {
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+    let conn = rusqlite::Connection::open_with_flags(server.db(), flags).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    let sql = "SELECT attempts, delivered_at, abandoned_at FROM outbox WHERE task_id = ?1
+        ORDER BY id";
+    let mut statement = conn.prepare(sql).unwrap();
+    let rows = statement.query_map([task_id], |row| {
+        Ok(Retries {
+            attempts: row.get(0)?,
+            delivered_at: row.get(1)?,
+            abandoned_at: row.get(2)?,
+        })
+    });
+    rows.unwrap().map(Result::unwrap).collect()
+}
+
+/// A webhook that never answers 2xx: its task's events are retried until `--outbox-give-up`
+/// after they happened, then given up (marked, counted), and tried no more. The later event,
+/// held back behind the first, goes once the first is given up.
+#[tokio::test]
+async fn events_of_a_webhook_that_never_comes_back_are_given_up() {
+    let receiver = Receiver::start(usize::MAX).await;
+    let server = ServerProcess::start_with(&["--outbox-give-up", "1"], &[]);
+    let before = Metrics::scrape(&server.url).await;
+    assert_eq!(before.get(ABANDONED, &[]), 0.0, "shown at zero");
+    let task_id = send_with_webhook(&server, json!({"url": receiver.url()}), 100).await;
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let given_up = loop {
+        let events = retries(&server, &task_id);
+        if events.len() == 2 && events.iter().all(|e| e.abandoned_at.is_some()) {
+            break events;
+        }
+        assert!(Instant::now() < deadline, "never given up: {events:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for event in &given_up {
+        assert_eq!(event.delivered_at, event.abandoned_at, "{event:?}");
+        assert!(event.attempts >= 1, "{event:?}");
+    }
+    assert!(
+        given_up[0].attempts >= 3,
+        "retried with backoff for a second first: {given_up:?}"
+    );
+    let taken = receiver.taken();
+    for event_type in ["mission.assigned", "mission.completed"] {
+        let tries = taken.iter().filter(|d| d.event_type == event_type);
+        assert!(
+            tries.clone().count() >= 1,
+            "{event_type} never tried: {taken:?}"
+        );
+        assert!(tries.clone().all(|d| d.status == 500));
+    }
+    let metrics = Metrics::scrape(&server.url).await;
+    assert_eq!(metrics.get(ABANDONED, &[]), 2.0);
+
+    // Given up means tried no more.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        receiver.taken().len(),
+        taken.len(),
+        "{:?}",
+        receiver.taken()
+    );
 }
 
 /// The relay's read runs on every poll over every undelivered event: each event must cost index
@@ -614,6 +702,11 @@ async fn push_configs_and_their_delivery_on_postgres() {
         return;
     };
     push_configs_on(ServerProcess::start_on(Some(db.url()), &[], &[])).await;
+    // As an earlier version left the outbox: the next start adds the retry columns.
+    let client = idem_conformance::postgres::connect(db.url()).await;
+    let earlier = "DROP INDEX IF EXISTS idx_outbox_held; ALTER TABLE outbox
+        DROP COLUMN next_attempt_at, DROP COLUMN attempts, DROP COLUMN abandoned_at";
+    client.batch_execute(earlier).await.unwrap();
     let receiver = Receiver::start(1).await;
     let server = ServerProcess::start_on(Some(db.url()), &[], &[]);
     let task_id = send_with_webhook(&server, json!({"url": receiver.url()}), 100).await;
@@ -623,6 +716,10 @@ async fn push_configs_and_their_delivery_on_postgres() {
         .taken()
         .iter()
         .all(|d| d.body["id"] == task_id.as_str()));
+    let attempts = "SELECT attempts FROM outbox WHERE task_id = $1 ORDER BY id";
+    let rows = client.query(attempts, &[&task_id]).await.unwrap();
+    let attempts: Vec<i32> = rows.iter().map(|row| row.get(0)).collect();
+    assert_eq!(attempts, [1, 0], "the failed attempt, counted in its row");
 }
 
 async fn push_configs_on(server: ServerProcess) {

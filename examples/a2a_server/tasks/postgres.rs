@@ -156,6 +156,8 @@ pub async fn undelivered(pool: &Pool, limit: i64, now: i64) -> Result<Vec<Pendin
         event_type: row.get(2),
         has_webhooks: row.get(3),
         next_attempt_at: row.get(4),
+        attempts: row.get::<_, i32>(5) as u32,
+        created_at: row.get(6),
     });
     Ok(pending.collect())
 }

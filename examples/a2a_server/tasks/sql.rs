@@ -19,8 +19,10 @@ CREATE TABLE IF NOT EXISTS outbox (
     event_type   TEXT NOT NULL,    -- mission.assigned | mission.completed | mission.canceled
     payload      TEXT NOT NULL,    -- JSON
     created_at   INTEGER NOT NULL, -- epoch ms
-    delivered_at INTEGER,          -- set by the relay once every webhook of the task took it
-    next_attempt_at INTEGER        -- epoch ms: a failed delivery is not tried again before
+    delivered_at INTEGER,          -- set once every webhook took it or once it was given up
+    next_attempt_at INTEGER,       -- epoch ms: a failed delivery is not tried again before
+    attempts     INTEGER NOT NULL DEFAULT 0, -- failed deliveries so far: the next backoff
+    abandoned_at INTEGER           -- epoch ms: given up (its webhooks failed too long)
 );
 CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
 CREATE INDEX IF NOT EXISTS idx_outbox_undelivered ON outbox(id) WHERE delivered_at IS NULL;
@@ -51,15 +53,23 @@ CREATE TABLE IF NOT EXISTS outbox (
     payload      TEXT NOT NULL,
     created_at   BIGINT NOT NULL,
     delivered_at BIGINT,
-    next_attempt_at BIGINT
+    next_attempt_at BIGINT,
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    abandoned_at BIGINT
 );
--- An outbox of an earlier version gains the column; looked for first, since an ALTER TABLE
--- locks the table out for everyone even when it has nothing to do.
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
-                   AND table_name = 'outbox' AND column_name = 'next_attempt_at') THEN
-        ALTER TABLE outbox ADD COLUMN next_attempt_at BIGINT;
-    END IF;
+-- An outbox of an earlier version gains the columns; each looked for first, since an ALTER
+-- TABLE locks the table out for everyone even when it has nothing to do.
+DO $$ DECLARE
+    added TEXT[][] := ARRAY[['next_attempt_at', 'BIGINT'], ['attempts', 'INTEGER NOT NULL DEFAULT 0'],
+                            ['abandoned_at', 'BIGINT']];
+BEGIN
+    FOR i IN 1 .. array_length(added, 1) LOOP
+        IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                       WHERE table_schema = current_schema() AND table_name = 'outbox'
+                         AND column_name = added[i][1]) THEN
+            EXECUTE format('ALTER TABLE outbox ADD COLUMN %I %s', added[i][1], added[i][2]);
+        END IF;
+    END LOOP;
 END $$;
 CREATE TABLE IF NOT EXISTS push_configs (
     task_id     TEXT NOT NULL REFERENCES tasks(id),
@@ -85,7 +95,7 @@ END $$;
 
 /// The events held back for a retry, by task: few, and what every read of the outbox asks
 /// about ([`UNDELIVERED`]). Created once the outbox has `next_attempt_at` (an outbox of an
-/// earlier version gains it first).
+/// earlier version gains it first, [`OUTBOX_ADDED_COLUMNS`]).
 pub const HELD_INDEX: &str = "CREATE INDEX IF NOT EXISTS idx_outbox_held ON outbox(task_id, id)
     WHERE delivered_at IS NULL AND next_attempt_at IS NOT NULL";
 
@@ -134,7 +144,8 @@ pub const DELETE_PUSH_CONFIG: &str =
     "DELETE FROM push_configs WHERE task_id = $1 AND config_id = $2";
 
 /// `$1` how many, `$2` now: the oldest events to deliver now, whether their task has
-/// webhooks, and when they were due again if an attempt of theirs failed (in any process).
+/// webhooks, when they were due again if an attempt of theirs failed (in any process), how
+/// many attempts failed, and when they happened.
 /// An event whose last attempt failed waits out its backoff, and so do the later events of
 /// its task (they are delivered in order), while every other event is read past it.
 /// The held events are looked for in [`HELD_INDEX`] (implied by `next_attempt_at > $2`), so
@@ -149,9 +160,10 @@ pub const DELETE_PUSH_CONFIG: &str =
 /// needs no check for a held event before it: only a task's first undelivered event is ever
 /// tried.
 pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
-    EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = due.task_id), next_attempt_at
+    EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = due.task_id), next_attempt_at,
+    attempts, created_at
     FROM (
-      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at
+      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts, created_at
         FROM outbox
         WHERE delivered_at IS NULL AND next_attempt_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM outbox failed
@@ -159,12 +171,12 @@ pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
               AND failed.delivered_at IS NULL AND failed.next_attempt_at IS NOT NULL)
         ORDER BY id LIMIT $1) first_attempts
       UNION
-      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at
+      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts, created_at
         FROM outbox
         WHERE delivered_at IS NULL AND next_attempt_at IS NOT NULL AND next_attempt_at <= $2
         ORDER BY next_attempt_at LIMIT $1) retries
       UNION
-      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at
+      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts, created_at
         FROM outbox WHERE delivered_at IS NULL
         AND NOT EXISTS (SELECT 1 FROM outbox waiting
           WHERE waiting.task_id = outbox.task_id AND waiting.id <= outbox.id
@@ -181,13 +193,26 @@ pub const MARK_DELIVERED: &str = "UPDATE outbox SET delivered_at = $2 WHERE id =
 pub const PRUNE_DELIVERED: &str = "DELETE FROM outbox WHERE id IN (
     SELECT id FROM outbox WHERE delivered_at < $1 ORDER BY id LIMIT $2)";
 
-/// `$1` event id, `$2` when to try again (epoch ms).
-pub const RETRY_AT: &str = "UPDATE outbox SET next_attempt_at = $2 WHERE id = $1";
+/// `$1` event id, `$2` when to try again (epoch ms): one more attempt failed.
+pub const RETRY_AT: &str =
+    "UPDATE outbox SET next_attempt_at = $2, attempts = attempts + 1 WHERE id = $1";
 
-/// The column an outbox of an earlier version lacks (SQLite has no `ADD COLUMN IF NOT EXISTS`).
-pub const SQLITE_HAS_NEXT_ATTEMPT: &str =
-    "SELECT COUNT(*) FROM pragma_table_info('outbox') WHERE name = 'next_attempt_at'";
-pub const SQLITE_ADD_NEXT_ATTEMPT: &str = "ALTER TABLE outbox ADD COLUMN next_attempt_at INTEGER";
+/// `$1` event id, `$2` now: its last attempt failed too, and the relay gives it up. Marked
+/// delivered as well, so that every read passes it by and its task's later events go.
+pub const ABANDON: &str = "UPDATE outbox
+    SET delivered_at = $2, abandoned_at = $2, attempts = attempts + 1 WHERE id = $1";
+
+/// The columns an outbox of an earlier version may lack, with their SQLite definitions
+/// (SQLite has no `ADD COLUMN IF NOT EXISTS`; PostgreSQL's are in [`POSTGRES_SCHEMA`]).
+pub const OUTBOX_ADDED_COLUMNS: [(&str, &str); 3] = [
+    ("next_attempt_at", "INTEGER"),
+    ("attempts", "INTEGER NOT NULL DEFAULT 0"),
+    ("abandoned_at", "INTEGER"),
+];
+
+/// `$1` a column name: whether the outbox has it (1) or not (0).
+pub const SQLITE_OUTBOX_HAS: &str =
+    "SELECT COUNT(*) FROM pragma_table_info('outbox') WHERE name = $1";
 
 /// `sql` as SQLite spells its numbered parameters.
 pub fn sqlite(sql: &str) -> String {

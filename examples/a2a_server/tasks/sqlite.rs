@@ -13,9 +13,14 @@ use crate::model::Task;
 pub async fn create(db: &Database) -> Result<(), String> {
     let created = db.transact(|conn| {
         conn.execute_batch(sql::SQLITE_SCHEMA)?;
-        let has: i64 = conn.query_row(sql::SQLITE_HAS_NEXT_ATTEMPT, [], |row| row.get(0))?;
-        if has == 0 {
-            conn.execute_batch(sql::SQLITE_ADD_NEXT_ATTEMPT)?;
+        for (column, definition) in sql::OUTBOX_ADDED_COLUMNS {
+            let has: i64 =
+                conn.query_row(&sqlite(sql::SQLITE_OUTBOX_HAS), [column], |row| row.get(0))?;
+            if has == 0 {
+                conn.execute_batch(&format!(
+                    "ALTER TABLE outbox ADD COLUMN {column} {definition}"
+                ))?;
+            }
         }
         conn.execute_batch(sql::HELD_INDEX)?;
         Ok::<_, rusqlite::Error>(())
@@ -104,6 +109,8 @@ pub async fn undelivered(db: &Database, limit: i64, now: i64) -> Result<Vec<Pend
                 event_type: row.get(2)?,
                 has_webhooks: row.get(3)?,
                 next_attempt_at: row.get(4)?,
+                attempts: row.get(5)?,
+                created_at: row.get(6)?,
             })
         })?;
         rows.collect::<rusqlite::Result<Vec<_>>>()
