@@ -40,23 +40,32 @@ impl Fingerprinted for str {
 /// The hasher of maps keyed by [`MessageId`]s or by fingerprints.
 pub(crate) type ByFingerprint = BuildHasherDefault<Passthrough>;
 
-/// Takes a fingerprint (a `u64` written once) as the hash.
+/// Takes a fingerprint as the hash: the `u64` that is the first and only thing written. What
+/// else is written is hashed under the seed with what came before, so that a key type these
+/// maps were not meant for (a tuple, a string) is still spread and out of an attacker's aim.
+/// A lone integer that is not a fingerprint would be taken as it is: none is ever a key.
 #[derive(Default)]
-pub(crate) struct Passthrough(u64);
+pub(crate) struct Passthrough {
+    hash: u64,
+    written: bool,
+}
 
 impl Hasher for Passthrough {
     fn finish(&self) -> u64 {
-        self.0
+        self.hash
     }
 
-    fn write_u64(&mut self, fingerprint: u64) {
-        self.0 = fingerprint;
+    fn write_u64(&mut self, value: u64) {
+        self.hash = match self.written {
+            false => value,
+            true => SEED.hash_one((self.hash, value)),
+        };
+        self.written = true;
     }
 
-    /// Not a fingerprint: hashed under the seed, so that a key type this map was not meant
-    /// for is still spread, and still out of an attacker's aim.
     fn write(&mut self, bytes: &[u8]) {
-        self.0 = SEED.hash_one((self.0, bytes));
+        self.hash = SEED.hash_one((self.hash, self.written, bytes));
+        self.written = true;
     }
 }
 
@@ -64,6 +73,7 @@ impl Hasher for Passthrough {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::hash::Hash;
 
     #[test]
     fn a_key_hashes_to_its_fingerprint_whether_parsed_or_read_back() {
@@ -82,9 +92,20 @@ mod tests {
     }
 
     #[test]
-    fn bytes_that_are_not_a_fingerprint_are_still_hashed() {
-        let hash = |text: &str| ByFingerprint::default().hash_one(text);
-        assert_eq!(hash("a"), hash("a"));
-        assert_ne!(hash("a"), hash("b"));
+    fn what_is_not_a_lone_fingerprint_is_still_hashed() {
+        let hash = |key: &dyn Fn(&mut Passthrough)| {
+            let mut hasher = ByFingerprint::default().build_hasher();
+            key(&mut hasher);
+            hasher.finish()
+        };
+        let text = |t: &'static str| move |h: &mut Passthrough| t.hash(h);
+        assert_eq!(hash(&text("a")), hash(&text("a")));
+        assert_ne!(hash(&text("a")), hash(&text("b")));
+        // A u64 after something else is mixed with it, not taken alone.
+        let pair = |a: &'static str, n: u64| move |h: &mut Passthrough| (a, n).hash(h);
+        assert_ne!(hash(&pair("a", 7)), hash(&pair("b", 7)));
+        let two = |a: u64, b: u64| move |h: &mut Passthrough| (a, b).hash(h);
+        assert_ne!(hash(&two(1, 2)), hash(&two(9, 2)));
+        assert_ne!(hash(&two(1, 2)), 2);
     }
 }

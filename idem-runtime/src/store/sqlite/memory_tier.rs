@@ -291,8 +291,9 @@ impl State {
     }
 }
 
-/// What one spelling costs: its digest and glimpse in the resident, and in the two maps.
-const SPELLING_BYTES: usize = 2 * (32 + 8) + 48 + 32;
+/// What one spelling costs: its digest and glimpse in the resident, and in the two maps (the
+/// spelling map's slot holds a 24-byte `MessageId`).
+const SPELLING_BYTES: usize = 2 * (32 + 8) + 56 + 32;
 
 /// What a resident costs: the entry's bytes, plus the maps' and the hand's share.
 fn entry_bytes(entry: &Entry) -> usize {
@@ -307,8 +308,9 @@ fn entry_bytes(entry: &Entry) -> usize {
     let key = entry.message_id.as_str().len() + 16;
     // What is allocated, not what is used: a body with spare capacity costs all of it.
     let owned = entry.method.capacity() + entry.response.body.capacity();
-    // Entry and Resident structs, the request hash, the map slot and the hand's pointer.
-    key + owned + 64 + headers + 256
+    // Entry and Resident structs, the request hash, the map slot and the hand's pointer, with
+    // the three `MessageId`s among them (the entry's, the map's key, the hand's: 24 bytes each).
+    key + owned + 64 + headers + 280
 }
 
 fn slot(key: &MessageId) -> usize {
