@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 use std::fmt;
 
 pub use crate::hash::canonical_pass::HashError;
-use crate::hash::canonical_pass::{canonicalize, FoundId};
+use crate::hash::canonical_pass::{canonicalize, canonicalize_text, FoundId};
 
 /// A request hash: 64 lowercase hex digits.
 ///
@@ -90,12 +90,12 @@ pub fn request_spelling(body: &[u8]) -> Spelling {
 
 /// Hashes raw JSON-RPC `params` bytes per spec §4.3.
 pub fn request_hash(raw_params: &[u8]) -> Result<RequestHash, HashError> {
-    Ok(hash_and_message_id(raw_params)?.0)
+    Ok(digest(&canonicalize(raw_params)?.bytes))
 }
 
 /// The request hash of raw `params`, and what their `message.messageId` holds: one pass.
-pub(crate) fn hash_and_message_id(raw_params: &[u8]) -> Result<(RequestHash, FoundId), HashError> {
-    let canonical = canonicalize(raw_params)?;
+pub(crate) fn hash_and_message_id(params: &str) -> Result<(RequestHash, FoundId), HashError> {
+    let canonical = canonicalize_text(params)?;
     Ok((digest(&canonical.bytes), canonical.message_id))
 }
 

@@ -277,7 +277,7 @@ impl<S> RpcService<S> {
         params: Sent,
     ) -> Result<GovernedCall, IdempotencyError> {
         let raw = request.params.as_ref().map_or("null", |p| p.get());
-        let (hash, id) = hash_and_message_id(raw.as_bytes()).map_err(not_canonicalizable)?;
+        let (hash, id) = hash_and_message_id(raw).map_err(not_canonicalizable)?;
         let key = MessageId::parse_found(id, self.state.config.message_id_policy).map_err(|e| {
             IdempotencyError::new(ErrorCode::KeyMalformed).with_detail("reason", e.to_string())
         })?;
