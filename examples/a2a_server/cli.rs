@@ -32,9 +32,10 @@ usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|option
                          authenticates callers and sets H itself
   --outbox-retention S   how long delivered outbox events are kept before they are
                          deleted (default 86400, a day)
-  --outbox-give-up S     how long after it happened an outbox event whose webhooks keep
-                         failing is retried (default 86400, a day): then it is given up,
-                         logged and counted in a2a_outbox_abandoned_total
+  --outbox-give-up S     how long an outbox event whose delivery keeps failing is retried,
+                         in the backoff waited between its attempts (default 86400, a day:
+                         17,285 attempts; time the agent was down does not count): then it
+                         is given up, logged and counted in a2a_outbox_abandoned_total
 
 environment: AIWG_IDEMPOTENCY_TTL (seconds), AIWG_IDEMPOTENCY_MAX_ENTRIES,
              AIWG_IDEMPOTENCY_CLAIM_LEASE_MS, AIWG_IDEMPOTENCY_SWEEP_INTERVAL_MS,
@@ -67,7 +68,7 @@ pub struct Cli {
     pub principal_header: Option<http::HeaderName>,
     /// How long delivered outbox events are kept.
     pub outbox_retention: Duration,
-    /// How long after it happened an event whose webhooks keep failing is retried.
+    /// How long an event whose delivery keeps failing is retried, in backoff waited.
     pub outbox_give_up: Duration,
 }
 

@@ -1,6 +1,7 @@
 //! The outbox relay, the other half of the outbox pattern: the `mission.*` events commit with
 //! their task (and with the call's cache entry); this delivers each to the webhooks of its
-//! task, at least once, and marks it `delivered_at` only after every webhook answered 2xx.
+//! task, at least once unless it is given up (below), and marks it `delivered_at` only after
+//! every webhook answered 2xx, or once it is given up.
 //!
 //! It reads what is undelivered from the outbox itself, so a restart resumes where the last
 //! process stopped; an event it was delivering when the process died is delivered again,
@@ -11,11 +12,13 @@
 //! read past it and the later events of its task, so events that wait for a failing webhook
 //! never hold back the others, however many (each read passes over them, so a backlog of
 //! thousands costs each read a scan of it). The events of one task are delivered in the order
-//! they happened. An event whose webhooks still fail `--outbox-give-up` after it happened (a
-//! day by default) is given up: logged as an error, counted in [`ABANDONED`], marked
-//! `abandoned_at` and `delivered_at` (so the reads pass it by, its task's later events go, and
-//! `--outbox-retention` deletes it in time); without this, a webhook that never came back
-//! kept the relay retrying its events every 5 s for as long as the database lived.
+//! they happened. An event whose failed attempts have waited `--outbox-give-up` between them
+//! (a day by default: 17,285 attempts; time in which no relay ran does not count, so an outage
+//! of the agent itself gives nothing up) is given up: logged as an error, counted in
+//! [`ABANDONED`], marked `abandoned_at` and `delivered_at` (so the reads pass it by, its task's
+//! later events go, and `--outbox-retention` deletes it in time); without this, a webhook that
+//! never came back kept the relay retrying its events every 5 s for as long as the database
+//! lived.
 //! The body is the task as A2A 0.3 shapes it, as it is when delivered; the event's type is
 //! in `X-A2A-Event-Type`, a config's token in `X-A2A-Notification-Token`. An event of a task
 //! without webhooks has nowhere to go: the events of all such tasks that one read finds are
@@ -48,7 +51,8 @@
 //! that. Before each delivery a worker checks that its relay still holds the lock, so two
 //! relays overlap at most for the events the leader's workers were delivering when its session
 //! ended, one per task (up to [`TASKS_AT_ONCE`]): each may arrive twice (with one id), and
-//! after a later one of its task.
+//! after a later one of its task. The old leader's failure never undoes the new one's success:
+//! a retry or a give-up is written only over an event still undelivered.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -78,6 +82,22 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The counter of events given up (`GET /metrics`).
 pub const ABANDONED: &str = "a2a_outbox_abandoned_total";
+
+/// The wait after the `failures`-th failed attempt: 100 ms, doubling, at most 5 s.
+fn backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    FIRST_BACKOFF
+        .saturating_mul(1 << doublings)
+        .min(MAX_BACKOFF)
+}
+
+/// The waits between `failures` failed attempts, summed: how long an event has been failing,
+/// not counting the attempts' own time, nor any time no relay ran. A day of them is 17,285
+/// attempts (5 s apart past the sixth).
+fn waited(failures: u32) -> Duration {
+    let doubling = (1..=failures.min(6)).map(backoff).sum::<Duration>();
+    doubling + MAX_BACKOFF * failures.saturating_sub(6)
+}
 
 /// Starts the relay; it runs as long as the process. An event whose webhooks still fail
 /// `give_up` after it happened is given up.
@@ -342,30 +362,28 @@ impl Delivery {
     }
 
     /// An attempt to deliver `event` failed: it waits out its backoff, which its row keeps
-    /// (a restart, or another replica's relay, goes on from there), or is given up once
-    /// `give_up` has passed since it happened.
+    /// (a restart, or another replica's relay, goes on from there), or is given up once its
+    /// failed attempts have waited `give_up` between them.
     async fn failed(&self, event: &Pending, why: &str) {
         let failures = event.attempts.saturating_add(1);
-        let now = clock::now_ms();
-        let age = Duration::from_millis(now.saturating_sub(event.created_at.max(0) as u64));
-        if age >= self.give_up {
-            tracing::error!(id = event.id, task_id = event.task_id, event_type = event.event_type,
-                failures, ?age, %why, "relay: webhooks still failing, event given up");
+        let waited = waited(failures - 1);
+        if waited >= self.give_up {
             match self.store.abandon(event.id).await {
-                Ok(()) => metrics::counter!(ABANDONED).increment(1),
+                Ok(true) => {
+                    tracing::error!(id = event.id, task_id = event.task_id,
+                        event_type = event.event_type, failures, ?waited, %why,
+                        "relay: delivery still failing, event given up");
+                    metrics::counter!(ABANDONED).increment(1);
+                }
+                Ok(false) => {} // another relay delivered it meanwhile
                 Err(error) => tracing::warn!(id = event.id, ?error, "relay: not given up"),
             }
             return;
         }
-        let wait = FIRST_BACKOFF
-            .saturating_mul(1 << (failures - 1).min(16))
-            .min(MAX_BACKOFF);
+        let wait = backoff(failures);
         tracing::warn!(id = event.id, failures, ?wait, %why, "relay: delivery failed");
-        if let Err(error) = self
-            .store
-            .retry_at(event.id, now + wait.as_millis() as u64)
-            .await
-        {
+        let at = clock::now_ms() + wait.as_millis() as u64;
+        if let Err(error) = self.store.retry_at(event.id, at).await {
             tracing::warn!(id = event.id, ?error, "relay: retry not scheduled");
         }
     }
@@ -427,7 +445,6 @@ mod tests {
             has_webhooks: true,
             next_attempt_at: None,
             attempts: 0,
-            created_at: 0,
         }
     }
 
@@ -454,6 +471,18 @@ mod tests {
             "t1 is free for the next read"
         );
         assert!(handed_out.tasks.contains("t2"));
+    }
+
+    #[test]
+    fn the_backoff_doubles_to_5_s_and_a_day_of_it_is_17_285_attempts() {
+        let waits: Vec<u128> = (1..=8).map(|n| backoff(n).as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        assert_eq!(waited(0), Duration::ZERO);
+        assert_eq!(waited(4), Duration::from_millis(1500));
+        assert_eq!(waited(8), Duration::from_millis(16_300));
+        let day = Duration::from_secs(86_400);
+        let attempts = (0..).find(|&n| waited(n) >= day).unwrap();
+        assert_eq!(attempts, 17_285);
     }
 
     #[test]

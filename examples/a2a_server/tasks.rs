@@ -96,8 +96,6 @@ pub struct Pending {
     pub next_attempt_at: Option<i64>,
     /// How many attempts to deliver it failed.
     pub attempts: u32,
-    /// When it happened (epoch ms).
-    pub created_at: i64,
 }
 
 impl Pending {
@@ -276,17 +274,20 @@ impl TaskStore {
 
     /// Marks outbox events `ids` delivered, in one transaction.
     pub async fn mark_delivered(&self, ids: Vec<i64>) -> RpcResult<()> {
-        self.mark(sql::MARK_DELIVERED, ids, clock::now_ms()).await
+        self.mark(sql::MARK_DELIVERED, ids, clock::now_ms()).await?;
+        Ok(())
     }
 
     /// Holds outbox event `id` (and the later events of its task) back until `at_ms`.
     pub async fn retry_at(&self, id: i64, at_ms: u64) -> RpcResult<()> {
-        self.mark(sql::RETRY_AT, vec![id], at_ms).await
+        self.mark(sql::RETRY_AT, vec![id], at_ms).await?;
+        Ok(())
     }
 
     /// Gives outbox event `id` up: it is not delivered, and its task's later events go.
-    pub async fn abandon(&self, id: i64) -> RpcResult<()> {
-        self.mark(sql::ABANDON, vec![id], clock::now_ms()).await
+    /// `false` if another relay delivered it meanwhile.
+    pub async fn abandon(&self, id: i64) -> RpcResult<bool> {
+        Ok(self.mark(sql::ABANDON, vec![id], clock::now_ms()).await? > 0)
     }
 
     /// Deletes the outbox events delivered before `before_ms`, in short transactions; how
@@ -307,7 +308,8 @@ impl TaskStore {
         }
     }
 
-    async fn mark(&self, sql: &'static str, ids: Vec<i64>, value: u64) -> RpcResult<()> {
+    /// Runs `sql` for each of `ids` with `value`; how many rows it changed.
+    async fn mark(&self, sql: &'static str, ids: Vec<i64>, value: u64) -> RpcResult<u64> {
         let value = value as i64;
         let marked = match &self.db {
             Backend::Sqlite(db) => sqlite::mark(db, sql, ids, value).await,

@@ -31,7 +31,7 @@ impl Metrics {
     }
 
     /// The samples `name{labels}` whose labels include all of `labels`, each with its value.
-    fn samples(&self, name: &str, labels: &[(&str, &str)]) -> Vec<(String, f64)> {
+    pub(crate) fn samples(&self, name: &str, labels: &[(&str, &str)]) -> Vec<(String, f64)> {
         let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
         let samples = self.0.lines().filter(|l| !l.starts_with('#'));
         let matching = samples.filter_map(|line| {
@@ -56,7 +56,7 @@ impl Metrics {
 }
 
 /// Scrapes until `check` holds (the gauges move after a sweep), at most 10 s.
-async fn eventually(url: &str, what: &str, check: impl Fn(&Metrics) -> bool) -> Metrics {
+pub(crate) async fn eventually(url: &str, what: &str, check: impl Fn(&Metrics) -> bool) -> Metrics {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let metrics = Metrics::scrape(url).await;

@@ -157,21 +157,22 @@ pub async fn undelivered(pool: &Pool, limit: i64, now: i64) -> Result<Vec<Pendin
         has_webhooks: row.get(3),
         next_attempt_at: row.get(4),
         attempts: row.get::<_, i32>(5) as u32,
-        created_at: row.get(6),
     });
     Ok(pending.collect())
 }
 
-/// Runs `sql` (`$1` an event id, `$2` a value) for each of `ids`, in one transaction.
-pub async fn mark(pool: &Pool, sql: &str, ids: Vec<i64>, value: i64) -> Result<(), Failure> {
+/// Runs `sql` (`$1` an event id, `$2` a value) for each of `ids`, in one transaction; how
+/// many rows it changed.
+pub async fn mark(pool: &Pool, sql: &str, ids: Vec<i64>, value: i64) -> Result<u64, Failure> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let statement = tx.prepare_cached(sql).await?;
+    let mut changed = 0;
     for id in &ids {
-        tx.execute(&statement, &[id, &value]).await?;
+        changed += tx.execute(&statement, &[id, &value]).await?;
     }
     tx.commit().await?;
-    Ok(())
+    Ok(changed)
 }
 
 /// Runs `sql` (a delete of `$2` rows at most, before `$1`) once; how many rows it deleted.

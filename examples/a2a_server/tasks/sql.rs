@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     delivered_at INTEGER,          -- set once every webhook took it or once it was given up
     next_attempt_at INTEGER,       -- epoch ms: a failed delivery is not tried again before
     attempts     INTEGER NOT NULL DEFAULT 0, -- failed deliveries so far: the next backoff
-    abandoned_at INTEGER           -- epoch ms: given up (its webhooks failed too long)
+    abandoned_at INTEGER           -- epoch ms: given up (its delivery failed too long)
 );
 CREATE INDEX IF NOT EXISTS idx_outbox_task ON outbox(task_id);
 CREATE INDEX IF NOT EXISTS idx_outbox_undelivered ON outbox(id) WHERE delivered_at IS NULL;
@@ -144,8 +144,8 @@ pub const DELETE_PUSH_CONFIG: &str =
     "DELETE FROM push_configs WHERE task_id = $1 AND config_id = $2";
 
 /// `$1` how many, `$2` now: the oldest events to deliver now, whether their task has
-/// webhooks, when they were due again if an attempt of theirs failed (in any process), how
-/// many attempts failed, and when they happened.
+/// webhooks, when they were due again if an attempt of theirs failed (in any process), and
+/// how many attempts failed.
 /// An event whose last attempt failed waits out its backoff, and so do the later events of
 /// its task (they are delivered in order), while every other event is read past it.
 /// The held events are looked for in [`HELD_INDEX`] (implied by `next_attempt_at > $2`), so
@@ -161,9 +161,9 @@ pub const DELETE_PUSH_CONFIG: &str =
 /// tried.
 pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
     EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = due.task_id), next_attempt_at,
-    attempts, created_at
+    attempts
     FROM (
-      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts, created_at
+      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts
         FROM outbox
         WHERE delivered_at IS NULL AND next_attempt_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM outbox failed
@@ -171,12 +171,12 @@ pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
               AND failed.delivered_at IS NULL AND failed.next_attempt_at IS NOT NULL)
         ORDER BY id LIMIT $1) first_attempts
       UNION
-      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts, created_at
+      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts
         FROM outbox
         WHERE delivered_at IS NULL AND next_attempt_at IS NOT NULL AND next_attempt_at <= $2
         ORDER BY next_attempt_at LIMIT $1) retries
       UNION
-      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts, created_at
+      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts
         FROM outbox WHERE delivered_at IS NULL
         AND NOT EXISTS (SELECT 1 FROM outbox waiting
           WHERE waiting.task_id = outbox.task_id AND waiting.id <= outbox.id
@@ -193,14 +193,17 @@ pub const MARK_DELIVERED: &str = "UPDATE outbox SET delivered_at = $2 WHERE id =
 pub const PRUNE_DELIVERED: &str = "DELETE FROM outbox WHERE id IN (
     SELECT id FROM outbox WHERE delivered_at < $1 ORDER BY id LIMIT $2)";
 
-/// `$1` event id, `$2` when to try again (epoch ms): one more attempt failed.
-pub const RETRY_AT: &str =
-    "UPDATE outbox SET next_attempt_at = $2, attempts = attempts + 1 WHERE id = $1";
+/// `$1` event id, `$2` when to try again (epoch ms): one more attempt failed. Not over an
+/// event another relay delivered meanwhile (two may overlap, see `relay.rs`).
+pub const RETRY_AT: &str = "UPDATE outbox SET next_attempt_at = $2, attempts = attempts + 1
+    WHERE id = $1 AND delivered_at IS NULL";
 
 /// `$1` event id, `$2` now: its last attempt failed too, and the relay gives it up. Marked
-/// delivered as well, so that every read passes it by and its task's later events go.
+/// delivered as well, so that every read passes it by and its task's later events go; not
+/// over an event another relay delivered meanwhile.
 pub const ABANDON: &str = "UPDATE outbox
-    SET delivered_at = $2, abandoned_at = $2, attempts = attempts + 1 WHERE id = $1";
+    SET delivered_at = $2, abandoned_at = $2, attempts = attempts + 1
+    WHERE id = $1 AND delivered_at IS NULL";
 
 /// The columns an outbox of an earlier version may lack, with their SQLite definitions
 /// (SQLite has no `ADD COLUMN IF NOT EXISTS`; PostgreSQL's are in [`POSTGRES_SCHEMA`]).

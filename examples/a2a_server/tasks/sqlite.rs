@@ -110,7 +110,6 @@ pub async fn undelivered(db: &Database, limit: i64, now: i64) -> Result<Vec<Pend
                 has_webhooks: row.get(3)?,
                 next_attempt_at: row.get(4)?,
                 attempts: row.get(5)?,
-                created_at: row.get(6)?,
             })
         })?;
         rows.collect::<rusqlite::Result<Vec<_>>>()
@@ -118,15 +117,17 @@ pub async fn undelivered(db: &Database, limit: i64, now: i64) -> Result<Vec<Pend
     Ok(read.await?)
 }
 
-/// Runs `sql` (`$1` an event id, `$2` a value) for each of `ids`, in one transaction.
-pub async fn mark(db: &Database, sql: &str, ids: Vec<i64>, value: i64) -> Result<(), Failure> {
+/// Runs `sql` (`$1` an event id, `$2` a value) for each of `ids`, in one transaction; how
+/// many rows it changed.
+pub async fn mark(db: &Database, sql: &str, ids: Vec<i64>, value: i64) -> Result<u64, Failure> {
     let sql = sqlite(sql);
     let marked = db.transact(move |conn| {
         let mut statement = conn.prepare_cached(&sql)?;
+        let mut changed = 0;
         for id in &ids {
-            statement.execute(params![id, value])?;
+            changed += statement.execute(params![id, value])? as u64;
         }
-        Ok::<_, rusqlite::Error>(())
+        Ok::<_, rusqlite::Error>(changed)
     });
     Ok(marked.await?)
 }
