@@ -15,9 +15,11 @@ use futures::FutureExt;
 use http::header::{ACCEPT_ENCODING, ALLOW, CONTENT_ENCODING, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem::layers::HttpLayer;
+use idem::{ErrorCode, IdempotencyError};
 use jsonrpsee::server::{HttpBody, HttpResponse};
+use jsonrpsee::types::ErrorObjectOwned;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
 
@@ -139,9 +141,11 @@ impl FrontLayer {
         })
     }
 
-    /// What is refused here of a request that jsonrpsee would otherwise read.
+    /// What is refused here of a request that jsonrpsee would otherwise read. Of a method
+    /// other than POST, its 405 comes first, whatever version it asks for.
     fn refusal<B>(&self, request: &http::Request<B>) -> Answer {
-        if let Some(requested) = version::unsupported(request.headers()) {
+        let post = request.method() == Method::POST;
+        if let Some(requested) = version::unsupported(request.headers()).filter(|_| post) {
             Answer::VersionNotSupported(requested)
         } else if let Some(coding) = content_coding(request.headers()) {
             Answer::Now(unsupported_coding(&coding))
@@ -151,15 +155,18 @@ impl FrontLayer {
     }
 }
 
-/// -32009 to each call of `body` (read up to `limit` bytes; past it, or unreadable, the calls
-/// are unknown and the error's id is `null`).
+/// -32009 to each call of `body` (read up to `limit` bytes; past it, the idempotency layer's
+/// 413; unreadable, the calls are unknown and the error's id is `null`).
 async fn version_not_supported<B>(requested: String, body: B, limit: usize) -> HttpResponse
 where
     B: Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let body = Limited::new(body, limit).collect().await;
-    let body = body.map(|read| read.to_bytes()).unwrap_or_default();
+    let body = match Limited::new(body, limit).collect().await {
+        Ok(read) => read.to_bytes(),
+        Err(error) if error.is::<LengthLimitError>() => return too_large(limit),
+        Err(_) => Bytes::new(),
+    };
     match version::not_supported(&requested, &body) {
         Some(errors) => response(errors, JSON),
         None => {
@@ -169,6 +176,16 @@ where
             nothing
         }
     }
+}
+
+/// A body over the limit: 413, with the error the idempotency layer answers it with.
+fn too_large(limit: usize) -> HttpResponse {
+    let error = IdempotencyError::new(ErrorCode::RequestTooLarge).with_detail("limit_bytes", limit);
+    let error = ErrorObjectOwned::from(error);
+    let answer = json!({"jsonrpc": "2.0", "id": null, "error": error});
+    let mut response = response(answer.to_string(), JSON);
+    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    response
 }
 
 const JSON: &str = "application/json";

@@ -76,6 +76,12 @@ pub enum MessageIdError {
     /// No `params.message.messageId`.
     #[error("params.message.messageId is missing")]
     Missing,
+    /// The params are an array or a scalar, where the messageId is looked for by name.
+    #[error(
+        "params must be an object holding message.messageId (by-name params), not an array \
+         or a scalar"
+    )]
+    ParamsNotAnObject,
     /// The id is not a JSON string.
     #[error("params.message.messageId must be a string")]
     NotAString,
@@ -123,6 +129,7 @@ impl MessageId {
     ) -> Result<Self, MessageIdError> {
         match found {
             FoundId::Missing => Err(MessageIdError::Missing),
+            FoundId::ParamsNotAnObject => Err(MessageIdError::ParamsNotAnObject),
             FoundId::Text(s) => Self::parse_with(&s, policy),
             FoundId::NotAString => Err(MessageIdError::NotAString),
         }

@@ -807,6 +807,15 @@ async fn an_unsupported_a2a_version_is_refused_before_anything_runs() {
     assert_eq!(answers.as_array().map(Vec::len), Some(1), "{answers}");
     assert_eq!(answers[0]["id"], 7, "{answers}");
     assert_eq!(count(server.db(), "SELECT COUNT(*) FROM tasks", &[]), 0);
+    // What is refused whatever the version comes first (found by helper-40): another method
+    // than POST is a 405, and a body over the limit a 413.
+    let client = reqwest::Client::new();
+    let got = client.get(&server.url).header("A2A-Version", "9.9").send();
+    assert_eq!(got.await.unwrap().status(), 405);
+    let huge = format!("[{}]", "1,".repeat(6 * 1024 * 1024) + "1");
+    let too_large = post(&server.url, huge, &headers).await;
+    assert_eq!(too_large.status, 413, "{}", too_large.describe());
+    assert_eq!(too_large.data_code(), "IDEMPOTENCY_REQUEST_TOO_LARGE");
     let empty = [("A2A-Extensions", URI), ("A2A-Version", "")];
     let served = post(&server.url, body, &empty).await;
     assert_eq!(served.status, 200, "an empty A2A-Version is 0.3");
@@ -1121,9 +1130,42 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
     let answers = post(&server.url, answered, &[]).await.json();
     let answers = answers.as_array().unwrap();
     assert_eq!(answers.len(), 3, "{answers:?}");
-    assert_eq!(answers[0]["id"], 7);
-    assert_eq!(answers[0]["error"]["code"], -32001);
-    assert_eq!(answers[1..], [unreadable.clone(), unreadable]);
+    assert_eq!(answers[1]["id"], 7, "in the order of the calls");
+    assert_eq!(answers[1]["error"]["code"], -32001);
+    assert_eq!([&answers[0], &answers[2]], [&unreadable, &unreadable]);
+    // Each entry answered once (found by helper-40): an entry jsonrpsee answered as invalid is
+    // not answered again for its id, and an entry that is not an object does not hide the
+    // call beside it whose id jsonrpsee could not read.
+    let bad_id_call = r#"{"jsonrpc":"2.0","id":[1],"method":"tasks/get","params":{"id":"x"}}"#;
+    for (batch, expected) in [
+        (r#"[{"id":[1]}]"#.to_owned(), json!([invalid])),
+        ("[[{}]]".to_owned(), json!([invalid])),
+        (
+            r#"[{"jsonrpc":"1.0","id":-1,"method":"tasks/get"}]"#.to_owned(),
+            json!([invalid]),
+        ),
+        (format!("[1,{bad_id_call}]"), json!([invalid, unreadable])),
+        (
+            format!(r#"["x",{bad_id_call}]"#),
+            json!([invalid, unreadable]),
+        ),
+        // jsonrpsee read `[1]` as an object with id 1: no entry that is not an object has one.
+        ("[[1]]".to_owned(), json!([invalid])),
+        (r#"[["a"]]"#.to_owned(), json!([invalid])),
+    ] {
+        let reply = post(&server.url, batch.clone(), &[]).await;
+        assert_eq!((reply.status, reply.json()), (200, expected), "{batch}");
+    }
+    // A batch of a replay and of a call whose id jsonrpsee could not read is not all replays:
+    // no `Idempotent-Replayed` (the error is not from the cache).
+    let key = new_id();
+    let send = send_with(1, "message/send", &key, "once", json!({}));
+    assert!(!post_activated(&server.url, send.clone()).await.replayed());
+    let replays = post_activated(&server.url, format!("[{send}]")).await;
+    assert!(replays.replayed(), "{}", replays.describe());
+    let mixed = post_activated(&server.url, format!("[{send},{bad_id_call}]")).await;
+    assert_eq!(mixed.json()[1], unreadable);
+    assert!(!mixed.replayed(), "{}", mixed.describe());
     // An ordinary call's error, as small, is untouched.
     let call = r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"id":"x"}}"#;
     let not_found = post(&server.url, call, &[]).await;

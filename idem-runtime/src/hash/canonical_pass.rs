@@ -80,6 +80,8 @@ pub(crate) struct Canonical {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum FoundId {
     Missing,
+    /// The params are an array or a scalar: there is no `message` to look in.
+    ParamsNotAnObject,
     /// A string, decoded.
     Text(String),
     /// Some other JSON value.
@@ -130,6 +132,9 @@ fn scan(text: &str, reorder_budget: usize) -> Result<Scanner<'_>, HashError> {
         reorder_budget: Some(reorder_budget),
     };
     scanner.ws();
+    if !matches!(scanner.peek(), Some(b'{' | b'n')) {
+        scanner.message_id = FoundId::ParamsNotAnObject; // `null` is params left out
+    }
     scanner.value(Place::Params)?;
     scanner.ws();
     if scanner.pos != raw.len() {
@@ -688,6 +693,10 @@ mod tests {
         assert_eq!(found(r#"{"message":{}}"#).message_id, FoundId::Missing);
         assert_eq!(found(r#"{"messageId":"x"}"#).message_id, FoundId::Missing);
         assert_eq!(found("null").message_id, FoundId::Missing);
+        for not_an_object in [r#"[{"message":{"messageId":"x"}}]"#, r#""s""#, "5", "true"] {
+            let found = found(not_an_object).message_id;
+            assert_eq!(found, FoundId::ParamsNotAnObject, "{not_an_object}");
+        }
         for other in ["1", "null", r#"{"a":"b"}"#, r#"["x"]"#] {
             let text = format!(r#"{{"message":{{"messageId":{other},"k":1}}}}"#);
             let canonical = found(&text);

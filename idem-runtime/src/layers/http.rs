@@ -159,7 +159,14 @@ where
     S::Error: From<tokio::task::JoinError> + Send + 'static,
 {
     if content_length(&request).is_some_and(|n| n > limit) {
-        return Ok(too_large(request.into_body(), 0, limit).await);
+        // A client that waits for `100 Continue` sends nothing until the body is read: it is
+        // answered at once, and its body never asked for (hyper closes the connection).
+        let waits = expects_continue(&request);
+        let body = request.into_body();
+        return Ok(match waits {
+            true => too_large(HttpBody::empty(), 0, limit).await,
+            false => too_large(body, 0, limit).await,
+        });
     }
     let (mut request, mut body, mut sent) = (request, None, None);
     if recognisable(&request) {
@@ -181,7 +188,7 @@ where
     // mid-execution (its retry would run it again); the call runs to its end, stored.
     let mut response = tokio::spawn(inner.call(request)).await??;
     if let Some(body) = body {
-        response = invalid_request::corrected(&body, response, scope.dispatched()).await;
+        response = invalid_request::corrected(&body, response, &scope).await;
     }
     response = invalid_request::refusal_as_json_rpc(response);
     Ok(answered(&scope, response))
@@ -226,6 +233,11 @@ fn first_look(
 /// A JSON POST: its body is read here.
 fn recognisable(request: &HttpRequest<HttpBody>) -> bool {
     request.method() == http::Method::POST && content_type_is_json(request)
+}
+
+fn expects_continue(request: &HttpRequest<HttpBody>) -> bool {
+    let expect = request.headers().get(http::header::EXPECT);
+    expect.is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
 fn content_length(request: &HttpRequest<HttpBody>) -> Option<u64> {

@@ -12,7 +12,13 @@
 //!   where jsonrpsee answers it with 200 when the text starts with `{` or `[` (400
 //!   otherwise), and without a reason;
 //! - a notification (no `id`), or a batch of them, is not answered: an empty body (HTTP 204),
-//!   where jsonrpsee answers `null`.
+//!   where jsonrpsee answers `null`;
+//! - an entry of a batch that is not an object is -32600 with `id: null`, where jsonrpsee
+//!   echoes an id it read out of an array (`[[1]]` got `id: 1`).
+//!
+//! Which entries jsonrpsee answered is found as jsonrpsee finds it ([`Taken`]): read as a
+//! Request, else as a notification, else answered as invalid. A batch's answers are listed in
+//! the order of its entries, jsonrpsee's where it gave one.
 //!
 //! Only those two answers of jsonrpsee's, and answers to batches, are looked at (by their
 //! exact size, so an ordinary answer costs nothing here), and only then is the request parsed.
@@ -26,12 +32,19 @@
 //! nothing ran, with `Retry-After: 1`. The HTTP layer's own refusals of a body that is not
 //! UTF-8 or cannot be read are written here too ([`not_utf8`], [`unreadable_body`]).
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use jsonrpsee::server::{HttpBody, HttpResponse};
-use jsonrpsee::types::Id;
+use jsonrpsee::types::{Notification, Request};
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
+
+use crate::layers::scope::HttpScope;
 
 /// jsonrpsee's answer to a notification and to a request with an object or array id.
 const NULL: &[u8] = b"null";
@@ -67,10 +80,10 @@ const INVALID_REQUEST_AROUND_ID: usize =
 pub(crate) async fn corrected(
     request: &[u8],
     response: HttpResponse,
-    dispatched: bool,
+    scope: &HttpScope,
 ) -> HttpResponse {
     let batch = request_is_batch(request);
-    if dispatched && !batch {
+    if scope.dispatched() && !batch {
         return response;
     }
     let size = hyper::body::Body::size_hint(response.body()).exact();
@@ -83,7 +96,12 @@ pub(crate) async fn corrected(
         return HttpResponse::from_parts(parts, HttpBody::empty());
     };
     match answer_to(request, &body, batch) {
-        Ok(answer) => respond(request, parts, body, answer, batch),
+        Ok(answer) => {
+            if let Some(Answer::Batch { added, .. }) = &answer {
+                scope.answered_beside_jsonrpsee(*added);
+            }
+            respond(request, parts, body, answer, batch)
+        }
         Err(not_json) => refused(StatusCode::BAD_REQUEST, PARSE, not_json.to_string()),
     }
 }
@@ -103,7 +121,7 @@ fn answer_to(
             serde_json::from_slice::<serde::de::IgnoredAny>(request)?;
             Some(Answer::Invalid(vec![INVALID_REQUEST.to_owned()]))
         }
-        answers if batch => with_unread_ids(request, answers).map(Answer::Batch),
+        answers if batch => batch_answers(request, answers),
         _ => None,
     })
 }
@@ -124,7 +142,7 @@ fn respond(
             }
             HttpResponse::from_parts(parts, HttpBody::new(http_body_util::Full::new(body)))
         }
-        Some(Answer::Batch(text)) => {
+        Some(Answer::Batch { text, .. }) => {
             let body = HttpBody::new(http_body_util::Full::new(Bytes::from(text)));
             HttpResponse::from_parts(parts, body)
         }
@@ -223,64 +241,100 @@ enum Answer {
     Nothing,
     /// One Invalid Request error per request whose id jsonrpsee cannot read.
     Invalid(Vec<String>),
-    /// jsonrpsee's answers to a batch, and an error for each call it left unanswered.
-    Batch(String),
+    /// jsonrpsee's answers to a batch, corrected, with an error for each call it left
+    /// unanswered (`added` of them).
+    Batch { text: String, added: usize },
 }
 
 /// Why jsonrpsee answered `null`: requests whose ids it could not read, or notifications.
-/// Read as leniently as jsonrpsee reads (members other than `id` are skipped unchecked); a
-/// body that cannot be read even so is an Invalid Request, never `null`.
+/// A body that cannot be read even so is an Invalid Request, never `null`.
 fn answer_to_null(request: &[u8]) -> Answer {
-    let probes = probes(request);
-    if probes.is_empty() {
+    let entries = entries(request).unwrap_or_default();
+    if entries.is_empty() {
         return Answer::Invalid(vec![INVALID_REQUEST.to_owned()]);
     }
-    match unread_ids(&probes) {
+    let unread = entries.iter().filter(|e| taken(e.get()) == Taken::UnreadId);
+    match unread.count() {
         0 => Answer::Nothing,
         n => Answer::Invalid(vec![UNREADABLE_ID.to_owned(); n]),
     }
 }
 
-/// jsonrpsee's `answers` to a batch, with an error for each call whose id it could not read
-/// (it answers the others); `None` when it read them all.
-fn with_unread_ids(request: &[u8], answers: &[u8]) -> Option<String> {
-    let unread = unread_ids(&probes(request));
-    let answers = std::str::from_utf8(answers).ok()?.trim_end();
-    let listed = answers.strip_suffix(']').filter(|_| unread > 0)?;
-    let errors = vec![UNREADABLE_ID; unread].join(",");
-    let separator = if listed.trim_end().ends_with('[') {
-        ""
-    } else {
-        ","
-    };
-    Some(format!("{listed}{separator}{errors}]"))
+/// jsonrpsee's `answers` to a batch as JSON-RPC 2.0 has them, in the order of the entries: an
+/// error for each call whose id it could not read (it answered none), and `id: null` in its
+/// error to an entry that is not an object (it read an id out of an array: `[1]` was id 1).
+/// `None` where they need nothing, or do not line up with the entries (then they stand).
+fn batch_answers(request: &[u8], answers: &[u8]) -> Option<Answer> {
+    let entries = entries(request)?;
+    let mut given = serde_json::from_slice::<Vec<&RawValue>>(answers)
+        .ok()?
+        .into_iter();
+    let (mut listed, mut added, mut replaced) = (Vec::new(), 0, false);
+    for entry in &entries {
+        match taken(entry.get()) {
+            Taken::Call | Taken::Invalid { object: true } => listed.push(given.next()?.get()),
+            Taken::Invalid { object: false } => {
+                given.next()?;
+                listed.push(INVALID_REQUEST);
+                replaced = true;
+            }
+            Taken::UnreadId => {
+                listed.push(UNREADABLE_ID);
+                added += 1;
+            }
+            Taken::Notification => {}
+        }
+    }
+    if given.next().is_some() || (added == 0 && !replaced) {
+        return None;
+    }
+    let text = format!("[{}]", listed.join(","));
+    Some(Answer::Batch { text, added })
 }
 
-/// The requests of a body, one or a batch; none when it cannot be read even so.
-fn probes(request: &[u8]) -> Vec<Probe<'_>> {
+/// The requests of a body, one or a batch; `None` when it is not JSON.
+fn entries(request: &[u8]) -> Option<Vec<&RawValue>> {
     match request_is_batch(request) {
-        true => serde_json::from_slice(request).unwrap_or_default(),
-        false => serde_json::from_slice(request)
-            .map(|one| vec![one])
-            .unwrap_or_default(),
+        true => serde_json::from_slice(request).ok(),
+        false => serde_json::from_slice(request).ok().map(|one| vec![one]),
     }
 }
 
-/// How many of the requests have an id that jsonrpsee's [`Id`] does not read.
-fn unread_ids(probes: &[Probe<'_>]) -> usize {
-    let unread =
-        |id: &serde_json::value::RawValue| serde_json::from_str::<Id<'_>>(id.get()).is_err();
-    probes
-        .iter()
-        .filter(|probe| probe.id.is_some_and(unread))
-        .count()
+/// How jsonrpsee 0.26 takes one request (`handle_rpc_call` in its `server.rs`), read as it
+/// reads them: as a Request, else as a notification, else as an invalid request.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    /// A Request: dispatched and answered.
+    Call,
+    /// A notification (no `id`): not answered, as JSON-RPC says.
+    Notification,
+    /// A call whose `id` jsonrpsee cannot read, so read as a notification: not answered, where
+    /// JSON-RPC answers it (-32600, `id: null`).
+    UnreadId,
+    /// Answered -32600 with the id jsonrpsee read of it; `object`: whether it is an object
+    /// (the id read out of anything else is no request's).
+    Invalid { object: bool },
 }
 
-/// A request's `id`, the one member the answer depends on.
-#[derive(serde::Deserialize)]
-struct Probe<'a> {
-    #[serde(borrow)]
-    id: Option<&'a serde_json::value::RawValue>,
+fn taken(entry: &str) -> Taken {
+    type Notif<'a> = Notification<'a, Option<Cow<'a, RawValue>>>;
+    if serde_json::from_str::<Request<'_>>(entry).is_ok() {
+        return Taken::Call;
+    }
+    if serde_json::from_str::<Notif<'_>>(entry).is_ok() {
+        return match names_an_id(entry) {
+            true => Taken::UnreadId,
+            false => Taken::Notification,
+        };
+    }
+    let object = entry.trim_start().starts_with('{');
+    Taken::Invalid { object }
+}
+
+/// Whether an object has an `id` member, whatever it holds (and however many times).
+fn names_an_id(object: &str) -> bool {
+    let members = serde_json::from_str::<BTreeMap<String, IgnoredAny>>(object);
+    members.is_ok_and(|members| members.contains_key("id"))
 }
 
 /// Whether `request` is one Request object (JSON-RPC 2.0 §4: `jsonrpc` "2.0" and a `method`),

@@ -112,6 +112,14 @@ impl HttpScope {
         self.lock().batch = Some(answers);
     }
 
+    /// `added` answers went into the batch's response beside jsonrpsee's (to calls whose id
+    /// it could not read): none of them a replay.
+    pub(crate) fn answered_beside_jsonrpsee(&self, added: usize) {
+        if let Some(answers) = self.lock().batch.as_mut() {
+            *answers += added;
+        }
+    }
+
     pub(crate) fn is_batch(&self) -> bool {
         self.lock().batch.is_some()
     }
