@@ -45,6 +45,26 @@ async fn fresh_stream_is_live_sse_then_replayed_byte_for_byte() {
     assert_eq!(server.executions(), 1);
 }
 
+/// A stream whose `Drop` panics after its last event (found by helper-39): its client gets
+/// every event and the end, and the stream is stored as it ended, not as interrupted.
+#[tokio::test]
+async fn a_stream_that_panics_as_it_is_dropped_still_ends_and_is_stored() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let body = stream_request(1, &mid, "panic-on-drop", json!({"events": 3, "stepMs": 20}));
+    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    let events = tokio::time::timeout(Duration::from_secs(10), first.rest()).await;
+    let events = events.expect("the stream ends");
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(events[2]["result"]["final"], true);
+    let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
+    assert!(replay.replayed());
+    replay.rest().await;
+    assert_eq!(replay.raw(), first.raw(), "stored as it ended");
+    assert_eq!(server.executions(), 1);
+}
+
 #[tokio::test]
 async fn a_replay_under_another_id_carries_that_id() {
     let db = Db::new();

@@ -105,7 +105,8 @@ impl TestAgentServer for Agent {
     /// Streams `metadata.events` (default 4) events, `metadata.stepMs` (default 50) apart,
     /// each padded with `metadata.padKiB` KiB, after `metadata.setupMs` of setup; stages the
     /// effect `metadata.effect`, if named.
-    /// Text `fail-early` fails before streaming; `fail-mid` sends an error as the third event.
+    /// Text `fail-early` fails before streaming; `fail-mid` sends an error as the third event;
+    /// `panic-on-drop` gives a stream whose `Drop` panics, after its last event.
     #[idempotent]
     async fn stream(
         &self,
@@ -135,6 +136,7 @@ impl TestAgentServer for Agent {
                 None::<()>,
             ));
         }
+        let panics_on_drop = text == "panic-on-drop";
         let events = futures::stream::unfold(0, move |seq| {
             let text = text.clone();
             async move {
@@ -155,11 +157,34 @@ impl TestAgentServer for Agent {
                 Some((event, seq + 1))
             }
         });
+        if panics_on_drop {
+            return Ok(EventStream::new(PanicsOnDrop(Box::pin(events))));
+        }
         Ok(EventStream::new(events))
     }
 
     async fn get(&self) -> RpcResult<usize> {
         Ok(self.executions.load(Ordering::SeqCst))
+    }
+}
+
+/// A stream whose `Drop` panics: an application's bug the recorder must survive.
+struct PanicsOnDrop<S>(std::pin::Pin<Box<S>>);
+
+impl<S: futures::Stream> futures::Stream for PanicsOnDrop<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        self.0.as_mut().poll_next(cx)
+    }
+}
+
+impl<S> Drop for PanicsOnDrop<S> {
+    fn drop(&mut self) {
+        panic!("the test's stream panics as it is dropped");
     }
 }
 

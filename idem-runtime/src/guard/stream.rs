@@ -303,6 +303,31 @@ async fn store_whole(
     Ok(())
 }
 
+/// Drops the application's stream: a panic in its `Drop` (after its last event) is logged,
+/// and the events it gave stand; unwinding through the recorder, it left the readers
+/// waiting, and the finished stream was stored as interrupted.
+fn drop_caught<T>(events: Events<T>) {
+    if std::panic::catch_unwind(AssertUnwindSafe(move || drop(events))).is_err() {
+        tracing::error!("an #[idempotent] method's event stream panicked as it was dropped");
+    }
+}
+
+/// Ends a recording whose recorder unwinds: the error that says it panicked, then the end.
+struct EndsOnPanic {
+    recording: Arc<Recording>,
+    id: Id<'static>,
+}
+
+impl Drop for EndsOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let panicked = IdempotencyError::new(ErrorCode::ExecutionPanicked).into();
+            self.recording.push(error_frame(&self.id, panicked));
+            self.recording.finish();
+        }
+    }
+}
+
 /// The next item of a stream, framed as an SSE event.
 enum Next {
     /// An event; more may follow.
@@ -349,6 +374,12 @@ async fn record<T: Serialize>(
     id: Id<'static>,
     ticket: Option<Ticket>,
 ) {
+    // A panic below that nothing else catches (a store's) must still end the readers' stream,
+    // with the error that says so: they would wait for ever.
+    let _ends = EndsOnPanic {
+        recording: recording.clone(),
+        id: id.clone(),
+    };
     let mut seq = 1;
     let last = loop {
         let next = match &ticket {
@@ -358,7 +389,7 @@ async fn record<T: Serialize>(
             None => tokio::select! {
                 next = next_frame(&mut events, &id, &recording) => next,
                 () = recording.abandoned() => {
-                    drop(events);
+                    drop_caught(events);
                     recording.finish();
                     return;
                 }
@@ -385,7 +416,7 @@ async fn record<T: Serialize>(
             Next::End => break None,
         }
     };
-    drop(events);
+    drop_caught(events);
     if let Some(ticket) = ticket {
         let body = recording.joined(last.as_deref().unwrap_or_default());
         let key = ticket.key().clone();
