@@ -18,6 +18,7 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
 use jsonrpsee::types::{ErrorObjectOwned, Id};
 use serde::{Serialize, Serializer};
+use serde_json::value::RawValue;
 
 use bytes::Bytes;
 
@@ -303,6 +304,16 @@ async fn store_whole(
     Ok(())
 }
 
+/// `event` on one line. An SSE event ends at a blank line, and a recording is split there:
+/// an event whose type writes raw JSON as it came (a `RawValue`, pretty-printed) would break
+/// both. JSON text holds a line break only between tokens, where it can go.
+fn one_line(event: Box<RawValue>) -> serde_json::Result<Box<RawValue>> {
+    match event.get().contains(['\n', '\r']) {
+        false => Ok(event),
+        true => RawValue::from_string(event.get().replace(['\n', '\r'], "")),
+    }
+}
+
 /// Drops the application's stream: a panic in its `Drop` (after its last event) is logged,
 /// and the events it gave stand; unwinding through the recorder, it left the readers
 /// waiting, and the finished stream was stored as interrupted.
@@ -348,7 +359,9 @@ async fn next_frame<T: Serialize>(
     let next = async {
         let item = events.next().await?;
         Some(item.and_then(|event| {
-            serde_json::value::to_raw_value(&event).map_err(|e| not_serializable(&e))
+            serde_json::value::to_raw_value(&event)
+                .and_then(one_line)
+                .map_err(|e| not_serializable(&e))
         }))
     };
     let payload: Payload = match AssertUnwindSafe(next).catch_unwind().await {
@@ -506,4 +519,21 @@ fn too_large() -> ErrorObjectOwned {
 /// An internal inconsistency (a stream taken twice, a JSON entry where a stream was expected).
 fn consumed() -> ErrorObjectOwned {
     IdempotencyError::new(ErrorCode::StreamUnavailable).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_written_over_several_lines_is_sent_on_one() {
+        let pretty = RawValue::from_string("{\n  \"a\": [1,\r\n 2],\n  \"b\": \"x y\"\n}".into());
+        let event = one_line(pretty.unwrap()).unwrap();
+        assert_eq!(event.get(), r#"{  "a": [1, 2],  "b": "x y"}"#);
+        let frame = sse::frame(&response_bytes(&Id::Number(1), &Ok(event)));
+        let text = String::from_utf8(frame.to_vec()).unwrap();
+        assert_eq!(text.matches("\n\n").count(), 1, "one event: {text:?}");
+        let compact = RawValue::from_string("[1,2]".into()).unwrap();
+        assert_eq!(one_line(compact).unwrap().get(), "[1,2]");
+    }
 }
