@@ -398,7 +398,7 @@ impl Ticket {
             method: self.method.clone(),
             request_hash: self.request_hash.clone(),
             jsonrpc_id,
-            started_at: store.now_seconds(),
+            recorded_at: store.now_seconds(),
         };
         store
             .open_stream(&stream, first_event, writes, self.lease())

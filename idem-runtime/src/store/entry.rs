@@ -53,7 +53,8 @@ pub(crate) struct OpenStreamRow {
     pub(crate) method: String,
     pub(crate) request_hash: String,
     pub(crate) jsonrpc_id: String,
-    pub(crate) started_at: i64,
+    /// The column `started_at` (see [`OpenStream::recorded_at`]).
+    pub(crate) recorded_at: i64,
 }
 
 impl OpenStreamRow {
@@ -65,7 +66,7 @@ impl OpenStreamRow {
             request_hash: stored_hash(id, column, &self.request_hash)?,
             method: self.method,
             jsonrpc_id: self.jsonrpc_id,
-            started_at: self.started_at.max(0) as u64,
+            recorded_at: self.recorded_at.max(0) as u64,
         })
     }
 }
@@ -188,16 +189,20 @@ pub struct OpenStream {
     /// The call's JSON-RPC `id`, as JSON text: the terminal event of an interrupted stream
     /// carries it, as every recorded event does.
     pub jsonrpc_id: String,
-    /// Unix epoch seconds: when it started (the sweep takes a record left open a TTL after
-    /// it; the entry it becomes is inserted when it ends).
-    pub started_at: u64,
+    /// Unix epoch seconds: when it started, then when its last event was recorded (each
+    /// event moves it; the stores' column `started_at` holds it). A record a process left
+    /// open expires a TTL after its last sign of life: one counted from the start would let a
+    /// stream that ran past the TTL, then died, run again at its first retry. The entry it
+    /// becomes is inserted when it ends.
+    pub recorded_at: u64,
 }
 
 impl OpenStream {
-    /// Whether the record was left open a TTL after it started: the sweep takes it, and a
-    /// claim that reaches it first takes it for gone too, so that its key runs again as any
-    /// expired key does (a stream this process still records is in flight, never claimed).
+    /// Whether the record was left open a TTL after its last recorded event: the sweep takes
+    /// it, and a claim that reaches it first takes it for gone too, so that its key runs again
+    /// as any expired key does (a stream this process still records is in flight, never
+    /// claimed).
     pub(crate) fn expired(&self, ttl_seconds: u64, now_seconds: u64) -> bool {
-        is_expired(self.started_at, ttl_seconds, now_seconds)
+        is_expired(self.recorded_at, ttl_seconds, now_seconds)
     }
 }

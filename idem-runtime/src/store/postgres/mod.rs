@@ -652,8 +652,8 @@ impl Store for PostgresStore {
                         &stream.method,
                         &stream.request_hash.as_str(),
                         &stream.jsonrpc_id,
-                        &(stream.started_at as i64),
-                        &expires_at(stream.started_at, self.ttl_seconds),
+                        &(stream.recorded_at as i64),
+                        &expires_at(stream.recorded_at, self.ttl_seconds),
                     ],
                 )
                 .await?;
@@ -687,17 +687,23 @@ impl Store for PostgresStore {
             let appended = execute(
                 &client,
                 // FOR SHARE: a takeover under way holds the claim's row; the event waits for
-                // it and is then refused, never recorded under a claim already taken.
-                "INSERT INTO idempotency_stream_events (message_id, seq, event)
-                 SELECT $1, $2, $3 WHERE EXISTS
-                   (SELECT 1 FROM idempotency_claims
-                    WHERE message_id = $1 AND fence = $4 AND owner = $5 FOR SHARE)",
+                // it and is then refused, never recorded under a claim already taken. The
+                // record moves its expiry with it (`OpenStream::recorded_at`), the claim's row
+                // locked first, as a close locks them.
+                "WITH fenced AS (SELECT 1 FROM idempotency_claims
+                   WHERE message_id = $1 AND fence = $4 AND owner = $5 FOR SHARE),
+                 touched AS (UPDATE idempotency_open_streams
+                   SET started_at = $6, expires_at = expires_at + ($6 - started_at)
+                   WHERE message_id = $1 AND EXISTS (SELECT 1 FROM fenced))
+                 INSERT INTO idempotency_stream_events (message_id, seq, event)
+                 SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM fenced)",
                 &[
                     &key.as_str(),
                     &(seq as i32),
                     &event.as_ref(),
                     &lease.fence(),
                     &self.owner,
+                    &(self.now_seconds() as i64),
                 ],
             )
             .await?;

@@ -143,10 +143,10 @@ pub(super) async fn select_open_stream(
         method: row.get(0),
         request_hash: row.get(1),
         jsonrpc_id: row.get(2),
-        started_at: row.get(3),
+        recorded_at: row.get(3),
     }
     .decode(id)?;
-    if at.expired(row.get(4), stream.started_at) {
+    if at.expired(row.get(4), stream.recorded_at) {
         return Ok(None);
     }
     let events = rows

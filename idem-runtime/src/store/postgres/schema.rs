@@ -43,6 +43,8 @@ CREATE TABLE IF NOT EXISTS idempotency_open_streams (
     method       TEXT NOT NULL,
     request_hash TEXT NOT NULL,
     jsonrpc_id   TEXT NOT NULL,
+    -- When it started, then when its last event was recorded (`expires_at` moves with it):
+    -- left open, it expires a TTL after that.
     started_at   BIGINT NOT NULL,
     expires_at   BIGINT
 );

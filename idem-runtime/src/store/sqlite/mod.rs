@@ -47,7 +47,8 @@ use crate::store::sqlite::file_lock::ServingLock;
 use crate::store::sqlite::key_index::{KeyIndex, StoredKeys};
 use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::sqlite::open_streams::{
-    delete_open_stream, insert_event, insert_open_stream, select_open_stream, LiveStreams,
+    delete_open_stream, insert_event, insert_open_stream, select_open_stream, touch_open_stream,
+    LiveStreams,
 };
 use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::readers::Readers;
@@ -448,9 +449,10 @@ impl Store for SqliteStore {
         event: Bytes,
         _lease: &Lease,
     ) -> Result<(), StoreError> {
-        let id = key.clone();
+        let (id, now) = (key.clone(), self.clock.now_seconds());
         self.write(Unanswered::HoldsKey(key), true, move |conn, _| {
-            insert_event(conn, &id, seq, &event)
+            insert_event(conn, &id, seq, &event)?;
+            touch_open_stream(conn, &id, now)
         })
         .await
     }

@@ -54,7 +54,7 @@ pub(super) fn insert_open_stream(
         stream.method,
         stream.request_hash.as_str(),
         stream.jsonrpc_id,
-        stream.started_at as i64,
+        stream.recorded_at as i64,
     ])?;
     // Events of an earlier recording under this key (one past its TTL) are not this one's.
     conn.prepare_cached("DELETE FROM idempotency_stream_events WHERE message_id = ?1")?
@@ -72,6 +72,20 @@ pub(super) fn insert_event(
         "INSERT INTO idempotency_stream_events (message_id, seq, event) VALUES (?1, ?2, ?3)",
     )?
     .execute(params![key.as_str(), seq, event])?;
+    Ok(())
+}
+
+/// `key`'s stream recorded an event at `now`: its record, if its process dies, expires a TTL
+/// from here ([`OpenStream::recorded_at`]).
+pub(super) fn touch_open_stream(
+    conn: &Connection,
+    key: &MessageId,
+    now: u64,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE idempotency_open_streams SET started_at = ?2 WHERE message_id = ?1",
+    )?
+    .execute(params![key.as_str(), now as i64])?;
     Ok(())
 }
 
@@ -103,7 +117,7 @@ pub(super) fn select_open_stream(
                 method: row.get(0)?,
                 request_hash: row.get(1)?,
                 jsonrpc_id: row.get(2)?,
-                started_at: row.get(3)?,
+                recorded_at: row.get(3)?,
             })
         })
         .optional()?;

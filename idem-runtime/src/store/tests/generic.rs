@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::claim::{Claim, IdempotencyCache, Waited};
-use crate::hash::request_hash;
+use crate::claim::{Claim, IdempotencyCache, Ticket, Waited};
+use crate::hash::{request_hash, RequestHash};
+use crate::message_id::MessageId;
 
 use crate::store::tests::fixture::{Backend, Fixture, T0_MS};
 use crate::store::tests::support::*;
@@ -443,19 +444,10 @@ pub async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_th
 pub async fn a_stream_left_open_past_its_ttl_runs_again_before_any_sweep(fx: Fixture) {
     let config = config(10, 100);
     let hash = request_hash(br#"{"s":1}"#).unwrap();
-    let event = |n: u32| {
-        bytes_of(&format!(
-            "data: {{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{n}}}\n\n"
-        ))
-    };
     {
         let cache = fx.cache(&config).await;
-        let mut ticket = won(&cache, &key(1), "message/stream", &hash).await;
-        ticket
-            .open_stream("5".into(), event(0), Vec::new())
-            .await
-            .unwrap();
-        ticket.append_event(1, event(1)).await.unwrap();
+        let ticket = opened_stream(&cache, &key(1), &hash).await;
+        ticket.append_event(1, stream_event(1)).await.unwrap();
         std::mem::forget(ticket); // its process dies
     }
     if fx.backend == Backend::Postgres {
@@ -468,7 +460,7 @@ pub async fn a_stream_left_open_past_its_ttl_runs_again_before_any_sweep(fx: Fix
     assert_eq!(fx.count(open_streams).await, 1, "no sweep has run");
     let mut retry = won(&cache, &key(1), "message/stream", &hash).await;
     retry
-        .open_stream("5".into(), event(2), Vec::new())
+        .open_stream("5".into(), stream_event(2), Vec::new())
         .await
         .unwrap();
     let sse = vec![("content-type".into(), "text/event-stream".into())];
@@ -476,14 +468,14 @@ pub async fn a_stream_left_open_past_its_ttl_runs_again_before_any_sweep(fx: Fix
         .close_stream(StoredResponse {
             status: 200,
             headers: sse,
-            body: event(2).to_vec(),
+            body: stream_event(2).to_vec(),
         })
         .await
         .unwrap();
     let stored = cache.store().get(&key(1)).await.unwrap().unwrap();
     assert_eq!(
         stored.response.body,
-        event(2).to_vec(),
+        stream_event(2).to_vec(),
         "the retry's own outcome"
     );
     assert_eq!(fx.count(open_streams).await, 0);
@@ -493,31 +485,47 @@ pub async fn a_stream_left_open_past_its_ttl_runs_again_before_any_sweep(fx: Fix
     assert_eq!(events, 0, "the dead recording's events went with it");
 }
 
+/// A stream that ran past the TTL, then died: its record expires a TTL after its last event,
+/// not after its start, so neither the sweep nor the retry that follows the crash takes it for
+/// gone, and the stream never runs again (found by helper-39: counted from the start, the
+/// retry right after the restart ran it a second time).
+pub async fn a_stream_that_ran_past_its_ttl_then_died_is_closed_as_interrupted(fx: Fixture) {
+    let config = config(10, 100);
+    let hash = request_hash(br#"{"s":1}"#).unwrap();
+    {
+        let cache = fx.cache(&config).await;
+        let ticket = opened_stream(&cache, &key(1), &hash).await;
+        for n in 1..=2 {
+            fx.clock.advance(Duration::from_secs(8));
+            ticket.append_event(n, stream_event(n)).await.unwrap();
+        }
+        std::mem::forget(ticket); // its process dies, 16 s after the stream started
+    }
+    if fx.backend == Backend::Postgres {
+        fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+            .await;
+    }
+    fx.clock.advance(Duration::from_secs(5)); // 21 s after its start, 5 after its last event
+    let cache = fx.cache(&config).await;
+    cache.store().sweep().await.unwrap();
+    let open_streams = "SELECT COUNT(*) FROM idempotency_open_streams";
+    assert_eq!(fx.count(open_streams).await, 1, "the sweep spares it");
+    let Claim::Cached(entry) = cache.claim(&key(1), "message/stream", &hash).await.unwrap() else {
+        panic!("a stream that died must never execute again")
+    };
+    let body = String::from_utf8(entry.response.body.clone()).unwrap();
+    assert_eq!(body.split_terminator("\n\n").count(), 4, "{body}");
+    assert!(body.contains("IDEMPOTENCY_STREAM_INTERRUPTED"), "{body}");
+}
+
 /// A stream's TTL runs from its end, and the sweep never takes a stream that still runs (its
 /// retries must attach, never run again); one a dead process left open past the TTL goes.
 pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(fx: Fixture) {
     let config = config(10, 100);
     let hash = request_hash(br#"{"s":1}"#).unwrap();
     let open_streams = "SELECT COUNT(*) FROM idempotency_open_streams";
-    let event = |n: u32| {
-        bytes_of(&format!(
-            "data: {{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{n}}}\n\n"
-        ))
-    };
-    // A won claim of key `n` whose stream has sent its first event.
-    let opened = |cache: &IdempotencyCache, n: u32| {
-        let (cache, hash, first) = (cache.clone(), hash.clone(), event(0));
-        async move {
-            let mut ticket = won(&cache, &key(n), "message/stream", &hash).await;
-            ticket
-                .open_stream("5".into(), first, Vec::new())
-                .await
-                .unwrap();
-            ticket
-        }
-    };
     let cache = fx.cache(&config).await;
-    let running = opened(&cache, 1).await;
+    let running = opened_stream(&cache, &key(1), &hash).await;
     fx.clock.advance(Duration::from_secs(11));
     cache.store().sweep().await.unwrap();
     assert_eq!(
@@ -525,12 +533,12 @@ pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(f
         1,
         "a running stream is never swept"
     );
-    running.append_event(1, event(1)).await.unwrap();
+    running.append_event(1, stream_event(1)).await.unwrap();
     running
         .close_stream(StoredResponse {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
-            body: [event(0), event(1)].concat(),
+            body: [stream_event(0), stream_event(1)].concat(),
         })
         .await
         .unwrap();
@@ -543,7 +551,7 @@ pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(f
     assert_eq!(stored.inserted_at, (T0_MS / 1000) + 11);
 
     // A recording that gave its key up here (a failed append, say) is no longer running.
-    drop(opened(&cache, 3).await);
+    drop(opened_stream(&cache, &key(3), &hash).await);
     if fx.backend == Backend::Postgres {
         // The claim is released in the background: the sweep comes after it.
         while fx.count("SELECT COUNT(*) FROM idempotency_claims").await > 0 {
@@ -558,7 +566,7 @@ pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(f
         "given up past the TTL: swept"
     );
 
-    std::mem::forget(opened(&cache, 2).await); // its process dies
+    std::mem::forget(opened_stream(&cache, &key(2), &hash).await); // its process dies
     drop(cache);
     if fx.backend == Backend::Postgres {
         fx.execute("UPDATE idempotency_claims SET lease_until = 0")
@@ -622,4 +630,22 @@ on_both_backends!(
     a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_the_next_claim,
     the_sweep_spares_running_streams_and_takes_those_left_by_the_dead,
     a_stream_left_open_past_its_ttl_runs_again_before_any_sweep,
+    a_stream_that_ran_past_its_ttl_then_died_is_closed_as_interrupted,
 );
+
+/// The `n`th event of the streams these tests record, under the call's id 5.
+fn stream_event(n: u32) -> bytes::Bytes {
+    bytes_of(&format!(
+        "data: {{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{n}}}\n\n"
+    ))
+}
+
+/// A won claim of `key` whose stream has recorded its first event.
+async fn opened_stream(cache: &IdempotencyCache, key: &MessageId, hash: &RequestHash) -> Ticket {
+    let mut ticket = won(cache, key, "message/stream", hash).await;
+    ticket
+        .open_stream("5".into(), stream_event(0), Vec::new())
+        .await
+        .unwrap();
+    ticket
+}
