@@ -258,6 +258,21 @@ async fn undeduplicated_streams_are_still_served() {
     assert_eq!(server.executions(), 2);
 }
 
+/// A live stream (not deduplicated) holds only what its client has not read: one far past
+/// the recording limit is served whole (found by helper-39: it was cut at 8 MiB).
+#[tokio::test]
+async fn an_undeduplicated_stream_is_not_cut_at_the_recording_limit() {
+    let db = Db::new();
+    let server = db.server(config().with(|c| c.required = false)).await;
+    let metadata = json!({"events": 12, "stepMs": 20, "padKiB": 1024});
+    let body = stream_request(1, &new_id(), "big", metadata);
+    let mut reply = SseReply::open(&server.url, body, &[]).await;
+    let events = reply.rest().await;
+    let errors: Vec<_> = events.iter().filter(|e| !e["error"].is_null()).collect();
+    assert_eq!((events.len(), errors.len()), (12, 0), "{errors:?}");
+    assert!(reply.raw().len() > idem::config::MAX_RECORDED_STREAM_BYTES);
+}
+
 #[tokio::test]
 async fn a_stream_past_the_recording_limit_ends_with_an_error_event_stored_as_sent() {
     let db = Db::new();

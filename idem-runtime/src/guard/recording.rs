@@ -1,6 +1,9 @@
 //! A stream's events as they are produced: kept in order, read by any number of readers (the
-//! original caller, and retries that attach while it runs), each at its own pace.
+//! original caller, and retries that attach while it runs), each at its own pace. A live
+//! stream's (one not deduplicated, which nothing replays and no retry attaches to) has one
+//! reader, and keeps only what that reader has not read yet.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -10,7 +13,9 @@ use tokio::sync::{watch, Notify};
 
 /// The most bytes a recorded stream may hold. A stream that would grow past it is ended with a
 /// JSON-RPC error event (-32603, `IDEMPOTENCY_STREAM_TOO_LARGE` in `data.code`) and stored so,
-/// which keeps memory bounded and the replay equal to what the first caller saw.
+/// which keeps memory bounded and the replay equal to what the first caller saw. A live
+/// stream holds only what its client has not read: it is ended so only when its client falls
+/// this far behind (or one event is larger).
 pub const MAX_RECORDED_STREAM_BYTES: usize = 8 * 1024 * 1024;
 
 /// The frames of one execution.
@@ -22,11 +27,17 @@ pub(crate) struct Recording {
     /// Whether a reader ever came, and the news that one did.
     read: AtomicBool,
     first_reader: Notify,
+    /// Whether read frames are kept (for replays and retries that attach), or dropped (a live
+    /// stream's, whose one reader has them).
+    keeps_read: bool,
 }
 
 #[derive(Default)]
 struct State {
-    frames: Vec<Bytes>,
+    frames: VecDeque<Bytes>,
+    /// How many frames were dropped from the front, once read (a live stream's).
+    dropped: usize,
+    /// The bytes of `frames`.
     bytes: usize,
     finished: bool,
 }
@@ -38,6 +49,15 @@ impl Recording {
             changed: watch::Sender::new(0),
             read: AtomicBool::new(false),
             first_reader: Notify::new(),
+            keeps_read: true,
+        }
+    }
+
+    /// The recording of a live stream: one reader, and what it read is dropped.
+    pub(crate) fn live() -> Self {
+        Self {
+            keeps_read: false,
+            ..Self::new()
         }
     }
 
@@ -47,7 +67,7 @@ impl Recording {
         {
             let mut state = recording.lock();
             state.bytes = frames.iter().map(Bytes::len).sum();
-            state.frames = frames;
+            state.frames = frames.into();
             state.finished = true;
         }
         recording
@@ -66,7 +86,7 @@ impl Recording {
         {
             let mut state = self.lock();
             state.bytes += frame.len();
-            state.frames.push(frame);
+            state.frames.push_back(frame);
         }
         self.changed.send_modify(|n| *n += 1);
     }
@@ -78,7 +98,7 @@ impl Recording {
 
     /// Everything recorded, then `last`, as one body: what the stream's entry stores.
     pub(crate) fn joined(&self, last: &[u8]) -> Vec<u8> {
-        joined(&self.lock().frames, last)
+        joined(self.lock().frames.make_contiguous(), last)
     }
 
     /// Once a reader came and every reader has gone (a client that hung up): what a stream no
@@ -102,9 +122,13 @@ impl Recording {
                 loop {
                     changes.borrow_and_update();
                     {
-                        let state = rec.lock();
-                        if let Some(frame) = state.frames.get(next) {
-                            let frame = frame.clone();
+                        let mut state = rec.lock();
+                        if let Some(frame) = state.frames.get(next - state.dropped).cloned() {
+                            if !rec.keeps_read {
+                                state.frames.pop_front();
+                                state.dropped += 1;
+                                state.bytes -= frame.len();
+                            }
                             drop(state);
                             return Some((frame, (rec, next + 1, changes)));
                         }
@@ -167,6 +191,23 @@ mod tests {
         rec.push(Bytes::from(vec![0; MAX_RECORDED_STREAM_BYTES - 1]));
         assert!(rec.fits(b"x"));
         assert!(!rec.fits(b"xy"));
+    }
+
+    #[tokio::test]
+    async fn a_live_recording_holds_only_what_its_reader_has_not_read() {
+        let rec = Arc::new(Recording::live());
+        let mut reader = Box::pin(rec.clone().reader());
+        let frame = Bytes::from(vec![0; MAX_RECORDED_STREAM_BYTES / 2]);
+        for _ in 0..5 {
+            assert!(rec.fits(&frame), "what was read is not held");
+            rec.push(frame.clone());
+            assert_eq!(reader.next().await.unwrap(), frame);
+        }
+        rec.push(frame.clone());
+        rec.push(frame.clone());
+        assert!(!rec.fits(b"x"), "a reader that falls the limit behind");
+        rec.finish();
+        assert_eq!(reader.collect::<Vec<_>>().await.len(), 2);
     }
 
     #[tokio::test]

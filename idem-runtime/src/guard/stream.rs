@@ -156,7 +156,7 @@ fn serve_undeduplicated<T: Serialize + Send + 'static>(
     events: Events<T>,
     id: Id<'static>,
 ) {
-    let recording = Arc::new(Recording::new());
+    let recording = Arc::new(Recording::live());
     tokio::spawn(record(events, recording.clone(), id, None));
     scope.set_stream(recording, None);
 }
@@ -173,7 +173,7 @@ async fn serve_alone<T: Serialize + Send + 'static>(
     // Sealed before the first event, as a deduplicated stream's unit is: what the stream
     // stages once it runs is refused the same way in both.
     let sealed = unit.as_ref().map(UnitOfWork::seal);
-    let recording = Arc::new(Recording::new());
+    let recording = Arc::new(Recording::live());
     let first = next_frame(&mut events, &id, &recording).await;
     if let (Some(unit), Some(sealed)) = (unit, sealed) {
         match first {
