@@ -142,10 +142,15 @@ impl FrontLayer {
     }
 
     /// What is refused here of a request that jsonrpsee would otherwise read. Of a method
-    /// other than POST, its 405 comes first, whatever version it asks for.
+    /// other than POST, its 405 comes first, whatever version it asks for, and so does the
+    /// idempotency layer's 413 of a body announced over the limit (which it answers without
+    /// asking a client that waits for `100 Continue` to send it).
     fn refusal<B>(&self, request: &http::Request<B>) -> Answer {
-        let post = request.method() == Method::POST;
-        if let Some(requested) = version::unsupported(request.headers()).filter(|_| post) {
+        let announced = request.headers().get(http::header::CONTENT_LENGTH);
+        let announced = announced.and_then(|n| n.to_str().ok()?.parse::<usize>().ok());
+        let read = request.method() == Method::POST
+            && announced.is_none_or(|bytes| bytes <= self.max_body_bytes);
+        if let Some(requested) = version::unsupported(request.headers()).filter(|_| read) {
             Answer::VersionNotSupported(requested)
         } else if let Some(coding) = content_coding(request.headers()) {
             Answer::Now(unsupported_coding(&coding))

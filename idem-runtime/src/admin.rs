@@ -422,6 +422,8 @@ impl StreamRow {
             method: self.method,
             request_hash: self.request_hash,
             state: EntryState::OpenStream(events.len() as u64),
+            // When it last recorded an event (its start, before the second): what its
+            // expiry counts from (`OpenStream::recorded_at`).
             inserted_at: self.started_at.max(0) as u64,
             expires_at: None,
             bytes: body.len() as u64,

@@ -1152,6 +1152,12 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
         // jsonrpsee read `[1]` as an object with id 1: no entry that is not an object has one.
         ("[[1]]".to_owned(), json!([invalid])),
         (r#"[["a"]]"#.to_owned(), json!([invalid])),
+        // ... and `["2.0","m"]` as a notification, which it left unanswered (helper-41).
+        (r#"[["2.0","tasks/get"]]"#.to_owned(), json!([invalid])),
+        (
+            format!(r#"[["2.0","tasks/get",{{"id":"x"}}],{bad_id_call}]"#),
+            json!([invalid, unreadable]),
+        ),
     ] {
         let reply = post(&server.url, batch.clone(), &[]).await;
         assert_eq!((reply.status, reply.json()), (200, expected), "{batch}");

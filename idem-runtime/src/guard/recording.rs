@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 use bytes::Bytes;
 use futures::Stream;
@@ -91,6 +91,22 @@ impl Recording {
         self.changed.send_modify(|n| *n += 1);
     }
 
+    /// Ends the recording with `frame`, unless it has ended: what a recorder that unwinds
+    /// leaves, which must not panic again (a second panic would abort the process), so the
+    /// lock is taken even if a panic poisoned it.
+    pub(crate) fn end_with(&self, frame: Bytes) {
+        {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.finished {
+                return;
+            }
+            state.bytes += frame.len();
+            state.frames.push_back(frame);
+            state.finished = true;
+        }
+        self.changed.send_modify(|n| *n += 1);
+    }
+
     pub(crate) fn finish(&self) {
         self.lock().finished = true;
         self.changed.send_modify(|n| *n += 1);
@@ -123,7 +139,10 @@ impl Recording {
                     changes.borrow_and_update();
                     {
                         let mut state = rec.lock();
-                        if let Some(frame) = state.frames.get(next - state.dropped).cloned() {
+                        // A live recording has one reader, and what it dropped is behind it (a
+                        // second reader, which none makes, would find the frames gone).
+                        let at = next.checked_sub(state.dropped)?;
+                        if let Some(frame) = state.frames.get(at).cloned() {
                             if !rec.keeps_read {
                                 state.frames.pop_front();
                                 state.dropped += 1;

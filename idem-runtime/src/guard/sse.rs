@@ -18,7 +18,13 @@ pub const EVENT_STREAM: &str = "text/event-stream";
 pub(crate) fn frame(json: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(json.len() + 8);
     out.extend_from_slice(b"data: ");
-    out.extend_from_slice(json);
+    // On one line: an event ends at a blank line, and a recording is split there. JSON holds
+    // a line break only between tokens (a pretty-printed `RawValue` of the application's, in
+    // an event or in an error's `data`), where it can go.
+    match json.iter().any(|b| matches!(b, b'\n' | b'\r')) {
+        false => out.extend_from_slice(json),
+        true => out.extend(json.iter().filter(|b| !matches!(b, b'\n' | b'\r'))),
+    }
     out.extend_from_slice(b"\n\n");
     out.into()
 }

@@ -18,7 +18,6 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
 use jsonrpsee::types::{ErrorObjectOwned, Id};
 use serde::{Serialize, Serializer};
-use serde_json::value::RawValue;
 
 use bytes::Bytes;
 
@@ -190,10 +189,14 @@ async fn serve_alone<T: Serialize + Send + 'static>(
             tokio::spawn(record(events, recording.clone(), id, None));
         }
         Next::Last(frame) => {
+            drop_caught(events);
             recording.push(frame);
             recording.finish();
         }
-        Next::End => recording.finish(),
+        Next::End => {
+            drop_caught(events);
+            recording.finish();
+        }
     }
     scope.set_stream(recording, None);
     Ok(EventStream::handed_over())
@@ -256,8 +259,14 @@ where
     }
     let stored = match first {
         Next::Event(first) => open(call, ticket, events, first, writes, &recording).await,
-        Next::Last(last) => store_whole(ticket, Some(last), Vec::new(), &recording).await,
-        Next::End => store_whole(ticket, None, writes, &recording).await,
+        Next::Last(last) => {
+            drop_caught(events);
+            store_whole(ticket, Some(last), Vec::new(), &recording).await
+        }
+        Next::End => {
+            drop_caught(events);
+            store_whole(ticket, None, writes, &recording).await
+        }
     };
     stored.map_err(|e| store_failure(call, e))?;
     call.scope.set_stream(recording, None);
@@ -279,7 +288,10 @@ async fn open<T: Serialize + Send + 'static>(
     let started = std::time::Instant::now();
     let opened = ticket.open_stream(id, first.clone(), writes).await;
     crate::telemetry::committed(&call.method, started.elapsed());
-    opened?;
+    if let Err(error) = opened {
+        drop_caught(events);
+        return Err(error);
+    }
     recording.push(first);
     // Shared once the first event is durable, which wakes the retries waiting to attach.
     ticket.set_progress(recording.clone());
@@ -304,16 +316,6 @@ async fn store_whole(
     Ok(())
 }
 
-/// `event` on one line. An SSE event ends at a blank line, and a recording is split there:
-/// an event whose type writes raw JSON as it came (a `RawValue`, pretty-printed) would break
-/// both. JSON text holds a line break only between tokens, where it can go.
-fn one_line(event: Box<RawValue>) -> serde_json::Result<Box<RawValue>> {
-    match event.get().contains(['\n', '\r']) {
-        false => Ok(event),
-        true => RawValue::from_string(event.get().replace(['\n', '\r'], "")),
-    }
-}
-
 /// Drops the application's stream: a panic in its `Drop` (after its last event) is logged,
 /// and the events it gave stand; unwinding through the recorder, it left the readers
 /// waiting, and the finished stream was stored as interrupted.
@@ -333,8 +335,7 @@ impl Drop for EndsOnPanic {
     fn drop(&mut self) {
         if std::thread::panicking() {
             let panicked = IdempotencyError::new(ErrorCode::ExecutionPanicked).into();
-            self.recording.push(error_frame(&self.id, panicked));
-            self.recording.finish();
+            self.recording.end_with(error_frame(&self.id, panicked));
         }
     }
 }
@@ -359,9 +360,7 @@ async fn next_frame<T: Serialize>(
     let next = async {
         let item = events.next().await?;
         Some(item.and_then(|event| {
-            serde_json::value::to_raw_value(&event)
-                .and_then(one_line)
-                .map_err(|e| not_serializable(&e))
+            serde_json::value::to_raw_value(&event).map_err(|e| not_serializable(&e))
         }))
     };
     let payload: Payload = match AssertUnwindSafe(next).catch_unwind().await {
@@ -524,16 +523,20 @@ fn consumed() -> ErrorObjectOwned {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::value::RawValue;
 
     #[test]
-    fn an_event_written_over_several_lines_is_sent_on_one() {
-        let pretty = RawValue::from_string("{\n  \"a\": [1,\r\n 2],\n  \"b\": \"x y\"\n}".into());
-        let event = one_line(pretty.unwrap()).unwrap();
-        assert_eq!(event.get(), r#"{  "a": [1, 2],  "b": "x y"}"#);
-        let frame = sse::frame(&response_bytes(&Id::Number(1), &Ok(event)));
-        let text = String::from_utf8(frame.to_vec()).unwrap();
-        assert_eq!(text.matches("\n\n").count(), 1, "one event: {text:?}");
-        let compact = RawValue::from_string("[1,2]".into()).unwrap();
-        assert_eq!(one_line(compact).unwrap().get(), "[1,2]");
+    fn an_event_or_error_written_over_several_lines_is_sent_on_one() {
+        let pretty = "{\n  \"a\": [1,\r\n 2],\n  \"b\": \"x y\"\n}";
+        let event = RawValue::from_string(pretty.into()).unwrap();
+        let data = Some(RawValue::from_string(pretty.into()).unwrap());
+        let error = ErrorObjectOwned::owned(-32000, "failed", data);
+        for payload in [Ok(event), Err(error)] {
+            let frame = sse::frame(&response_bytes(&Id::Number(1), &payload));
+            let text = String::from_utf8(frame.to_vec()).unwrap();
+            assert_eq!(text.matches('\n').count(), 2, "one event: {text:?}");
+            assert!(text.contains(r#"{  "a": [1, 2],  "b": "x y"}"#), "{text:?}");
+            assert_eq!(sse::split(&frame).len(), 1);
+        }
     }
 }

@@ -14,7 +14,10 @@
 //! - a notification (no `id`), or a batch of them, is not answered: an empty body (HTTP 204),
 //!   where jsonrpsee answers `null`;
 //! - an entry of a batch that is not an object is -32600 with `id: null`, where jsonrpsee
-//!   echoes an id it read out of an array (`[[1]]` got `id: 1`).
+//!   echoes an id it read out of an array (`[[1]]` got `id: 1`), or answers nothing when it
+//!   reads the array as a notification (`[["2.0","m"]]`). One it reads as a Request
+//!   (`[["2.0",1,"m"]]`: serde reads a struct out of an array too) it dispatches, and that
+//!   call's answer stands: it ran.
 //!
 //! Which entries jsonrpsee answered is found as jsonrpsee finds it ([`Taken`]): read as a
 //! Request, else as a notification, else answered as invalid. A batch's answers are listed in
@@ -74,9 +77,9 @@ const INVALID_REQUEST_AROUND_ID: usize =
 /// jsonrpsee's status was (it said 400 to `null` and 200 to `{}`). A method's own -32600 keeps
 /// its status: it is the call's answer, cached and replayed as sent.
 ///
-/// `dispatched`: the RPC layer saw a call of the request, so a single request's answer is
-/// that call's and passes unread (where the RPC layer is not installed, the request is read
-/// to tell).
+/// Where the RPC layer saw a call of the request (`scope`), a single request's answer is that
+/// call's and passes unread (where the RPC layer is not installed, the request is read to
+/// tell). Answers added to a batch beside jsonrpsee's are counted in `scope`: none is a replay.
 pub(crate) async fn corrected(
     request: &[u8],
     response: HttpResponse,
@@ -239,7 +242,7 @@ fn refused(status: StatusCode, (code, message): (i32, &str), reason: String) -> 
 enum Answer {
     /// Notifications only: no answer at all.
     Nothing,
-    /// One Invalid Request error per request whose id jsonrpsee cannot read.
+    /// One Invalid Request error per request jsonrpsee left unanswered ([`Taken::Unanswered`]).
     Invalid(Vec<String>),
     /// jsonrpsee's answers to a batch, corrected, with an error for each call it left
     /// unanswered (`added` of them).
@@ -253,15 +256,21 @@ fn answer_to_null(request: &[u8]) -> Answer {
     if entries.is_empty() {
         return Answer::Invalid(vec![INVALID_REQUEST.to_owned()]);
     }
-    let unread = entries.iter().filter(|e| taken(e.get()) == Taken::UnreadId);
-    match unread.count() {
-        0 => Answer::Nothing,
-        n => Answer::Invalid(vec![UNREADABLE_ID.to_owned(); n]),
+    let unanswered: Vec<String> = entries
+        .iter()
+        .filter_map(|entry| match taken(entry.get()) {
+            Taken::Unanswered(error) => Some(error.to_owned()),
+            _ => None,
+        })
+        .collect();
+    match unanswered.is_empty() {
+        true => Answer::Nothing,
+        false => Answer::Invalid(unanswered),
     }
 }
 
 /// jsonrpsee's `answers` to a batch as JSON-RPC 2.0 has them, in the order of the entries: an
-/// error for each call whose id it could not read (it answered none), and `id: null` in its
+/// error for each entry it left unanswered ([`Taken::Unanswered`]), and `id: null` in its
 /// error to an entry that is not an object (it read an id out of an array: `[1]` was id 1).
 /// `None` where they need nothing, or do not line up with the entries (then they stand).
 fn batch_answers(request: &[u8], answers: &[u8]) -> Option<Answer> {
@@ -278,8 +287,8 @@ fn batch_answers(request: &[u8], answers: &[u8]) -> Option<Answer> {
                 listed.push(INVALID_REQUEST);
                 replaced = true;
             }
-            Taken::UnreadId => {
-                listed.push(UNREADABLE_ID);
+            Taken::Unanswered(error) => {
+                listed.push(error);
                 added += 1;
             }
             Taken::Notification => {}
@@ -308,9 +317,10 @@ enum Taken {
     Call,
     /// A notification (no `id`): not answered, as JSON-RPC says.
     Notification,
-    /// A call whose `id` jsonrpsee cannot read, so read as a notification: not answered, where
-    /// JSON-RPC answers it (-32600, `id: null`).
-    UnreadId,
+    /// Read as a notification, and not answered, where JSON-RPC answers it with this -32600
+    /// (`id: null`): a call whose `id` jsonrpsee cannot read ([`UNREADABLE_ID`]), or an
+    /// array ([`INVALID_REQUEST`]).
+    Unanswered(&'static str),
     /// Answered -32600 with the id jsonrpsee read of it; `object`: whether it is an object
     /// (the id read out of anything else is no request's).
     Invalid { object: bool },
@@ -321,13 +331,14 @@ fn taken(entry: &str) -> Taken {
     if serde_json::from_str::<Request<'_>>(entry).is_ok() {
         return Taken::Call;
     }
+    let object = entry.trim_start().starts_with('{');
     if serde_json::from_str::<Notif<'_>>(entry).is_ok() {
-        return match names_an_id(entry) {
-            true => Taken::UnreadId,
-            false => Taken::Notification,
+        return match (object, object && names_an_id(entry)) {
+            (false, _) => Taken::Unanswered(INVALID_REQUEST),
+            (true, true) => Taken::Unanswered(UNREADABLE_ID),
+            (true, false) => Taken::Notification,
         };
     }
-    let object = entry.trim_start().starts_with('{');
     Taken::Invalid { object }
 }
 

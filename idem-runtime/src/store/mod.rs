@@ -199,7 +199,8 @@ pub trait Store: Send + Sync + 'static {
         lease: &Lease,
     ) -> Result<(), StoreError>;
 
-    /// Records event number `seq` (the first is 0) of an open stream.
+    /// Records event number `seq` (the first is 0) of an open stream, and moves the record's
+    /// [`OpenStream::recorded_at`] to now: left open, it expires a TTL after its last event.
     async fn append_event(
         &self,
         key: &MessageId,

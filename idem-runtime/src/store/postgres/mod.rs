@@ -693,7 +693,8 @@ impl Store for PostgresStore {
                 "WITH fenced AS (SELECT 1 FROM idempotency_claims
                    WHERE message_id = $1 AND fence = $4 AND owner = $5 FOR SHARE),
                  touched AS (UPDATE idempotency_open_streams
-                   SET started_at = $6, expires_at = expires_at + ($6 - started_at)
+                   SET started_at = $6,
+                       expires_at = expires_at + LEAST($6 - started_at, 9223372036854775807 - expires_at)
                    WHERE message_id = $1 AND EXISTS (SELECT 1 FROM fenced))
                  INSERT INTO idempotency_stream_events (message_id, seq, event)
                  SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM fenced)",
