@@ -355,6 +355,12 @@ impl Ticket {
         self.phase.send_replace(Phase::Progressing(progress));
     }
 
+    /// Stops sharing progress that ends in a failure no retry should get: calls that wait from
+    /// now on wait for the key (those already attached have what they read).
+    pub(crate) fn withdraw_progress(&self) {
+        self.phase.send_replace(Phase::Running);
+    }
+
     /// Stores the outcome durably, then releases the key and hands the entry to the waiters.
     /// Returns only after the entry is committed.
     // Only the store suite, which runs on both backends, calls it.

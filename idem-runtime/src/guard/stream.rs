@@ -415,9 +415,13 @@ async fn record<T: Serialize>(
                         // not answer has settled): the next claim closes it as interrupted, and
                         // nothing executes again.
                         tracing::error!("a stream's event could not be recorded; the stream ends");
+                        // Retries from now on wait for the key, and get the interrupted outcome,
+                        // not this recording's uncached failure.
+                        ticket.withdraw_progress();
                         let failure = key_failure(ticket.key(), &e);
                         recording.push(error_frame(&id, failure));
                         recording.finish();
+                        drop_caught(events);
                         return;
                     }
                 }
