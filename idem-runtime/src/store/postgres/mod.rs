@@ -684,20 +684,29 @@ impl Store for PostgresStore {
     ) -> Result<(), StoreError> {
         self.in_time(async {
             let client = self.client().await?;
+            let lease_ms = self.lease.as_millis().min(i64::MAX as u128) as i64;
             let appended = execute(
                 &client,
-                // FOR SHARE: a takeover under way holds the claim's row; the event waits for
-                // it and is then refused, never recorded under a claim already taken. The
-                // record moves its expiry with it (`OpenStream::recorded_at`), the claim's row
-                // locked first, as a close locks them.
-                "WITH fenced AS (SELECT 1 FROM idempotency_claims
-                   WHERE message_id = $1 AND fence = $4 AND owner = $5 FOR SHARE),
-                 touched AS (UPDATE idempotency_open_streams
-                   SET started_at = $6,
-                       expires_at = expires_at + LEAST($6 - started_at, 9223372036854775807 - expires_at)
-                   WHERE message_id = $1 AND EXISTS (SELECT 1 FROM fenced))
-                 INSERT INTO idempotency_stream_events (message_id, seq, event)
-                 SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM fenced)",
+                // The claim's row is updated, not read: each event renews the lease, as the
+                // renewer would (whose `SKIP LOCKED` passes over a row that events lock back to
+                // back: a busy stream's lease ran out, and another replica took it over). A
+                // takeover under way holds the row; the event waits for it and is then refused,
+                // never recorded under a claim already taken. The record moves its expiry with
+                // it (`OpenStream::recorded_at`), the claim's row locked first, as a close
+                // locks them.
+                concat!(
+                    "WITH fenced AS (UPDATE idempotency_claims
+                       SET lease_until = GREATEST(lease_until, ",
+                    now_ms!(),
+                    " + $7)
+                       WHERE message_id = $1 AND fence = $4 AND owner = $5 RETURNING 1),
+                     touched AS (UPDATE idempotency_open_streams
+                       SET started_at = $6,
+                           expires_at = expires_at + LEAST($6 - started_at, 9223372036854775807 - expires_at)
+                       WHERE message_id = $1 AND EXISTS (SELECT 1 FROM fenced))
+                     INSERT INTO idempotency_stream_events (message_id, seq, event)
+                     SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM fenced)"
+                ),
                 &[
                     &key.as_str(),
                     &(seq as i32),
@@ -705,6 +714,7 @@ impl Store for PostgresStore {
                     &lease.fence(),
                     &self.owner,
                     &(self.now_seconds() as i64),
+                    &lease_ms,
                 ],
             )
             .await?;

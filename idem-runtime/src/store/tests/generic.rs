@@ -5,9 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::claim::{Claim, IdempotencyCache, Ticket, Waited};
-use crate::hash::{request_hash, RequestHash};
-use crate::message_id::MessageId;
+use crate::claim::{Claim, Waited};
+use crate::hash::request_hash;
 
 use crate::store::tests::fixture::{Backend, Fixture, T0_MS};
 use crate::store::tests::support::*;
@@ -640,20 +639,3 @@ on_both_backends!(
     a_stream_left_open_past_its_ttl_runs_again_before_any_sweep,
     a_stream_that_ran_past_its_ttl_then_died_is_closed_as_interrupted,
 );
-
-/// The `n`th event of the streams these tests record, under the call's id 5.
-fn stream_event(n: u32) -> bytes::Bytes {
-    bytes_of(&format!(
-        "data: {{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{n}}}\n\n"
-    ))
-}
-
-/// A won claim of `key` whose stream has recorded its first event.
-async fn opened_stream(cache: &IdempotencyCache, key: &MessageId, hash: &RequestHash) -> Ticket {
-    let mut ticket = won(cache, key, "message/stream", hash).await;
-    ticket
-        .open_stream("5".into(), stream_event(0), Vec::new())
-        .await
-        .unwrap();
-    ticket
-}

@@ -1325,11 +1325,7 @@ async fn a_stream_event_waits_out_a_takeover_under_way_and_is_refused() {
     let Some(fx) = fixture().await else { return };
     let cache = fx.cache(&config(86_400, 100)).await;
     let hash = request_hash(b"{}").unwrap();
-    let mut ticket = won(&cache, &key(1), "message/stream", &hash).await;
-    ticket
-        .open_stream("5".into(), bytes_of("event 0"), Vec::new())
-        .await
-        .unwrap();
+    let ticket = opened_stream(&cache, &key(1), &hash).await;
     let takeover = "UPDATE idempotency_claims SET fence = fence + 1000000, owner = 'another'";
     let held = Held::take(&fx, takeover).await;
     let (_, appended) = tokio::join!(held.release(), ticket.append_event(1, bytes_of("event 1")));
@@ -1339,6 +1335,24 @@ async fn a_stream_event_waits_out_a_takeover_under_way_and_is_refused() {
     );
     let events = "SELECT COUNT(*) FROM idempotency_stream_events";
     assert_eq!(fx.count(events).await, 1, "only the event recorded before");
+}
+
+/// Each event renews its claim's lease, as the renewer would (found by helper-43: events back
+/// to back kept the claim's row locked, the renewer's `SKIP LOCKED` passed over it, the lease
+/// ran out, and another replica took a healthy stream over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_event_renews_its_lease() {
+    let Some(fx) = fixture().await else { return };
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = opened_stream(&cache, &key(1), &hash).await;
+    // As if no renewal had come through: run out, not yet taken over.
+    fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+        .await;
+    ticket.append_event(1, bytes_of("event 1")).await.unwrap();
+    let live = "SELECT COUNT(*) FROM idempotency_claims
+        WHERE lease_until > (extract(epoch from clock_timestamp()) * 1000)::bigint";
+    assert_eq!(fx.count(live).await, 1, "the event renewed the lease");
 }
 
 /// Uses are written without waiting on a row another session is writing: two replicas

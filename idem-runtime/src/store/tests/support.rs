@@ -99,3 +99,24 @@ pub async fn won(
         _ => panic!("expected to win the claim for {key}"),
     }
 }
+
+/// The `n`th event of the streams these tests record, under the call's id 5.
+pub fn stream_event(n: u32) -> bytes::Bytes {
+    bytes_of(&format!(
+        "data: {{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{n}}}\n\n"
+    ))
+}
+
+/// A won claim of `key` whose stream has recorded its first event.
+pub async fn opened_stream(
+    cache: &IdempotencyCache,
+    key: &MessageId,
+    hash: &RequestHash,
+) -> Ticket {
+    let mut ticket = won(cache, key, "message/stream", hash).await;
+    ticket
+        .open_stream("5".into(), stream_event(0), Vec::new())
+        .await
+        .unwrap();
+    ticket
+}
