@@ -226,6 +226,13 @@ fn extensions_param(sig: &Signature) -> Result<Ident> {
              `Extensions`: an alias of it is not recognised)",
         ));
     };
+    if matches!(peel(&param.ty), Type::Reference(r) if r.mutability.is_some()) {
+        return Err(Error::new_spanned(
+            &param.ty,
+            "#[idempotent] reads the request's `Extensions` and hands them to the guard, as \
+             jsonrpsee passes them: take them shared, `&Extensions`",
+        ));
+    }
     match &*param.pat {
         Pat::Ident(pat) => Ok(pat.ident.clone()),
         other => Err(Error::new_spanned(
