@@ -1,6 +1,8 @@
 //! Statements on a claim's row: the fence a call's writes commit under, the end of a claim,
 //! and who holds a key.
 
+use std::time::Duration;
+
 use deadpool_postgres::GenericClient;
 
 use crate::hash::RequestHash;
@@ -8,6 +10,11 @@ use crate::message_id::MessageId;
 use crate::store::postgres::listener::CHANNEL;
 use crate::store::postgres::rows::{execute, query_one, query_opt};
 use crate::store::{stored_hash, Lease, StoreError};
+
+/// A claim's lease as its row counts it, in milliseconds.
+pub(super) fn lease_ms(lease: Duration) -> i64 {
+    lease.as_millis().min(i64::MAX as u128) as i64
+}
 
 /// Locks the claim row of `key` for the transaction, if it still carries `lease`'s fence:
 /// else nothing of the transaction may commit. The lock holds off a takeover until commit.

@@ -32,7 +32,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::hash::RequestHash;
 use crate::message_id::MessageId;
-use crate::store::postgres::claims::{end_claim, fenced, held};
+use crate::store::postgres::claims::{end_claim, fenced, held, lease_ms};
 use crate::store::postgres::listener::{Listener, CHANNEL};
 use crate::store::postgres::one_ttl::named;
 use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds};
@@ -455,7 +455,7 @@ impl Store for PostgresStore {
         let attempt = self.attempts.fetch_add(1, Ordering::Relaxed) as i64 + 1;
         self.in_time(async {
             let client = self.client().await?;
-            let lease_ms = self.lease.as_millis().min(i64::MAX as u128) as i64;
+            let lease_ms = lease_ms(self.lease);
             let (id, hash_hex) = (key.as_str(), hash.as_str());
             loop {
                 let won = query_opt(
@@ -684,7 +684,7 @@ impl Store for PostgresStore {
     ) -> Result<(), StoreError> {
         self.in_time(async {
             let client = self.client().await?;
-            let lease_ms = self.lease.as_millis().min(i64::MAX as u128) as i64;
+            let lease_ms = lease_ms(self.lease);
             let appended = execute(
                 &client,
                 // The claim's row is updated, not read: each event renews the lease, as the

@@ -18,6 +18,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 
 use crate::message_id::MessageId;
+use crate::store::postgres::claims::lease_ms;
 use crate::store::{Lease, StoreError};
 
 /// The claims being renewed, by fence (unique to each claim).
@@ -161,7 +162,7 @@ async fn renew_all(
     keys: &[String],
     fences: &[i64],
 ) -> Result<Vec<i64>, StoreError> {
-    let lease_ms = lease.as_millis().min(i64::MAX as u128) as i64;
+    let lease_ms = lease_ms(lease);
     let renewed = client
         .query(
             concat!(
