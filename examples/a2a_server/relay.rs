@@ -99,8 +99,8 @@ fn waited(failures: u32) -> Duration {
     doubling + MAX_BACKOFF * failures.saturating_sub(6)
 }
 
-/// Starts the relay; it runs as long as the process. An event whose webhooks still fail
-/// `give_up` after it happened is given up.
+/// Starts the relay; it runs as long as the process. An event whose failed attempts have
+/// waited `give_up` between them is given up.
 pub fn spawn(store: TaskStore, push: PushConfigs, give_up: Duration) {
     // No redirects: a webhook's host is the one the client named, not one it bounces to.
     let client = reqwest::Client::builder()
@@ -110,7 +110,7 @@ pub fn spawn(store: TaskStore, push: PushConfigs, give_up: Duration) {
         .expect("an HTTP client");
     metrics::describe_counter!(
         ABANDONED,
-        "Outbox events given up: their webhooks still failed --outbox-give-up after they happened"
+        "Outbox events given up: their failed deliveries waited --outbox-give-up between them"
     );
     metrics::counter!(ABANDONED).absolute(0); // shown from the start, at zero
     let relay = Relay {
@@ -148,7 +148,7 @@ struct Delivery {
     store: TaskStore,
     push: PushConfigs,
     client: reqwest::Client,
-    /// How long after it happened an event whose webhooks fail is given up.
+    /// How long an event's failed attempts may wait between them before it is given up.
     give_up: Duration,
     handed_out: Mutex<HandedOut>,
 }
@@ -366,7 +366,7 @@ impl Delivery {
     /// failed attempts have waited `give_up` between them.
     async fn failed(&self, event: &Pending, why: &str) {
         let failures = event.attempts.saturating_add(1);
-        let waited = waited(failures - 1);
+        let waited = waited(event.attempts);
         if waited >= self.give_up {
             match self.store.abandon(event.id).await {
                 Ok(true) => {

@@ -42,6 +42,13 @@ struct State {
     finished: bool,
 }
 
+impl State {
+    fn add(&mut self, frame: Bytes) {
+        self.bytes += frame.len();
+        self.frames.push_back(frame);
+    }
+}
+
 impl Recording {
     pub(crate) fn new() -> Self {
         Self {
@@ -83,11 +90,7 @@ impl Recording {
     }
 
     pub(crate) fn push(&self, frame: Bytes) {
-        {
-            let mut state = self.lock();
-            state.bytes += frame.len();
-            state.frames.push_back(frame);
-        }
+        self.lock().add(frame);
         self.changed.send_modify(|n| *n += 1);
     }
 
@@ -100,8 +103,7 @@ impl Recording {
             if state.finished {
                 return;
             }
-            state.bytes += frame.len();
-            state.frames.push_back(frame);
+            state.add(frame);
             state.finished = true;
         }
         self.changed.send_modify(|n| *n += 1);

@@ -161,12 +161,11 @@ where
     if content_length(&request).is_some_and(|n| n > limit) {
         // A client that waits for `100 Continue` sends nothing until the body is read: it is
         // answered at once, and its body never asked for (hyper closes the connection).
-        let waits = expects_continue(&request);
-        let body = request.into_body();
-        return Ok(match waits {
-            true => too_large(HttpBody::empty(), 0, limit).await,
-            false => too_large(body, 0, limit).await,
-        });
+        let body = match expects_continue(&request) {
+            true => HttpBody::empty(),
+            false => request.into_body(),
+        };
+        return Ok(too_large(body, 0, limit).await);
     }
     let (mut request, mut body, mut sent) = (request, None, None);
     if recognisable(&request) {

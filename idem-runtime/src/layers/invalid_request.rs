@@ -333,10 +333,12 @@ fn taken(entry: &str) -> Taken {
     }
     let object = entry.trim_start().starts_with('{');
     if serde_json::from_str::<Notif<'_>>(entry).is_ok() {
-        return match (object, object && names_an_id(entry)) {
-            (false, _) => Taken::Unanswered(INVALID_REQUEST),
-            (true, true) => Taken::Unanswered(UNREADABLE_ID),
-            (true, false) => Taken::Notification,
+        return if !object {
+            Taken::Unanswered(INVALID_REQUEST)
+        } else if names_an_id(entry) {
+            Taken::Unanswered(UNREADABLE_ID)
+        } else {
+            Taken::Notification
         };
     }
     Taken::Invalid { object }
