@@ -9,7 +9,8 @@ use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::postgres::listener::CHANNEL;
 use crate::store::postgres::rows::{execute, query_one, query_opt};
-use crate::store::{stored_hash, Lease, StoreError};
+use crate::store::postgres::PostgresStore;
+use crate::store::{stored_hash, Lease, Store, StoreError};
 
 /// A claim's lease as its row counts it, in milliseconds.
 pub(super) fn lease_ms(lease: Duration) -> i64 {
@@ -33,6 +34,39 @@ pub(super) async fn fenced(
     .await?;
     row.map(|_| ())
         .ok_or_else(|| StoreError::ClaimLost(key.to_string()))
+}
+
+/// A claim that `acquire` has won but not yet handed to its call. Should the reads after the
+/// win fail, or the call's deadline drop them, the claim is released: else it would hold the
+/// key from every other replica until its lease ran out, for a call that never runs.
+pub(super) struct JustWon<'a> {
+    store: &'a PostgresStore,
+    key: &'a MessageId,
+    lease: Option<Lease>,
+}
+
+impl<'a> JustWon<'a> {
+    pub(super) fn new(store: &'a PostgresStore, key: &'a MessageId, lease: Lease) -> Self {
+        let lease = Some(lease);
+        Self { store, key, lease }
+    }
+
+    pub(super) fn fence(&self) -> i64 {
+        self.lease.as_ref().map_or(0, Lease::fence)
+    }
+
+    /// The lease, now the caller's to end.
+    pub(super) fn keep(mut self) -> Lease {
+        self.lease.take().expect("a lease until kept")
+    }
+}
+
+impl Drop for JustWon<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            self.store.release(self.key, lease);
+        }
+    }
 }
 
 /// Deletes the claim of `fence`, if it is still there, and announces its end.

@@ -32,7 +32,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::hash::RequestHash;
 use crate::message_id::MessageId;
-use crate::store::postgres::claims::{end_claim, fenced, held, lease_ms};
+use crate::store::postgres::claims::{end_claim, fenced, held, lease_ms, JustWon};
 use crate::store::postgres::listener::{Listener, CHANNEL};
 use crate::store::postgres::one_ttl::named;
 use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds};
@@ -481,11 +481,12 @@ impl Store for PostgresStore {
                 )
                 .await?;
                 if let Some(row) = won {
-                    let lease = self.renewer.lease(key, row.get(0));
+                    let won = JustWon::new(self, key, self.renewer.lease(key, row.get(0)));
                     // The entry may have been committed before the claim was won.
                     let (entry, open) = select_after_claim(&client, key, self.read_at()).await?;
                     if let Some(entry) = self.used(entry) {
-                        end_claim(&client, id, lease.fence(), &self.owner).await?;
+                        end_claim(&client, id, won.fence(), &self.owner).await?;
+                        drop(won.keep());
                         return Ok(Acquired::Entry(Arc::new(entry)));
                     }
                     let open = match open {
@@ -493,8 +494,8 @@ impl Store for PostgresStore {
                         false => None,
                     };
                     return Ok(match open {
-                        Some((stream, events)) => Acquired::Interrupted(lease, stream, events),
-                        None => Acquired::Won(lease),
+                        Some((stream, events)) => Acquired::Interrupted(won.keep(), stream, events),
+                        None => Acquired::Won(won.keep()),
                     });
                 }
                 if let Some((method, request_hash, _)) = held(&client, key).await? {

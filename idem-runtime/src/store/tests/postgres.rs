@@ -823,6 +823,39 @@ async fn a_late_claim_of_an_earlier_attempt_never_replaces_a_retry_s() {
     assert_eq!(found.response.body, b"the retry's");
 }
 
+/// A claim won by a call whose next read fails (here, an entry row that another writer left
+/// corrupt) is released at once: it does not hold the key from the other replicas for the
+/// minute of its lease, for a call that never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_won_by_a_call_that_then_fails_is_released() {
+    let Some(fx) = fixture().await else { return };
+    let store = fx.store(&leased(Duration::from_secs(60))).await;
+    let hash = request_hash(b"{}").unwrap();
+    fx.execute(&format!(
+        "INSERT INTO idempotency_cache
+             (message_id, request_hash, response_status, response_headers, response_body,
+              inserted_at, method)
+         VALUES ('{}', '{}', 70000, '\\x', 'corrupt', {}, 'message/send')",
+        key(1),
+        hash.as_str(),
+        T0_MS / 1000,
+    ))
+    .await;
+    let failed = store.acquire(&key(1), "message/send", &hash, false).await;
+    assert!(
+        matches!(failed, Err(StoreError::Corrupt { .. })),
+        "{failed:?}"
+    );
+    let claims = "SELECT COUNT(*) FROM idempotency_claims";
+    for _ in 0..100 {
+        if fx.count(claims).await == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the failed call's claim still holds its key");
+}
+
 /// The store's claim of key `n`, straight (no lookup first); panics unless it is won.
 async fn acquired(store: &PostgresStore, n: u32, hash: &RequestHash) -> crate::store::Lease {
     match store.acquire(&key(n), "message/send", hash, false).await {
