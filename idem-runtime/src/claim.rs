@@ -415,11 +415,19 @@ impl Ticket {
         Ok(())
     }
 
-    /// Records event `seq` of the open stream durably.
-    pub async fn append_event(&self, seq: u32, event: bytes::Bytes) -> Result<(), StoreError> {
+    /// Records `events`, numbered from `first_seq` on, of the open stream durably, in one
+    /// transaction.
+    pub async fn append_events(
+        &self,
+        first_seq: u32,
+        events: Vec<bytes::Bytes>,
+    ) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
         let store = self.store()?;
         store
-            .append_event(&self.key, seq, event, self.lease())
+            .append_events(&self.key, first_seq, events, self.lease())
             .await
     }
 

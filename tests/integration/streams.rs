@@ -148,17 +148,22 @@ async fn a_failure_before_streaming_is_cached_as_json() {
 async fn an_error_event_ends_the_stream_and_is_replayed() {
     let db = Db::new();
     let server = db.server(config()).await;
-    let mid = new_id();
-    let body = stream_request(1, &mid, "fail-mid", json!({"events": 5}));
-    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
-    let events = first.rest().await;
-    assert_eq!(events.len(), 3, "two results, then the error event ends it");
-    assert_eq!(events[2]["error"]["code"], -32000);
-    let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
-    replay.rest().await;
-    assert!(replay.replayed());
-    assert_eq!(replay.raw(), first.raw());
-    assert_eq!(server.executions(), 1);
+    // Events apart, and all ready at once: then the error ends a batch of events being
+    // gathered for one commit.
+    for step_ms in [50, 0] {
+        let mid = new_id();
+        let metadata = json!({"events": 5, "stepMs": step_ms});
+        let body = stream_request(1, &mid, "fail-mid", metadata);
+        let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+        let events = first.rest().await;
+        assert_eq!(events.len(), 3, "two results, then the error event ends it");
+        assert_eq!(events[2]["error"]["code"], -32000);
+        let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
+        replay.rest().await;
+        assert!(replay.replayed());
+        assert_eq!(replay.raw(), first.raw());
+    }
+    assert_eq!(server.executions(), 2);
 }
 
 #[tokio::test]
@@ -181,6 +186,31 @@ async fn a_retry_during_the_stream_attaches_and_gets_the_identical_sequence() {
         first.raw(),
         "every event so far, then the live ones, to the end"
     );
+    assert_eq!(server.executions(), 1);
+}
+
+/// A stream that produces faster than the disk commits (2,000 events, all ready at once) is
+/// recorded in batches: its client, and a retry attached while it runs, get every event once
+/// and in order, and its replay is byte for byte what they got.
+#[tokio::test]
+async fn a_stream_faster_than_the_disk_is_sent_whole_in_order_and_replayed() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mid = new_id();
+    let body = stream_request(1, &mid, "go", json!({"events": 2000, "stepMs": 0}));
+    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    first.next_event().await.unwrap();
+    let mut retry = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    let (rest, _) = tokio::join!(first.rest(), retry.rest());
+    let seqs: Vec<_> = rest.iter().map(|e| e["result"]["seq"].as_u64()).collect();
+    let expected: Vec<_> = (1..2000).map(Some).collect();
+    assert_eq!(seqs, expected);
+    assert!(retry.replayed());
+    assert_eq!(retry.raw(), first.raw());
+    let mut replay = SseReply::open(&server.url, body, ACTIVATED).await;
+    replay.rest().await;
+    assert!(replay.replayed());
+    assert_eq!(replay.raw(), first.raw(), "byte-for-byte");
     assert_eq!(server.executions(), 1);
 }
 
@@ -298,6 +328,27 @@ async fn a_stream_past_the_recording_limit_ends_with_an_error_event_stored_as_se
     assert!(replay.replayed());
     assert_eq!(replay.raw(), first.raw());
     assert_eq!(server.executions(), 1);
+}
+
+/// Events gathered for one commit count toward the recording limit before they are recorded:
+/// a stream whose events are all ready at once is cut at the same event as one whose events
+/// come apart.
+#[tokio::test]
+async fn events_ready_at_once_are_cut_at_the_recording_limit_as_events_apart_are() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let mut sent = Vec::new();
+    for step_ms in [1, 0] {
+        let metadata = json!({"events": 100, "stepMs": step_ms, "padKiB": 100});
+        let body = stream_request(1, &new_id(), "big", metadata);
+        let mut first = SseReply::open(&server.url, body, ACTIVATED).await;
+        let events = first.rest().await;
+        let code = &events.last().unwrap()["error"]["data"]["code"];
+        assert_eq!(code, "IDEMPOTENCY_STREAM_TOO_LARGE");
+        assert!(first.raw().len() <= idem::config::MAX_RECORDED_STREAM_BYTES + 1024);
+        sent.push(events.len());
+    }
+    assert_eq!(sent[0], sent[1], "cut at the same event");
 }
 
 /// A first event past the limit ends the stream before any event names what the body made:

@@ -102,7 +102,8 @@ impl TestAgentServer for Agent {
         }
     }
 
-    /// Streams `metadata.events` (default 4) events, `metadata.stepMs` (default 50) apart,
+    /// Streams `metadata.events` (default 4) events, `metadata.stepMs` (default 50; 0: all
+    /// ready at once) apart,
     /// each padded with `metadata.padKiB` KiB, after `metadata.setupMs` of setup; stages the
     /// effect `metadata.effect`, if named.
     /// Text `fail-early` fails before streaming; `fail-mid` sends an error as the third event;
@@ -143,7 +144,9 @@ impl TestAgentServer for Agent {
                 if seq == count {
                     return None;
                 }
-                tokio::time::sleep(step).await;
+                if !step.is_zero() {
+                    tokio::time::sleep(step).await;
+                }
                 let event = if text == "fail-mid" && seq == 2 {
                     Err(ErrorObjectOwned::owned(
                         -32000,

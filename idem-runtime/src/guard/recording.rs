@@ -84,9 +84,10 @@ impl Recording {
         self.state.lock().expect("recording lock")
     }
 
-    /// Whether `frame` still fits under [`MAX_RECORDED_STREAM_BYTES`].
-    pub(crate) fn fits(&self, frame: &[u8]) -> bool {
-        self.lock().bytes + frame.len() <= MAX_RECORDED_STREAM_BYTES
+    /// Whether `frame` still fits under [`MAX_RECORDED_STREAM_BYTES`], after `pending` bytes
+    /// of frames not pushed yet.
+    pub(crate) fn fits(&self, pending: usize, frame: &[u8]) -> bool {
+        self.lock().bytes + pending + frame.len() <= MAX_RECORDED_STREAM_BYTES
     }
 
     pub(crate) fn push(&self, frame: Bytes) {
@@ -208,10 +209,10 @@ mod tests {
     #[test]
     fn the_size_limit_is_checked_before_a_push() {
         let rec = Recording::new();
-        assert!(rec.fits(&vec![0; MAX_RECORDED_STREAM_BYTES]));
+        assert!(rec.fits(0, &vec![0; MAX_RECORDED_STREAM_BYTES]));
         rec.push(Bytes::from(vec![0; MAX_RECORDED_STREAM_BYTES - 1]));
-        assert!(rec.fits(b"x"));
-        assert!(!rec.fits(b"xy"));
+        assert!(rec.fits(0, b"x"));
+        assert!(!rec.fits(0, b"xy"));
     }
 
     #[tokio::test]
@@ -220,13 +221,13 @@ mod tests {
         let mut reader = Box::pin(rec.clone().reader());
         let frame = Bytes::from(vec![0; MAX_RECORDED_STREAM_BYTES / 2]);
         for _ in 0..5 {
-            assert!(rec.fits(&frame), "what was read is not held");
+            assert!(rec.fits(0, &frame), "what was read is not held");
             rec.push(frame.clone());
             assert_eq!(reader.next().await.unwrap(), frame);
         }
         rec.push(frame.clone());
         rec.push(frame.clone());
-        assert!(!rec.fits(b"x"), "a reader that falls the limit behind");
+        assert!(!rec.fits(0, b"x"), "a reader that falls the limit behind");
         rec.finish();
         assert_eq!(reader.collect::<Vec<_>>().await.len(), 2);
     }

@@ -173,7 +173,7 @@ async fn serve_alone<T: Serialize + Send + 'static>(
     // stages once it runs is refused the same way in both.
     let sealed = unit.as_ref().map(UnitOfWork::seal);
     let recording = Arc::new(Recording::live());
-    let first = next_frame(&mut events, &id, &recording).await;
+    let first = next_frame(&mut events, &id, &recording, 0).await;
     if let (Some(unit), Some(sealed)) = (unit, sealed) {
         match first {
             Next::Last(_) => drop(sealed), // discarded: nothing of it is ever written
@@ -250,7 +250,7 @@ where
     let mut sealed = unit.as_ref().map(UnitOfWork::seal);
     let writes = sealed.as_mut().map(Sealed::take_writes).unwrap_or_default();
     let recording = Arc::new(Recording::new());
-    let first = next_frame(&mut events, &call.id, &recording).await;
+    let first = next_frame(&mut events, &call.id, &recording, 0).await;
     // The first item already ended it (an error, a panic, or past the recording limit): the
     // outcome is that error alone, and as with a unary call's error the staged writes are
     // discarded: no event would name what they made.
@@ -350,10 +350,12 @@ enum Next {
     End,
 }
 
+/// `pending`: the bytes of the frames taken before this one and not recorded yet.
 async fn next_frame<T: Serialize>(
     events: &mut Events<T>,
     id: &Id<'static>,
     recording: &Recording,
+    pending: usize,
 ) -> Next {
     // The event is serialized inside the catch too: a `Serialize` that panics is the stream's
     // panic, which ends it, not the recorder's, which would leave its readers waiting.
@@ -369,13 +371,42 @@ async fn next_frame<T: Serialize>(
         Err(_panic) => Err(IdempotencyError::new(ErrorCode::ExecutionPanicked).into()),
     };
     let frame = sse::frame(&response_bytes(id, &payload));
-    if !recording.fits(&frame) {
+    if !recording.fits(pending, &frame) {
         return Next::Last(error_frame(id, too_large()));
     }
     match payload {
         Ok(_) => Next::Event(frame),
         Err(_) => Next::Last(frame),
     }
+}
+
+/// Most events, and bytes of events, that one commit of a stream records.
+const BATCH_EVENTS: usize = 256;
+const BATCH_BYTES: usize = 1024 * 1024;
+
+/// `first`, then the events that `events` has ready now, which go durable in the same commit:
+/// a stream that produces faster than the disk commits is recorded at the disk's pace in
+/// batches, not one commit an event. Also returns the item that ended the gathering early
+/// (the stream's end or last event), if one did.
+fn ready_batch<T: Serialize>(
+    events: &mut Events<T>,
+    id: &Id<'static>,
+    recording: &Recording,
+    first: Bytes,
+) -> (Vec<Bytes>, Option<Next>) {
+    let mut bytes = first.len();
+    let mut batch = vec![first];
+    while batch.len() < BATCH_EVENTS && bytes < BATCH_BYTES {
+        match next_frame(events, id, recording, bytes).now_or_never() {
+            Some(Next::Event(frame)) => {
+                bytes += frame.len();
+                batch.push(frame);
+            }
+            Some(end) => return (batch, Some(end)),
+            None => break,
+        }
+    }
+    (batch, None)
 }
 
 /// Runs the stream to its end, recording every event; with a ticket, each event is durable
@@ -393,13 +424,16 @@ async fn record<T: Serialize>(
         id: id.clone(),
     };
     let mut seq = 1;
+    // An item taken while gathering a batch that ended it: the stream's end, or its last event.
+    let mut ahead = None;
     let last = loop {
-        let next = match &ticket {
-            Some(_) => next_frame(&mut events, &id, &recording).await,
+        let next = match (ahead.take(), &ticket) {
+            (Some(next), _) => next,
+            (None, Some(_)) => next_frame(&mut events, &id, &recording, 0).await,
             // Not deduplicated, so replayed to no one: once its client hangs up, the events
             // are read by no one, and the stream stops.
-            None => tokio::select! {
-                next = next_frame(&mut events, &id, &recording) => next,
+            (None, None) => tokio::select! {
+                next = next_frame(&mut events, &id, &recording, 0) => next,
                 () = recording.abandoned() => {
                     drop_caught(events);
                     recording.finish();
@@ -407,29 +441,35 @@ async fn record<T: Serialize>(
                 }
             },
         };
-        match next {
-            Next::Event(frame) => {
-                if let Some(ticket) = &ticket {
-                    if let Err(e) = ticket.append_event(seq, frame.clone()).await {
-                        // The key is released with what was recorded (once an event the disk did
-                        // not answer has settled): the next claim closes it as interrupted, and
-                        // nothing executes again.
-                        tracing::error!("a stream's event could not be recorded; the stream ends");
-                        // Retries from now on wait for the key, and get the interrupted outcome,
-                        // not this recording's uncached failure.
-                        ticket.withdraw_progress();
-                        let failure = key_failure(ticket.key(), &e);
-                        recording.push(error_frame(&id, failure));
-                        recording.finish();
-                        drop_caught(events);
-                        return;
-                    }
-                }
-                seq += 1;
-                recording.push(frame);
-            }
+        let frame = match next {
+            Next::Event(frame) => frame,
             Next::Last(frame) => break Some(frame),
             Next::End => break None,
+        };
+        let Some(ticket) = &ticket else {
+            recording.push(frame);
+            continue;
+        };
+        let batch;
+        (batch, ahead) = ready_batch(&mut events, &id, &recording, frame);
+        let count = batch.len() as u32;
+        if let Err(e) = ticket.append_events(seq, batch.clone()).await {
+            // The key is released with what was recorded (once events the disk did not
+            // answer have settled): the next claim closes it as interrupted, and nothing
+            // executes again.
+            tracing::error!("a stream's events could not be recorded; the stream ends");
+            // Retries from now on wait for the key, and get the interrupted outcome, not this
+            // recording's uncached failure.
+            ticket.withdraw_progress();
+            let failure = key_failure(ticket.key(), &e);
+            recording.push(error_frame(&id, failure));
+            recording.finish();
+            drop_caught(events);
+            return;
+        }
+        seq += count;
+        for frame in batch {
+            recording.push(frame);
         }
     };
     drop_caught(events);

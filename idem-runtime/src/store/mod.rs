@@ -199,13 +199,14 @@ pub trait Store: Send + Sync + 'static {
         lease: &Lease,
     ) -> Result<(), StoreError>;
 
-    /// Records event number `seq` (the first is 0) of an open stream, and moves the record's
+    /// Records `events`, numbered from `first_seq` on (the stream's first event is 0), of an
+    /// open stream in one transaction, all or none, and moves the record's
     /// [`OpenStream::recorded_at`] to now: left open, it expires a TTL after its last event.
-    async fn append_event(
+    async fn append_events(
         &self,
         key: &MessageId,
-        seq: u32,
-        event: Bytes,
+        first_seq: u32,
+        events: Vec<Bytes>,
         lease: &Lease,
     ) -> Result<(), StoreError>;
 

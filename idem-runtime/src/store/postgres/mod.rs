@@ -676,13 +676,14 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn append_event(
+    async fn append_events(
         &self,
         key: &MessageId,
-        seq: u32,
-        event: Bytes,
+        first_seq: u32,
+        events: Vec<Bytes>,
         lease: &Lease,
     ) -> Result<(), StoreError> {
+        let events: Vec<&[u8]> = events.iter().map(Bytes::as_ref).collect();
         self.in_time(async {
             let client = self.client().await?;
             let lease_ms = lease_ms(self.lease);
@@ -706,12 +707,14 @@ impl Store for PostgresStore {
                            expires_at = expires_at + LEAST($6 - started_at, 9223372036854775807 - expires_at)
                        WHERE message_id = $1 AND EXISTS (SELECT 1 FROM fenced))
                      INSERT INTO idempotency_stream_events (message_id, seq, event)
-                     SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM fenced)"
+                     SELECT $1, $2::integer + n::integer - 1, event FROM unnest($3::bytea[]) WITH ORDINALITY
+                       AS batch(event, n)
+                     WHERE EXISTS (SELECT 1 FROM fenced)"
                 ),
                 &[
                     &key.as_str(),
-                    &(seq as i32),
-                    &event.as_ref(),
+                    &(first_seq as i32),
+                    &events,
                     &lease.fence(),
                     &self.owner,
                     &(self.now_seconds() as i64),
@@ -719,9 +722,9 @@ impl Store for PostgresStore {
                 ],
             )
             .await?;
-            match appended {
-                1 => Ok(()),
-                _ => Err(StoreError::ClaimLost(key.to_string())),
+            match appended == events.len() as u64 {
+                true => Ok(()),
+                false => Err(StoreError::ClaimLost(key.to_string())),
             }
         })
         .await

@@ -442,16 +442,18 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn append_event(
+    async fn append_events(
         &self,
         key: &MessageId,
-        seq: u32,
-        event: Bytes,
+        first_seq: u32,
+        events: Vec<Bytes>,
         _lease: &Lease,
     ) -> Result<(), StoreError> {
         let (id, now) = (key.clone(), self.clock.now_seconds());
         self.write(Unanswered::HoldsKey(key), true, move |conn, _| {
-            insert_event(conn, &id, seq, &event)?;
+            for (seq, event) in (first_seq..).zip(&events) {
+                insert_event(conn, &id, seq, event)?;
+            }
             touch_open_stream(conn, &id, now)
         })
         .await

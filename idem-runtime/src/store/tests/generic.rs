@@ -120,7 +120,10 @@ pub async fn a_ttl_past_any_date_expires_nothing(fx: Fixture) {
         let stream = key(100 + n as u32);
         let ticket = opened_stream(&cache, &stream, &hash).await;
         fx.clock.advance(Duration::from_secs(2));
-        ticket.append_event(1, stream_event(1)).await.unwrap();
+        ticket
+            .append_events(1, vec![stream_event(1)])
+            .await
+            .unwrap();
         std::mem::forget(ticket);
         drop(cache);
         fx.stores_gone().await;
@@ -394,7 +397,7 @@ pub async fn a_stream_left_open_by_a_dead_process_is_closed_as_interrupted_by_th
             .await
             .unwrap();
         let second = bytes_of("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":1}\n\n");
-        ticket.append_event(1, second).await.unwrap();
+        ticket.append_events(1, vec![second]).await.unwrap();
         // The process "dies": the ticket is never completed; the store is closed under it.
         std::mem::forget(ticket);
     }
@@ -454,7 +457,10 @@ pub async fn a_stream_left_open_past_its_ttl_runs_again_before_any_sweep(fx: Fix
     {
         let cache = fx.cache(&config).await;
         let ticket = opened_stream(&cache, &key(1), &hash).await;
-        ticket.append_event(1, stream_event(1)).await.unwrap();
+        ticket
+            .append_events(1, vec![stream_event(1)])
+            .await
+            .unwrap();
         std::mem::forget(ticket); // its process dies
     }
     if fx.backend == Backend::Postgres {
@@ -504,7 +510,10 @@ pub async fn a_stream_that_ran_past_its_ttl_then_died_is_closed_as_interrupted(f
         let ticket = opened_stream(&cache, &key(1), &hash).await;
         for n in 1..=2 {
             fx.clock.advance(Duration::from_secs(8));
-            ticket.append_event(n, stream_event(n)).await.unwrap();
+            ticket
+                .append_events(n, vec![stream_event(n)])
+                .await
+                .unwrap();
         }
         std::mem::forget(ticket); // its process dies, 16 s after the stream started
     }
@@ -525,6 +534,39 @@ pub async fn a_stream_that_ran_past_its_ttl_then_died_is_closed_as_interrupted(f
     assert!(body.contains("IDEMPOTENCY_STREAM_INTERRUPTED"), "{body}");
 }
 
+/// Events recorded in batches (as a stream that produces faster than the disk commits is
+/// recorded) come back in order, each once, after the stream's process died.
+pub async fn events_recorded_in_batches_come_back_in_order(fx: Fixture) {
+    let hash = request_hash(br#"{"s":1}"#).unwrap();
+    {
+        let cache = fx.cache(&config(86_400, 100)).await;
+        let ticket = opened_stream(&cache, &key(1), &hash).await;
+        let events = |seqs: std::ops::Range<u32>| seqs.map(stream_event).collect::<Vec<_>>();
+        ticket.append_events(1, events(1..4)).await.unwrap();
+        ticket.append_events(4, events(4..5)).await.unwrap();
+        ticket.append_events(5, events(5..300)).await.unwrap();
+        std::mem::forget(ticket); // its process dies
+    }
+    if fx.backend == Backend::Postgres {
+        fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+            .await;
+    }
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let Claim::Cached(entry) = cache.claim(&key(1), "message/stream", &hash).await.unwrap() else {
+        panic!("a stream that died must never execute again")
+    };
+    let body = String::from_utf8(entry.response.body.clone()).unwrap();
+    let recorded: Vec<u8> = (0..300).flat_map(|n| stream_event(n).to_vec()).collect();
+    let recorded = String::from_utf8(recorded).unwrap();
+    let (events, interrupted) = body.split_at(recorded.len());
+    assert_eq!(events, recorded);
+    assert!(
+        interrupted.contains("IDEMPOTENCY_STREAM_INTERRUPTED"),
+        "{interrupted}"
+    );
+    assert_eq!(interrupted.matches("\n\n").count(), 1, "{interrupted}");
+}
+
 /// A stream's TTL runs from its end, and the sweep never takes a stream that still runs (its
 /// retries must attach, never run again); one a dead process left open past the TTL goes.
 pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(fx: Fixture) {
@@ -540,7 +582,10 @@ pub async fn the_sweep_spares_running_streams_and_takes_those_left_by_the_dead(f
         1,
         "a running stream is never swept"
     );
-    running.append_event(1, stream_event(1)).await.unwrap();
+    running
+        .append_events(1, vec![stream_event(1)])
+        .await
+        .unwrap();
     running
         .close_stream(StoredResponse {
             status: 200,
@@ -638,4 +683,5 @@ on_both_backends!(
     the_sweep_spares_running_streams_and_takes_those_left_by_the_dead,
     a_stream_left_open_past_its_ttl_runs_again_before_any_sweep,
     a_stream_that_ran_past_its_ttl_then_died_is_closed_as_interrupted,
+    events_recorded_in_batches_come_back_in_order,
 );

@@ -284,7 +284,9 @@ async fn a_completion_fenced_out_by_a_takeover_commits_nothing() {
     assert!(String::from_utf8_lossy(&interrupted.response.body)
         .contains("IDEMPOTENCY_STREAM_INTERRUPTED"));
     // Replica a wakes up and carries on: nothing it writes commits.
-    let appended = paused.append_event(1, bytes_of("data: {}\n\n")).await;
+    let appended = paused
+        .append_events(1, vec![bytes_of("data: {}\n\n")])
+        .await;
     assert!(
         matches!(appended, Err(StoreError::ClaimLost(_))),
         "{appended:?}"
@@ -1238,7 +1240,7 @@ async fn a_stream_whose_writes_wait_past_its_lease_keeps_its_claim() {
     let (ticket, opened) = opening.await.unwrap();
     opened.expect("the stream opened under its claim");
     ticket
-        .append_event(1, bytes_of("event 1"))
+        .append_events(1, vec![bytes_of("event 1")])
         .await
         .expect("the claim is still the stream's");
     assert_eq!(fx.effects().await, ["held"]);
@@ -1361,7 +1363,10 @@ async fn a_stream_event_waits_out_a_takeover_under_way_and_is_refused() {
     let ticket = opened_stream(&cache, &key(1), &hash).await;
     let takeover = "UPDATE idempotency_claims SET fence = fence + 1000000, owner = 'another'";
     let held = Held::take(&fx, takeover).await;
-    let (_, appended) = tokio::join!(held.release(), ticket.append_event(1, bytes_of("event 1")));
+    let (_, appended) = tokio::join!(
+        held.release(),
+        ticket.append_events(1, vec![bytes_of("event 1")])
+    );
     assert!(
         matches!(appended, Err(StoreError::ClaimLost(_))),
         "{appended:?}"
@@ -1382,7 +1387,10 @@ async fn a_stream_event_renews_its_lease() {
     // As if no renewal had come through: run out, not yet taken over.
     fx.execute("UPDATE idempotency_claims SET lease_until = 0")
         .await;
-    ticket.append_event(1, bytes_of("event 1")).await.unwrap();
+    ticket
+        .append_events(1, vec![bytes_of("event 1")])
+        .await
+        .unwrap();
     let live = "SELECT COUNT(*) FROM idempotency_claims
         WHERE lease_until > (extract(epoch from clock_timestamp()) * 1000)::bigint";
     assert_eq!(fx.count(live).await, 1, "the event renewed the lease");

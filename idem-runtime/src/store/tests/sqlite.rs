@@ -997,7 +997,7 @@ async fn a_stream_event_the_disk_does_not_answer_is_waited_out_not_attached_to()
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let started = std::time::Instant::now();
-    assert_unanswered(ticket.append_event(1, event(1)).await, started);
+    assert_unanswered(ticket.append_events(1, vec![event(1)]).await, started);
     drop(ticket);
     let Claim::InFlight(retry) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
     else {
