@@ -14,6 +14,7 @@
 //! is stored.
 
 use std::collections::{HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -289,7 +290,16 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.commit(batch);
+            // A panic of the store's own past this point leaves the file and what the process
+            // knows of it (the key index) out of step: no write may follow. The store's calls
+            // then fail as closed; it is said, not left for the operator to find.
+            let committed = catch_unwind(AssertUnwindSafe(|| self.commit(batch)));
+            if committed.is_err() {
+                tracing::error!(
+                    "the SQLite store's writer panicked: the store takes no more writes"
+                );
+                return;
+            }
             self.restart.run_if_asked(&self.conn);
         }
     }
@@ -304,26 +314,60 @@ impl Writer {
             match self.transaction(&mut jobs, &touches, careful) {
                 Ok(Attempt::Committed(outcomes)) => break outcomes,
                 Ok(Attempt::Again) => careful = true,
-                Ok(Attempt::RolledBackBy(guilty, error)) => {
-                    for (job, outcome) in take_out(&mut jobs, guilty, error) {
-                        job.finish(Err(outcome));
+                Ok(Attempt::RolledBackBy(guilty, error, so_far)) => {
+                    for (job, outcome) in take_out(&mut jobs, guilty, error, so_far) {
+                        finish(job, Err(outcome));
                     }
                     careful = true;
                 }
+                Ok(Attempt::OneByOne) => break self.one_by_one(&mut jobs, &touches),
                 Err(e) => {
                     let failure = e.to_string();
-                    if !self.conn.is_autocommit() {
-                        let _ = self.conn.execute_batch("ROLLBACK");
-                    }
-                    self.rows = entries::count(&self.conn).unwrap_or(self.rows);
+                    self.roll_back();
                     let failed = || Err(StoreError::Commit(failure.clone()));
                     break jobs.iter().map(|_| failed()).collect();
                 }
             }
         };
         for (job, outcome) in jobs.into_iter().zip(outcomes) {
-            job.finish(outcome);
+            finish(job, outcome);
         }
+    }
+
+    /// Commits each job in a transaction of its own, after the batch's commit failed for a
+    /// deferred foreign key that one of its writes left unresolved (SQLite checks those at
+    /// `COMMIT`, and does not say whose): that write fails alone, the others commit. The
+    /// writes that run once ran in the lost transaction, and cannot run again.
+    fn one_by_one(
+        &mut self,
+        jobs: &mut [Box<dyn Job>],
+        touches: &HashMap<String, u64>,
+    ) -> Vec<Result<(), StoreError>> {
+        let outcomes = jobs.iter_mut().map(|job| {
+            if !job.rerunnable() {
+                return Err(lost());
+            }
+            match self.transaction(std::slice::from_mut(job), touches, true) {
+                Ok(Attempt::Committed(mut outcomes)) => {
+                    outcomes.pop().unwrap_or_else(|| Err(lost()))
+                }
+                Ok(Attempt::RolledBackBy(_, error, _)) => Err(error),
+                Ok(Attempt::Again | Attempt::OneByOne) => Err(lost()),
+                Err(error) => {
+                    self.roll_back();
+                    Err(StoreError::Commit(error.to_string()))
+                }
+            }
+        });
+        outcomes.collect()
+    }
+
+    /// Ends a transaction lost as a whole; the rows it counted are counted again.
+    fn roll_back(&mut self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        self.rows = entries::count(&self.conn).unwrap_or(self.rows);
     }
 
     /// The batch's transaction; `Err` when it is lost as a whole. Unless `careful`, the
@@ -363,9 +407,9 @@ impl Writer {
                     run(&self.conn, "ROLLBACK")?;
                 }
                 return match outcome {
-                    Ok(()) => Ok(Attempt::RolledBackBy(n, ended_the_transaction())),
+                    Ok(()) => Ok(Attempt::RolledBackBy(n, ended_the_transaction(), outcomes)),
                     Err(error) if rolled_back_by_the_write(&error) => {
-                        Ok(Attempt::RolledBackBy(n, error))
+                        Ok(Attempt::RolledBackBy(n, error, outcomes))
                     }
                     Err(error) => Err(StoreError::Commit(format!("transaction lost: {error}"))),
                 };
@@ -392,7 +436,17 @@ impl Writer {
         // Taken while this transaction holds the file's write lock, so before any purge that
         // could delete what it stores.
         let purges_seen = self.tier.purges_seen();
-        self.gate.commit(&self.conn)?;
+        if let Err(error) = self.gate.commit(&self.conn) {
+            if !fails_a_deferred_foreign_key(&error) {
+                return Err(error.into());
+            }
+            // The transaction stays open after such a failure.
+            run(&self.conn, "ROLLBACK")?;
+            return Ok(match jobs.len() {
+                1 => Attempt::RolledBackBy(0, StoreError::Write(Box::new(error)), Vec::new()),
+                _ => Attempt::OneByOne,
+            });
+        }
         crate::telemetry::evicted("lru", evictions);
         self.rows = batch.rows;
         self.publish(batch.changes, purges_seen);
@@ -481,37 +535,52 @@ enum Attempt {
     /// A write that may run again failed outside a savepoint, and the transaction was rolled
     /// back: try again, each write under a savepoint of its own.
     Again,
-    /// The job at this index had SQLite roll the whole transaction back, with this error.
-    RolledBackBy(usize, StoreError),
+    /// The job at this index had SQLite roll the whole transaction back, with this error;
+    /// the outcomes of the jobs before it.
+    RolledBackBy(usize, StoreError, Vec<Result<(), StoreError>>),
+    /// The commit failed for a deferred foreign key that one of several writes left.
+    OneByOne,
+}
+
+/// Answers `job`. What its write captured is dropped here, on the writer's thread: a panic in
+/// its `Drop` must not end the thread, which every later write needs.
+fn finish(job: Box<dyn Job>, outcome: Result<(), StoreError>) {
+    if catch_unwind(AssertUnwindSafe(|| job.finish(outcome))).is_err() {
+        tracing::error!("what a staged write captured panicked as it was dropped");
+    }
+}
+
+/// The failure of a write that ran once in a transaction lost for another write's sake.
+fn lost() -> StoreError {
+    let why = "another call's write rolled the batch's transaction back";
+    StoreError::Commit(format!("{why}; nothing of this one was stored"))
 }
 
 /// The jobs that end with a batch whose transaction the job at `guilty` rolled back: that job,
 /// with `error`, and the writes that ran once before it (they may not run again, and their
-/// work went with the transaction). The rest stay in `jobs`, for the next attempt.
+/// work went with the transaction), each with its own failure if it failed (`so_far`, the
+/// outcomes of the jobs before `guilty`). The rest stay in `jobs`, for the next attempt.
 fn take_out(
     jobs: &mut Vec<Box<dyn Job>>,
     guilty: usize,
     error: StoreError,
+    so_far: Vec<Result<(), StoreError>>,
 ) -> Vec<(Box<dyn Job>, StoreError)> {
-    let lost = || {
-        let why = "another call's write rolled the batch's transaction back";
-        StoreError::Commit(format!("{why}; nothing of this one was stored"))
-    };
     let spent = jobs[..guilty]
         .iter()
         .filter(|job| !job.rerunnable())
         .count();
+    let first_spent = guilty - spent;
+    let outcomes = so_far.into_iter().skip(first_spent).map(|o| o.err());
     let mut out: Vec<_> = jobs
-        .drain(guilty - spent..guilty)
-        .map(|job| (job, lost()))
+        .drain(first_spent..guilty)
+        .zip(outcomes.chain(std::iter::repeat_with(|| None)))
+        .map(|(job, failed)| (job, failed.unwrap_or_else(lost)))
         .collect();
     out.push((jobs.remove(guilty - spent), error));
     out
 }
 
-/// Whether SQLite rolled the transaction back because the write asked it to (a conflict
-/// under `ON CONFLICT ROLLBACK`, a trigger's `RAISE(ROLLBACK, ...)`): a constraint error, the
-/// write's own failure, where a full disk or an I/O error is the batch's.
 /// The error of a write that ended the batch's transaction and said nothing of it.
 pub(crate) fn ended_the_transaction() -> StoreError {
     StoreError::Write(Box::new(EndedTheTransaction))
@@ -524,21 +593,49 @@ pub(crate) fn ended_the_transaction() -> StoreError {
 )]
 struct EndedTheTransaction;
 
+/// Whether SQLite rolled the transaction back because the write asked it to (a conflict
+/// under `ON CONFLICT ROLLBACK`, a trigger's `RAISE(ROLLBACK, ...)`), whatever its error says
+/// of it (a write may well return an error of its own words): the write's own failure, unless
+/// its error names the disk, whose failure is the batch's. A disk's failure taken for the
+/// write's costs one more attempt, which then fails the batch.
 fn rolled_back_by_the_write(error: &StoreError) -> bool {
-    let StoreError::Write(write) = error else {
-        return false;
-    };
-    if write.is::<EndedTheTransaction>() {
-        return true;
+    match error {
+        StoreError::Write(write) => !sqlite_code_of(write.as_ref()).is_some_and(is_the_disk_s),
+        _ => false,
     }
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(write.as_ref());
+}
+
+/// The SQLite error among `error` and its causes, if there is one.
+fn sqlite_code_of(error: &(dyn std::error::Error + 'static)) -> Option<rusqlite::ffi::Error> {
+    let mut cause = Some(error);
     while let Some(error) = cause {
         if let Some(rusqlite::Error::SqliteFailure(failure, _)) = error.downcast_ref() {
-            return failure.code == rusqlite::ErrorCode::ConstraintViolation;
+            return Some(*failure);
         }
         cause = error.source();
     }
-    false
+    None
+}
+
+fn is_the_disk_s(failure: rusqlite::ffi::Error) -> bool {
+    use rusqlite::ErrorCode::*;
+    matches!(
+        failure.code,
+        DiskFull
+            | SystemIoFailure
+            | DatabaseCorrupt
+            | NotADatabase
+            | OutOfMemory
+            | CannotOpen
+            | ReadOnly
+            | FileLockingProtocolFailed
+    )
+}
+
+/// Whether a `COMMIT` failed for a deferred foreign key left unresolved.
+fn fails_a_deferred_foreign_key(error: &rusqlite::Error) -> bool {
+    sqlite_code_of(error)
+        .is_some_and(|failure| failure.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY)
 }
 
 /// A statement without results, prepared once: the writer runs these for every write.

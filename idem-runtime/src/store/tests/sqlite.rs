@@ -528,6 +528,140 @@ async fn a_write_that_panics_fails_its_own_call_and_the_writer_lives() {
     assert_eq!(fx.effects().await, ["a", "after", "c", "d", "taken"]);
 }
 
+/// A write that rolls the batch back and returns an error in words of its own (no SQLite
+/// error among its causes; `Database::transact` returns such an error for any refusal) fails
+/// its own call only, as one that returns SQLite's error does (found by helper-44: the whole
+/// batch failed).
+#[tokio::test]
+async fn a_write_that_rolls_the_batch_back_with_an_error_of_its_own_fails_alone() {
+    let rolling_back = |once: bool| {
+        let work = |db: &rusqlite::Connection| {
+            db.execute(
+                "INSERT OR ROLLBACK INTO effects (name) VALUES ('taken')",
+                [],
+            )
+            .map_err(|e| format!("the name is taken ({e})"))?;
+            Ok(())
+        };
+        match once {
+            true => crate::store::SqlWrite::once(work),
+            false => crate::store::SqlWrite::rerunnable(work),
+        }
+    };
+    let (fx, results) = one_batch(|fx| {
+        vec![
+            fx.effect("a"),
+            rolling_back(false),
+            fx.effect("c"),
+            rolling_back(true),
+            once("e"),
+        ]
+    })
+    .await;
+    for ok in [0, 2, 4] {
+        assert!(results[ok].is_ok(), "{ok}: {results:?}");
+    }
+    for failed in [1, 3] {
+        let error = results[failed].as_ref().unwrap_err();
+        assert!(error.to_string().contains("the name is taken"), "{error}");
+    }
+    assert_eq!(fx.effects().await, ["a", "c", "e", "taken"]);
+}
+
+/// A write that leaves a deferred foreign key unresolved passes its statements and fails the
+/// batch's `COMMIT`, where SQLite checks such keys: it fails its own call, with its error, and
+/// the calls beside it commit (found by helper-44: every call of the batch failed, the guilty
+/// one too, as the store's failure). The writes that run once ran in the lost transaction.
+#[tokio::test]
+async fn a_write_that_leaves_a_deferred_foreign_key_unresolved_fails_alone() {
+    let orphan = || {
+        crate::store::SqlWrite::rerunnable(|db| {
+            db.execute_batch(
+                "CREATE TABLE IF NOT EXISTS parent (id INTEGER PRIMARY KEY);
+                 CREATE TABLE IF NOT EXISTS child (parent INTEGER
+                     REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);
+                 INSERT INTO child VALUES (999);",
+            )?;
+            Ok(())
+        })
+    };
+    let (fx, results) =
+        one_batch(|fx| vec![fx.effect("a"), orphan(), fx.effect("c"), once("d")]).await;
+    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+    let failed = results[1].as_ref().unwrap_err();
+    assert!(
+        matches!(failed, crate::store::StoreError::Write(_)),
+        "its own failure: {failed}"
+    );
+    assert!(failed.to_string().contains("FOREIGN KEY"), "{failed}");
+    let lost = results[3].as_ref().unwrap_err();
+    assert!(
+        matches!(lost, crate::store::StoreError::Commit(_)),
+        "{lost}"
+    );
+    assert_eq!(fx.effects().await, ["a", "c", "taken"]);
+
+    // Alone in its batch, it is its own failure too.
+    let store = fx.store(&config(86_400, 100)).await;
+    let alone = store.apply(vec![orphan()]).await.unwrap_err();
+    assert!(
+        matches!(alone, crate::store::StoreError::Write(_)),
+        "{alone}"
+    );
+    store.apply(vec![fx.effect("after")]).await.unwrap();
+}
+
+/// A write that runs once and refuses keeps its own error when a later write rolls the batch
+/// back (found by helper-44: it was told the transaction was lost, and `Database::transact`
+/// reported the store's failure instead of the application's refusal).
+#[tokio::test]
+async fn a_refusal_keeps_its_own_error_when_another_write_rolls_the_batch_back() {
+    let (_fx, results) = one_batch(|_| {
+        vec![
+            crate::store::SqlWrite::once(|_| Err("the application refuses".into())),
+            crate::store::SqlWrite::once(|db| {
+                let _ = db.execute(
+                    "INSERT OR ROLLBACK INTO effects (name) VALUES ('taken')",
+                    [],
+                );
+                Ok(())
+            }),
+        ]
+    })
+    .await;
+    let refused = results[0].as_ref().unwrap_err();
+    assert!(
+        refused.to_string().contains("the application refuses"),
+        "{refused}"
+    );
+    assert!(results[1].is_err());
+}
+
+/// What a write captured, panicking as the writer drops it after the commit, leaves the writer
+/// thread alive: every later write needs it (found by helper-44: every write after it failed
+/// as closed, for the life of the process).
+#[tokio::test]
+async fn a_write_whose_captures_panic_as_they_are_dropped_leaves_the_writer_alive() {
+    struct PanicsOnDrop;
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("a bug in a value the write captured");
+        }
+    }
+    let fx = Fixture::sqlite();
+    let store = fx.store(&config(86_400, 100)).await;
+    fx.create_effects(&store).await;
+    let captured = PanicsOnDrop;
+    let write = crate::store::SqlWrite::rerunnable(move |db| {
+        let _ = &captured;
+        db.execute("INSERT INTO effects (name) VALUES ('a')", [])?;
+        Ok(())
+    });
+    store.apply(vec![write]).await.unwrap();
+    store.apply(vec![fx.effect("b")]).await.unwrap();
+    assert_eq!(fx.effects().await, ["a", "b"]);
+}
+
 /// A write of `name` that may run only once, as `Database::transact`'s.
 fn once(name: &str) -> crate::store::SqlWrite {
     let name = name.to_owned();
