@@ -90,11 +90,12 @@ impl Db {
     }
 }
 
+/// As logs and errors show it: a URL's password masked.
 impl std::fmt::Display for Db {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Db::File(path) => write!(f, "{}", path.display()),
-            Db::Postgres(url) => f.write_str(url),
+            Db::Postgres(url) => f.write_str(&idem::store::redacted_url(url)),
         }
     }
 }

@@ -93,7 +93,11 @@ fn init_logging() {
 
 /// Starts the server, runs it until a signal, and stops it. Errors are startup errors.
 async fn serve(cli: Cli) -> Result<(), String> {
-    // The recorder first: the store reports its size as it opens.
+    // The address first: a server that cannot listen leaves no database file behind.
+    let listener = tokio::net::TcpListener::bind(cli.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
+    // The recorder next: the store reports its size as it opens.
     let metrics = metrics::install()?;
     // Then the idempotency store creates the database file, with mode 0600, and locks it.
     let idem = idempotency(&cli).await?;
@@ -113,7 +117,8 @@ async fn serve(cli: Cli) -> Result<(), String> {
     let mut signals = Signals::new()?;
     retention::spawn(store.clone(), cli.outbox_retention);
     relay::spawn(store, push.clone(), cli.outbox_give_up);
-    let (handle, addr) = start(&cli, &idem, Agent::new(missions, push), metrics).await?;
+    let agent = Agent::new(missions, push);
+    let (handle, addr) = start(listener, &cli, &idem, agent, metrics).await?;
     tracing::info!(%addr, db = %cli.db, mode = ?cli.mode, resumed, "serving");
     announce(addr)?;
     signals.recv().await;
@@ -152,16 +157,15 @@ async fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
     idem.map_err(|e| format!("cannot open database {}: {e}", cli.db))
 }
 
-/// Binds first, because the card must name the address actually bound (`--listen :0`).
+/// Serves on `listener`, bound first because the card must name the address actually bound
+/// (`--listen :0`).
 async fn start(
+    listener: tokio::net::TcpListener,
     cli: &Cli,
     idem: &Idempotency,
     agent: Agent,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 ) -> Result<(ServerHandle, SocketAddr), String> {
-    let listener = tokio::net::TcpListener::bind(cli.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let listener = listener.into_std().map_err(|e| e.to_string())?;
     let card = agent_card(addr, idem.agent_card_extension().into_iter().collect());

@@ -124,6 +124,8 @@ pub fn spawn(store: TaskStore, push: PushConfigs, give_up: Duration) {
         lock: None,
         workers: Arc::new(Semaphore::new(TASKS_AT_ONCE)),
         failing: Arc::new(Semaphore::new(FAILING_AT_ONCE)),
+        store_failures: 0,
+        store_failed: false,
     };
     tokio::spawn(relay.run());
 }
@@ -134,6 +136,12 @@ struct Relay {
     lock: Option<Arc<RelayLock>>,
     workers: Arc<Semaphore>,
     failing: Arc<Semaphore>,
+    /// Passes in a row in which the task store failed: each waits longer before the next, as a
+    /// failed delivery does (a store that fails for good, its file deleted say, is not asked
+    /// ten times a second, each failure logged).
+    store_failures: u32,
+    /// Whether the task store failed in this pass.
+    store_failed: bool,
 }
 
 /// What a worker holds while it delivers: its place, and, for a task whose last attempt
@@ -201,6 +209,7 @@ impl Relay {
                 tokio::time::sleep(FOLLOW).await;
                 continue;
             }
+            self.store_failed = false;
             // Settled before this read began: the read sees it.
             self.delivery.handed_out().settled.clear();
             // More are waiting behind a full batch: an event read and marked delivered, or
@@ -213,11 +222,18 @@ impl Relay {
                 }
                 Err(error) => {
                     tracing::warn!(?error, "relay: the outbox could not be read");
+                    self.store_failed = true;
                     false
                 }
             };
-            if !more {
-                tokio::time::sleep(POLL).await;
+            self.store_failures = match self.store_failed {
+                true => self.store_failures.saturating_add(1),
+                false => 0,
+            };
+            match self.store_failures {
+                0 if more => {}
+                0 => tokio::time::sleep(POLL).await,
+                failures => tokio::time::sleep(backoff(failures).max(POLL)).await,
             }
         }
     }
@@ -278,7 +294,7 @@ impl Relay {
     }
 
     /// Events of tasks without webhooks go nowhere: marked delivered together, in one write.
-    async fn mark_nowhere(&self, nowhere: Vec<Pending>) -> usize {
+    async fn mark_nowhere(&mut self, nowhere: Vec<Pending>) -> usize {
         let ids: Vec<i64> = nowhere.into_iter().map(|event| event.id).collect();
         let count = ids.len();
         if count == 0 {
@@ -288,6 +304,7 @@ impl Relay {
             Ok(()) => count,
             Err(error) => {
                 tracing::warn!(?error, "relay: events without webhooks not marked");
+                self.store_failed = true;
                 0
             }
         }

@@ -172,8 +172,8 @@ impl IdempotencyConfig {
             }
             None => Ok(None),
         };
-        if let Some(lease) = millis(CLAIM_LEASE_ENV)? {
-            config.claim_lease = at_most_a_postgres_timeout(CLAIM_LEASE_ENV, lease)?;
+        if let Some(value) = lookup(CLAIM_LEASE_ENV) {
+            config.claim_lease = at_most_a_postgres_timeout(CLAIM_LEASE_ENV, &value)?;
         }
         if let Some(interval) = millis(SWEEP_INTERVAL_ENV)? {
             config.sweep_interval = interval;
@@ -241,12 +241,22 @@ fn spoken_duration(seconds: u64) -> String {
 }
 
 fn positive_integer(variable: &'static str, value: &str) -> Result<u64, ConfigError> {
+    let reason = "expected a whole number from 1 to 9223372036854775807 (2^63 - 1)";
+    whole_number(variable, value, i64::MAX as u64, reason)
+}
+
+fn whole_number(
+    variable: &'static str,
+    value: &str,
+    max: u64,
+    reason: &'static str,
+) -> Result<u64, ConfigError> {
     match value.trim().parse::<u64>() {
-        Ok(n) if n > 0 && n <= i64::MAX as u64 => Ok(n),
+        Ok(n) if n > 0 && n <= max => Ok(n),
         _ => Err(ConfigError {
             variable,
             value: value.to_owned(),
-            reason: "expected a whole number from 1 to 9223372036854775807 (2^63 - 1)",
+            reason,
         }),
     }
 }
@@ -258,17 +268,11 @@ pub(crate) const MAX_POSTGRES_TIMEOUT_MS: u64 = i32::MAX as u64;
 
 fn at_most_a_postgres_timeout(
     variable: &'static str,
-    value: Duration,
+    value: &str,
 ) -> Result<Duration, ConfigError> {
-    match value.as_millis() <= MAX_POSTGRES_TIMEOUT_MS as u128 {
-        true => Ok(value),
-        false => Err(ConfigError {
-            variable,
-            value: value.as_millis().to_string(),
-            reason: "expected a whole number of milliseconds from 1 to 2147483647 \
-                     (PostgreSQL's largest timeout)",
-        }),
-    }
+    let reason = "expected a whole number of milliseconds from 1 to 2147483647 (PostgreSQL's \
+                  largest timeout)";
+    whole_number(variable, value, MAX_POSTGRES_TIMEOUT_MS, reason).map(Duration::from_millis)
 }
 
 fn byte_count(variable: &'static str, value: &str) -> Result<usize, ConfigError> {
@@ -355,9 +359,13 @@ mod tests {
         let err = from(&[(SWEEP_INTERVAL_ENV, "0")]).unwrap_err();
         assert_eq!(err.variable, SWEEP_INTERVAL_ENV);
         // A lease PostgreSQL could not take as a timeout is refused here, by name.
-        let err = from(&[(CLAIM_LEASE_ENV, "2147483648")]).unwrap_err();
-        assert_eq!(err.variable, CLAIM_LEASE_ENV);
-        assert!(err.to_string().contains("to 2147483647"), "{err}");
+        // Any bad lease is told the lease's bounds (found by helper-45: 0 and a number past
+        // 2^64 were told the TTL's).
+        for bad in ["2147483648", "0", "99999999999999999999", "soon"] {
+            let err = from(&[(CLAIM_LEASE_ENV, bad)]).unwrap_err();
+            assert_eq!(err.variable, CLAIM_LEASE_ENV);
+            assert!(err.to_string().contains("from 1 to 2147483647"), "{err}");
+        }
         let longest = from(&[(CLAIM_LEASE_ENV, "2147483647")]).unwrap();
         assert_eq!(longest.claim_lease, Duration::from_millis(2_147_483_647));
         for bad in ["", "-1", "64MiB", "1e6"] {

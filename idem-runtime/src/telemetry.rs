@@ -57,7 +57,8 @@ pub const METRICS: &[Metric] = &[
         labels: &["method", "outcome"],
         help: "Governed calls by outcome: executed, replayed, attached (to a running stream), \
                collision (422), rejected (any other refusal, by error name in \
-               idempotency_rejections_total), store_error",
+               idempotency_rejections_total), store_error, undeduplicated (run without \
+               deduplication: the extension off, or optional and not activated)",
     },
     Metric {
         name: REJECTIONS,
@@ -142,13 +143,14 @@ pub fn describe() {
 }
 
 /// The outcomes of [`CALLS`], as [`outcome_label`] and [`store_error`] name them.
-const OUTCOMES: [&str; 6] = [
+const OUTCOMES: [&str; 7] = [
     "executed",
     "replayed",
     "attached",
     "collision",
     "rejected",
     "store_error",
+    "undeduplicated",
 ];
 
 /// The results of [`WAITS`] (`Waited::label`).
@@ -197,6 +199,7 @@ fn outcome_label(outcome: Outcome) -> &'static str {
         Outcome::Attached => "attached",
         Outcome::Rejected(ErrorCode::KeyReusedWithDifferentPayload) => "collision",
         Outcome::Rejected(_) => "rejected",
+        Outcome::Undeduplicated => "undeduplicated",
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use idem::admin::{Admin, EntryInfo, EntryState};
 use idem::config::{env_value, TTL_ENV};
 use idem::message_id::MessageId;
-use idem::store::StoreStats;
+use idem::store::{redacted_url, StoreStats};
 use idem::IdempotencyConfig;
 
 const USAGE: &str = "\
@@ -61,50 +61,29 @@ async fn main() -> ExitCode {
     // The TTL alone (where no server recorded one): a setting the tool does not use, malformed
     // in the servers' environment, is no reason to refuse the operator.
     let ttl_only = |name: &str| env_value(name).filter(|_| name == TTL_ENV);
-    let config = match IdempotencyConfig::from_lookup(ttl_only) {
-        Ok(config) => config,
-        Err(error) => return fail(&error.to_string()),
+    // Malformed, the TTL here refuses the operator only where it would count.
+    let (config, malformed) = match IdempotencyConfig::from_lookup(ttl_only) {
+        Ok(config) => (config, None),
+        Err(error) => (IdempotencyConfig::default(), Some(error)),
     };
     let admin = match Admin::open(&db, &config).await {
         Ok(admin) => admin,
         Err(error) => {
-            let db = without_password(&db);
+            let db = redacted_url(&db);
             return fail(&format!("cannot open database {db}: {error}"));
         }
     };
-    warn_of_another_ttl(&admin, &config);
+    match (malformed, admin.ttl_seconds()) {
+        (None, _) => warn_of_another_ttl(&admin, &config),
+        (Some(error), (_, false)) => return fail(&error.to_string()),
+        (Some(error), (ttl, true)) => {
+            eprintln!("idem-admin: {error}; the TTL the servers recorded, {ttl} s, counts")
+        }
+    }
     match run(&admin, &db, command).await {
         Ok(code) => code,
         Err(error) => fail(&error.to_string()),
     }
-}
-
-/// `db` as the tool prints it: a PostgreSQL URL's password (`user:PASSWORD@`, or a
-/// `password=` parameter) as `***`, so that it stays out of terminals and CI logs.
-fn without_password(db: &str) -> String {
-    let Some((scheme, rest)) = db.split_once("://") else {
-        return db.to_owned(); // a file's path
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((user, host)) => match user.split_once(':') {
-            Some((name, _)) => format!("{name}:***@{host}"),
-            None => authority.to_owned(),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let masked = query.split('&').map(|pair| match pair.split_once('=') {
-                Some(("password", _)) => "password=***".to_owned(),
-                _ => pair.to_owned(),
-            });
-            format!("{path}?{}", masked.collect::<Vec<_>>().join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    format!("{scheme}://{authority}{tail}")
 }
 
 /// The shell's `AIWG_IDEMPOTENCY_TTL` does not decide what is expired where the servers
@@ -161,7 +140,11 @@ fn parse(args: &[String]) -> Result<(String, Command), String> {
         };
         match name {
             "--db" => once(&mut db, value("a path or URL")?, name)?,
-            "--principal" => once(&mut principal, value("a name")?, name)?,
+            // Trimmed, as the example server takes a principal from its header.
+            "--principal" => match value("a name")?.trim() {
+                "" => return Err("--principal needs a name".into()),
+                trimmed => once(&mut principal, trimmed, name)?,
+            },
             flag if flag.starts_with("--") => flags.push(arg),
             word => words.push(word),
         }
@@ -223,7 +206,7 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
             None => nothing_for(&key),
         },
         Command::Purge { key, yes } => {
-            let db = without_password(db);
+            let db = redacted_url(db);
             if !confirmed(yes, &format!("delete the entry of {key} in {db}"))? {
                 return Err("not confirmed; nothing deleted".into());
             }
@@ -242,7 +225,7 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
             Ok(emit(format!("purged {key}\n"), ExitCode::SUCCESS))
         }
         Command::PurgeExpired { yes } => {
-            let db = without_password(db);
+            let db = redacted_url(db);
             if !confirmed(yes, &format!("delete every expired entry in {db}"))? {
                 return Err("not confirmed; nothing deleted".into());
             }

@@ -34,6 +34,44 @@ fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
     stderr
 }
 
+/// A server that cannot start says why without the password of its PostgreSQL URL, and one
+/// that cannot listen leaves no database file behind (found by helper-45: the password was in
+/// every start's log line and error, and a busy port left the file and its lock).
+#[test]
+fn a_refused_start_shows_no_password_and_leaves_no_file() {
+    let start = |args: &[&str]| {
+        let output = Command::new(example_binary("a2a_server"))
+            .args(args)
+            .output()
+            .expect("run the example server");
+        assert_eq!(output.status.code(), Some(2), "{output:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = busy.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a2a.db");
+    let stderr = start(&["--listen", &busy, "--db", file.to_str().unwrap()]);
+    assert!(stderr.contains("cannot listen on"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "{stderr}"
+    );
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = closed.local_addr().unwrap().port(); // free once dropped: refused
+    for url in [
+        format!("postgresql://idem:s3cret-pw@127.0.0.1:{closed}/db"),
+        format!("postgres://idem@127.0.0.1:{closed}/db?password=s3cret-pw"),
+    ] {
+        let stderr = start(&["--listen", "127.0.0.1:0", "--db", &url]);
+        assert!(stderr.contains("cannot open database"), "{stderr}");
+        assert!(!stderr.contains("s3cret-pw"), "{stderr}");
+        assert!(stderr.contains("***"), "{stderr}");
+    }
+}
+
 /// `--help` names every variable the configuration reads (it once named 3 of the 5).
 #[test]
 fn help_names_every_configuration_variable() {

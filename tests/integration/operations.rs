@@ -78,6 +78,33 @@ fn send(id: u64, message_id: &str, text: &str) -> String {
     send_with(id, "message/send", message_id, text, json!({}))
 }
 
+/// A governed call passed to its method without deduplication (the extension optional and
+/// not activated, or off) is counted as such, once a call (found by helper-45: such calls,
+/// which may run twice, moved no metric).
+#[tokio::test]
+async fn calls_run_without_deduplication_are_counted_as_such() {
+    for (mode, activated) in [("optional", false), ("off", true)] {
+        let server = ServerProcess::start_with(&["--idempotency", mode], &[]);
+        let key = new_id();
+        for _ in 0..2 {
+            let body = send_body(&key, "twice");
+            let reply = match activated {
+                true => post_activated(&server.url, body).await,
+                false => post(&server.url, body, &[]).await,
+            };
+            assert_eq!(reply.status, 200, "{mode}: {}", reply.describe());
+        }
+        let m = Metrics::scrape(&server.url).await;
+        let undeduplicated = [("method", "message/send"), ("outcome", "undeduplicated")];
+        assert_eq!(
+            m.get("idempotency_calls_total", &undeduplicated),
+            2.0,
+            "{mode}"
+        );
+        assert_eq!(m.calls("executed"), 0.0, "{mode}");
+    }
+}
+
 #[tokio::test]
 async fn each_outcome_moves_its_own_counter_and_no_label_names_a_key() {
     let wait = ("AIWG_IDEMPOTENCY_IN_FLIGHT_WAIT_MS", "200");
@@ -594,22 +621,35 @@ fn the_admin_tool_refuses_what_no_server_serves_by_that_name() {
 }
 
 /// The tool reads the TTL alone from the environment: a malformed setting it does not use (in
-/// a shell that shares the servers' environment) does not stop it; a malformed TTL does.
+/// a shell that shares the servers' environment) does not stop it; a malformed TTL does only
+/// where it would count, in a database where no server recorded its own (found by helper-45:
+/// the tool refused a database whose servers' TTL it would have used).
 #[test]
 fn the_admin_tool_minds_only_the_setting_it_uses() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("missing.db").display().to_string();
+    let path = dir.path().join("a2a.db").display().to_string();
+    let config = idem::IdempotencyConfig::default();
+    drop(idem::store::SqliteStore::open(&path, &config).unwrap()); // records its TTL
     let other = admin(
         &["--db", &path, "stats"],
         &[("AIWG_IDEMPOTENCY_DISK_TIMEOUT_MS", "abc")],
     );
-    let stderr = String::from_utf8_lossy(&other.stderr);
-    assert!(stderr.contains("cannot open database"), "{stderr}");
-    let ttl = admin(
-        &["--db", &path, "stats"],
-        &[("AIWG_IDEMPOTENCY_TTL", "abc")],
+    assert!(other.status.success(), "{other:?}");
+    let bad_ttl = [("AIWG_IDEMPOTENCY_TTL", "abc")];
+    let recorded = admin(&["--db", &path, "stats"], &bad_ttl);
+    assert!(recorded.status.success(), "{recorded:?}");
+    let stderr = String::from_utf8_lossy(&recorded.stderr);
+    assert!(
+        stderr.contains("the TTL the servers recorded, 86400 s, counts"),
+        "{stderr}"
     );
-    let stderr = String::from_utf8_lossy(&ttl.stderr);
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute("DELETE FROM idempotency_settings", [])
+        .unwrap();
+    let unrecorded = admin(&["--db", &path, "stats"], &bad_ttl);
+    assert_eq!(unrecorded.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&unrecorded.stderr);
     assert!(
         stderr.contains("AIWG_IDEMPOTENCY_TTL=\"abc\" is invalid"),
         "{stderr}"

@@ -343,7 +343,10 @@ fn apply_outcome<B>(scope: &HttpScope, response: &mut http::Response<B>) {
             *response.status_mut() =
                 StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
         }
-        Some(Outcome::Executed | Outcome::Replayed | Outcome::Attached) | None => {}
+        Some(
+            Outcome::Executed | Outcome::Replayed | Outcome::Attached | Outcome::Undeduplicated,
+        )
+        | None => {}
     }
 }
 

@@ -203,6 +203,7 @@ impl<S> RpcService<S> {
         };
         let undeduplicated = Undeduplicated(request.id.clone().into_owned());
         let Some(cache) = self.state.deduplicating() else {
+            scope.record(request.method_name(), Outcome::Undeduplicated);
             self.pass_down(request, undeduplicated);
             return Ok(None);
         };
@@ -216,6 +217,7 @@ impl<S> RpcService<S> {
                     .with_detail("extension", EXTENSION_URI);
                 return Err(error.to_error_object());
             }
+            scope.record(request.method_name(), Outcome::Undeduplicated);
             self.pass_down(request, undeduplicated);
             return Ok(None);
         }

@@ -28,6 +28,9 @@ pub(crate) enum Outcome {
     Attached,
     /// Refused by the extension with this error.
     Rejected(ErrorCode),
+    /// Passed to the method without deduplication: the extension is off, or optional and
+    /// not activated by the request.
+    Undeduplicated,
 }
 
 /// One HTTP request's view of the extension.

@@ -21,6 +21,7 @@ mod error;
 mod lease;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+mod redacted_url;
 pub(crate) mod settings;
 pub(crate) mod sqlite;
 pub(crate) mod stats;
@@ -39,6 +40,7 @@ pub use error::StoreError;
 pub use lease::Lease;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStore};
+pub use redacted_url::redacted_url;
 /// The SQLite crate the staged writes are written with, re-exported so versions match.
 pub use rusqlite;
 pub use sqlite::SqliteStore;

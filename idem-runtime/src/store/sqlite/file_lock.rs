@@ -161,10 +161,18 @@ fn lock_path(database: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Refuses a database file with more than one name, and a directory (whose links are its
+/// entries: it was taken for a file of several names).
 #[cfg(unix)]
 pub(crate) fn refuse_hard_links(database: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::MetadataExt;
-    match std::fs::metadata(database)?.nlink() {
+    let metadata = std::fs::metadata(database)?;
+    if metadata.is_dir() {
+        let kind = std::io::ErrorKind::IsADirectory;
+        let message = format!("{} is a directory, not a database file", database.display());
+        return Err(std::io::Error::new(kind, message).into());
+    }
+    match metadata.nlink() {
         0 | 1 => Ok(()),
         links => Err(StoreError::HardLinked {
             path: database.to_path_buf(),

@@ -263,6 +263,11 @@ async fn other_names_of_a_served_file_are_refused_and_hard_links_always() {
     }
     std::fs::remove_file(&linked).unwrap();
     SqliteStore::open(&alias, &config(60, 10)).expect("one name again, through a symlink");
+
+    // A directory is said to be one (found by helper-45: it was taken for a file of several
+    // names, its links being its entries).
+    let refused = SqliteStore::open(dir, &config(60, 10)).err().unwrap();
+    assert!(refused.to_string().contains("is a directory"), "{refused}");
 }
 
 /// The memory tier holds entries, never answers: whatever it holds, the answers are the file's.
