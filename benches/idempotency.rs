@@ -9,14 +9,16 @@
 //! - lookups in a store of 1,000 rows against one of 1,000,000: a fresh key (the key index), a
 //!   stored entry in memory (the memory tier), a stored entry read from the file;
 //! - the TTL sweep of 100,000 expired rows under a load of 64 concurrent writers: their p99
-//!   latency with the sweep running against without it.
+//!   latency with the sweep running against without it;
+//! - a stream's events recorded durably, one commit an event against the events a stream has
+//!   ready recorded together (as the guard gathers them).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem::hash::request_hash;
 use idem::message_id::MessageId;
-use idem::store::{Entry, Lease, SqliteStore, Store, StoredResponse};
+use idem::store::{Entry, Lease, OpenStream, SqliteStore, Store, StoredResponse};
 use idem::testing::Clock;
 use idem::IdempotencyConfig;
 use serde_json::json;
@@ -73,6 +75,13 @@ fn main() {
         );
         lookups_by_store_size().await;
         sweep_under_load().await;
+        let alone = stream_event_rate(1).await;
+        let together = stream_event_rate(256).await;
+        println!("stream events, 1 a commit       {alone:>9.0} events/s");
+        println!(
+            "stream events, 256 a commit     {together:>9.0} events/s   ({:.1}x)",
+            together / alone
+        );
     });
 }
 
@@ -307,6 +316,40 @@ async fn store_fresh(store: &SqliteStore, key: &MessageId, hash: &idem::hash::Re
     };
     let lease = Lease::exclusive();
     store.put(Arc::new(entry), vec![], &lease).await.unwrap();
+}
+
+/// Events per second one stream records durably, `batch` events a commit.
+async fn stream_event_rate(batch: usize) -> f64 {
+    const EVENTS: usize = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        SqliteStore::open(dir.path().join("bench.db"), &IdempotencyConfig::default()).unwrap();
+    let event = |n: usize| {
+        let text = format!("data: {{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{\"seq\":{n}}}}}\n\n");
+        bytes::Bytes::from(text)
+    };
+    let stream = OpenStream {
+        message_id: bench_key(1),
+        method: "message/stream".into(),
+        request_hash: request_hash(b"{}").unwrap(),
+        jsonrpc_id: "1".into(),
+        recorded_at: store.now_seconds(),
+    };
+    let lease = Lease::exclusive();
+    store
+        .open_stream(&stream, event(0), vec![], &lease)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    for first in (1..EVENTS).step_by(batch) {
+        let events = (first..(first + batch).min(EVENTS)).map(event).collect();
+        let key = &stream.message_id;
+        store
+            .append_events(key, first as u32, events, &lease)
+            .await
+            .unwrap();
+    }
+    (EVENTS - 1) as f64 / start.elapsed().as_secs_f64()
 }
 
 /// Entries per second stored durably by `writers` concurrent claim-and-complete loops.
