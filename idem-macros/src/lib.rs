@@ -28,10 +28,12 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);
     let expanded = args::parse(attr.into()).and_then(|args| {
         let method = method::parse(item.clone())?;
-        Ok(expand::expand(&args, method))
+        Ok(method.map(|method| expand::expand(&args, method)))
     });
     match expanded {
-        Ok(tokens) => tokens.into(),
+        Ok(Some(tokens)) => tokens.into(),
+        // A signature that does not parse: the compiler's error on it is the one to read.
+        Ok(None) => item.into(),
         // The item is kept as written so that the one mistake reported here is the only
         // error: a vanished method would add "missing item" errors on the impl.
         Err(err) => {

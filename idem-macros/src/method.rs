@@ -65,13 +65,16 @@ const NOT_A_METHOD: &str = "#[idempotent] goes on a method of an `impl ...Server
 const ON_AN_IMPL: &str = "#[idempotent] goes on each method to guard, not on the impl block: \
                           move it onto the send methods";
 
-/// Parses and validates the item the attribute is on.
-pub(crate) fn parse(item: TokenStream) -> Result<Method> {
+/// Parses and validates the item the attribute is on; `None` for a function whose signature
+/// does not parse, which the compiler has reported already, where it is (a message of ours
+/// beside it would only mislead).
+pub(crate) fn parse(item: TokenStream) -> Result<Option<Method>> {
     let func = match syn::parse2::<FnTokens>(item.clone()) {
         Ok(func) => func,
         Err(_) => match syn::parse2::<Item>(item.clone()) {
             Ok(Item::Impl(i)) => return Err(Error::new_spanned(head(&Item::Impl(i)), ON_AN_IMPL)),
             Ok(other) => return Err(Error::new_spanned(head(&other), NOT_A_METHOD)),
+            Err(_) if names_a_function(&item) => return Ok(None),
             Err(_) => return Err(Error::new_spanned(item, NOT_A_METHOD)),
         },
     };
@@ -79,7 +82,14 @@ pub(crate) fn parse(item: TokenStream) -> Result<Method> {
     refuse_a_second_attribute(&func.attrs)?;
     let shape = shape(&func.sig)?;
     let ext = extensions_param(&func.sig)?;
-    Ok(Method { func, ext, shape })
+    Ok(Some(Method { func, ext, shape }))
+}
+
+/// Whether the item's own tokens (not those of its body) hold `fn`.
+fn names_a_function(item: &TokenStream) -> bool {
+    item.clone()
+        .into_iter()
+        .any(|token| matches!(token, proc_macro2::TokenTree::Ident(ident) if ident == "fn"))
 }
 
 /// Points at `struct Foo` rather than the whole item, so the message stays on one line.
