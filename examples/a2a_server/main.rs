@@ -93,7 +93,8 @@ fn init_logging() {
 
 /// Starts the server, runs it until a signal, and stops it. Errors are startup errors.
 async fn serve(cli: Cli) -> Result<(), String> {
-    // The address first: a server that cannot listen leaves no database file behind.
+    // The address first: a server that cannot listen leaves no database file behind. Clients
+    // that connect while the store opens wait in the listen queue until it serves.
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;

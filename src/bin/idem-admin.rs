@@ -140,16 +140,20 @@ fn parse(args: &[String]) -> Result<(String, Command), String> {
         };
         match name {
             "--db" => once(&mut db, value("a path or URL")?, name)?,
-            // Trimmed, as the example server takes a principal from its header.
-            "--principal" => match value("a name")?.trim() {
-                "" => return Err("--principal needs a name".into()),
-                trimmed => once(&mut principal, trimmed, name)?,
-            },
+            "--principal" => once(&mut principal, value("a name")?, name)?,
             flag if flag.starts_with("--") => flags.push(arg),
             word => words.push(word),
         }
     }
     let db = db.ok_or("--db PATH|URL is required")?;
+    // Named exactly, as the runtime keys it; a server may have trimmed it from a header (the
+    // example does), so spaces at its ends are most likely a slip.
+    if let Some(name) = principal.filter(|p| p.trim() != *p) {
+        eprintln!(
+            "idem-admin: note: --principal {name:?} has spaces at its ends, and names exactly \
+             that principal"
+        );
+    }
     let flag = |name: &str| flags.contains(&name);
     let key = |word: &str| {
         let id = MessageId::parse_str(word)

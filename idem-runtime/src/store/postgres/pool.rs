@@ -17,7 +17,7 @@ use crate::store::StoreError;
 /// assert_eq!(options.pool_size, 16);
 /// assert!(options.listen_url.is_none());
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct PostgresOptions {
     /// The database the pool connects to, as a URL (`postgres://user@host:port/db`) or a
@@ -29,6 +29,19 @@ pub struct PostgresOptions {
     pub listen_url: Option<String>,
     /// Most pooled connections.
     pub pool_size: usize,
+}
+
+/// Shown with the passwords masked ([`redacted_url`](crate::store::redacted_url)): options end
+/// up in logs.
+impl std::fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::store::redacted_url;
+        f.debug_struct("PostgresOptions")
+            .field("url", &redacted_url(&self.url))
+            .field("listen_url", &self.listen_url.as_deref().map(redacted_url))
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
 }
 
 impl PostgresOptions {

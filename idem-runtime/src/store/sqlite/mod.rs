@@ -98,8 +98,9 @@ pub struct SqliteStore {
     /// The operators' purges seen (`MemoryTier::purges_seen`) when the sweep last reloaded
     /// the key index: it forgets what they deleted at the next sweep after them.
     index_reloaded_for: AtomicU64,
-    /// Set by [`close`](Self::close): the memory answers nothing more either.
-    closed: AtomicBool,
+    /// Set by [`close`](Self::close), or by a writer that stopped: the memory (the tier, the
+    /// key index) answers nothing more either.
+    closed: Arc<AtomicBool>,
     readers: Readers,
     writer: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
@@ -164,7 +165,9 @@ impl SqliteStore {
         let checkpointer = Checkpointer::start(&path, connect, restart.clone(), purges)?;
         let touches = Arc::new(Mutex::new(HashMap::new()));
         let index = Arc::new(KeyIndex::new(&stored_keys(&conn)?));
+        let closed = Arc::new(AtomicBool::new(false));
         let writer = Writer {
+            stopped: closed.clone(),
             gate: CommitGate::install(&conn),
             restart,
             file: FileIdentity::of(&path)?,
@@ -194,7 +197,7 @@ impl SqliteStore {
             tier,
             index,
             index_reloaded_for: AtomicU64::new(0),
-            closed: AtomicBool::new(false),
+            closed,
             readers,
             writer: Mutex::new(Some(tx)),
             writer_thread: Mutex::new(Some(thread)),

@@ -231,6 +231,8 @@ pub(crate) struct Writer {
     pub(crate) index: Arc<KeyIndex>,
     /// Lets `conn` commit only the writer's own `COMMIT`.
     pub(crate) gate: CommitGate,
+    /// Set when the writer stops for a panic of its own: the store is then closed.
+    pub(crate) stopped: Arc<AtomicBool>,
 }
 
 /// The writer's connection commits only where the writer says `COMMIT`. A staged write that
@@ -290,14 +292,15 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            // A panic of the store's own past this point leaves the file and what the process
-            // knows of it (the key index) out of step: no write may follow. The store's calls
-            // then fail as closed; it is said, not left for the operator to find.
+            // A panic of the store's own past this point may leave the file and what the
+            // process knows of it (the key index, the memory tier) out of step: a batch
+            // committed and not published would be a miss in memory. So the store closes, as
+            // `close` does: writes fail, and reads go to the file. It is said, not left for the
+            // operator to find.
             let committed = catch_unwind(AssertUnwindSafe(|| self.commit(batch)));
             if committed.is_err() {
-                tracing::error!(
-                    "the SQLite store's writer panicked: the store takes no more writes"
-                );
+                self.stopped.store(true, Ordering::SeqCst);
+                tracing::error!("the SQLite store's writer panicked: the store is closed");
                 return;
             }
             self.restart.run_if_asked(&self.conn);
@@ -320,7 +323,7 @@ impl Writer {
                     }
                     careful = true;
                 }
-                Ok(Attempt::OneByOne) => break self.one_by_one(&mut jobs, &touches),
+                Ok(Attempt::OneByOne(first)) => break self.one_by_one(&mut jobs, &touches, first),
                 Err(e) => {
                     let failure = e.to_string();
                     self.roll_back();
@@ -337,22 +340,26 @@ impl Writer {
     /// Commits each job in a transaction of its own, after the batch's commit failed for a
     /// deferred foreign key that one of its writes left unresolved (SQLite checks those at
     /// `COMMIT`, and does not say whose): that write fails alone, the others commit. The
-    /// writes that run once ran in the lost transaction, and cannot run again.
+    /// writes that run once ran in the lost transaction (`first`: each job's outcome there),
+    /// and cannot run again: each keeps its own failure, or is told its work was lost.
     fn one_by_one(
         &mut self,
         jobs: &mut [Box<dyn Job>],
         touches: &HashMap<String, u64>,
+        first: Vec<Result<(), StoreError>>,
     ) -> Vec<Result<(), StoreError>> {
+        let mut first = first.into_iter();
         let outcomes = jobs.iter_mut().map(|job| {
+            let in_the_lost_one = first.next().and_then(Result::err);
             if !job.rerunnable() {
-                return Err(lost());
+                return Err(in_the_lost_one.unwrap_or_else(lost_at_commit));
             }
             match self.transaction(std::slice::from_mut(job), touches, true) {
                 Ok(Attempt::Committed(mut outcomes)) => {
                     outcomes.pop().unwrap_or_else(|| Err(lost()))
                 }
                 Ok(Attempt::RolledBackBy(_, error, _)) => Err(error),
-                Ok(Attempt::Again | Attempt::OneByOne) => Err(lost()),
+                Ok(Attempt::Again | Attempt::OneByOne(_)) => Err(lost()),
                 Err(error) => {
                     self.roll_back();
                     Err(StoreError::Commit(error.to_string()))
@@ -444,7 +451,7 @@ impl Writer {
             run(&self.conn, "ROLLBACK")?;
             return Ok(match jobs.len() {
                 1 => Attempt::RolledBackBy(0, StoreError::Write(Box::new(error)), Vec::new()),
-                _ => Attempt::OneByOne,
+                _ => Attempt::OneByOne(outcomes),
             });
         }
         crate::telemetry::evicted("lru", evictions);
@@ -538,8 +545,9 @@ enum Attempt {
     /// The job at this index had SQLite roll the whole transaction back, with this error;
     /// the outcomes of the jobs before it.
     RolledBackBy(usize, StoreError, Vec<Result<(), StoreError>>),
-    /// The commit failed for a deferred foreign key that one of several writes left.
-    OneByOne,
+    /// The commit failed for a deferred foreign key that one of several writes left; each
+    /// job's outcome in the lost transaction.
+    OneByOne(Vec<Result<(), StoreError>>),
 }
 
 /// Answers `job`. What its write captured is dropped here, on the writer's thread: a panic in
@@ -553,6 +561,13 @@ fn finish(job: Box<dyn Job>, outcome: Result<(), StoreError>) {
 /// The failure of a write that ran once in a transaction lost for another write's sake.
 fn lost() -> StoreError {
     let why = "another call's write rolled the batch's transaction back";
+    StoreError::Commit(format!("{why}; nothing of this one was stored"))
+}
+
+/// The failure of a write that ran once in a batch whose commit a deferred foreign key failed.
+fn lost_at_commit() -> StoreError {
+    let why = "the batch's commit failed for a deferred foreign key that one of its writes \
+               (perhaps this one) left unresolved";
     StoreError::Commit(format!("{why}; nothing of this one was stored"))
 }
 

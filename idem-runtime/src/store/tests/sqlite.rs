@@ -590,8 +590,17 @@ async fn a_write_that_leaves_a_deferred_foreign_key_unresolved_fails_alone() {
             Ok(())
         })
     };
-    let (fx, results) =
-        one_batch(|fx| vec![fx.effect("a"), orphan(), fx.effect("c"), once("d")]).await;
+    let refusing = || crate::store::SqlWrite::once(|_| Err("the application refuses".into()));
+    let (fx, results) = one_batch(|fx| {
+        vec![
+            fx.effect("a"),
+            orphan(),
+            fx.effect("c"),
+            once("d"),
+            refusing(),
+        ]
+    })
+    .await;
     assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
     let failed = results[1].as_ref().unwrap_err();
     assert!(
@@ -603,6 +612,13 @@ async fn a_write_that_leaves_a_deferred_foreign_key_unresolved_fails_alone() {
     assert!(
         matches!(lost, crate::store::StoreError::Commit(_)),
         "{lost}"
+    );
+    assert!(lost.to_string().contains("deferred foreign key"), "{lost}");
+    // A refusal keeps its own error (found by helper-46: it was told its work was lost).
+    let refused = results[4].as_ref().unwrap_err();
+    assert!(
+        refused.to_string().contains("the application refuses"),
+        "{refused}"
     );
     assert_eq!(fx.effects().await, ["a", "c", "taken"]);
 
