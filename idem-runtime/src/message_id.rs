@@ -29,6 +29,21 @@ use std::sync::Arc;
 /// ```
 pub const KEY_ANOMALY: &str = "idem::key_anomaly";
 
+/// Logs a refused messageId on [`KEY_ANOMALY`] (spec §7.2: servers SHOULD log non-UUID
+/// values); its first 64 characters, quoted and escaped, so no value can forge a log line.
+fn refused(found: &FoundId, error: &MessageIdError) {
+    let shown = match found {
+        FoundId::Text(text) => format!("{:?}", text.chars().take(64).collect::<String>()),
+        _ => "-".to_owned(),
+    };
+    tracing::warn!(
+        target: KEY_ANOMALY,
+        message_id = %shown,
+        reason = %error,
+        "messageId refused (400): clients send a UUIDv4 or UUIDv7 (spec 7.2)"
+    );
+}
+
 /// How strictly message ids are checked.
 ///
 /// ```
@@ -127,12 +142,16 @@ impl MessageId {
         found: FoundId,
         policy: MessageIdPolicy,
     ) -> Result<Self, MessageIdError> {
-        match found {
+        let parsed = match &found {
             FoundId::Missing => Err(MessageIdError::Missing),
             FoundId::ParamsNotAnObject => Err(MessageIdError::ParamsNotAnObject),
-            FoundId::Text(s) => Self::parse_with(&s, policy),
+            FoundId::Text(s) => Self::parse_with(s, policy),
             FoundId::NotAString => Err(MessageIdError::NotAString),
+        };
+        if let Err(error) = &parsed {
+            refused(&found, error);
         }
+        parsed
     }
 
     /// Parses a string with the default policy.

@@ -1499,4 +1499,29 @@ async fn a_counter_made_message_id_is_served_and_logged_as_a_key_anomaly() {
     }
     assert!(anomaly(&server.stderr(), counted), "{}", server.stderr());
     assert!(!anomaly(&server.stderr(), &random), "{}", server.stderr());
+
+    // A messageId that is no UUID is refused (400) and logged there too, quoted, so that no
+    // value forges a line of the log (found by helper-47: refused ids went unlogged).
+    let forged = "zzz\n2026-12-07T00:00:00Z  INFO forged line";
+    let reply = post_activated(&server.url, send(4, forged, "refused")).await;
+    assert_eq!(reply.status, 400, "{}", reply.describe());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !anomaly(&server.stderr(), "messageId refused") {
+        assert!(
+            Instant::now() < deadline,
+            "not logged:\n{}",
+            server.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        anomaly(&server.stderr(), r#""zzz\n2026"#),
+        "{}",
+        server.stderr()
+    );
+    let forged_line = server
+        .stderr()
+        .lines()
+        .any(|l| l.contains("INFO forged line") && !l.contains("zzz"));
+    assert!(!forged_line, "{}", server.stderr());
 }

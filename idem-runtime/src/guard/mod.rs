@@ -166,6 +166,19 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
     }
 }
 
+/// The outcome of a call whose params jsonrpsee refused before its body ran (their types did
+/// not decode): stored and replayed as any failure is (spec §4.3: failed responses are
+/// cached too), so that its retry is a replay, and another payload under its key the 422.
+pub(crate) async fn store_refusal(call: &GovernedCall, refusal: ErrorObjectOwned) -> Payload {
+    match decide(call, false).await {
+        Decision::Execute(ticket) => store_json(call, ticket, Err(refusal), None).await,
+        Decision::Replay(entry) if !stream::is_event_stream(&entry) => replay_json(call, &entry),
+        // The same params could not have streamed: they do not decode.
+        Decision::Replay(_) | Decision::Attach(_) => Err(corrupt(call)),
+        Decision::Refuse(error) => Err(error),
+    }
+}
+
 fn replay_or_collide(call: &GovernedCall, entry: Arc<Entry>) -> Decision {
     match collision(call, &entry.method, &entry.request_hash) {
         Some(collision) => Decision::Refuse(collision),
@@ -310,8 +323,11 @@ pub(crate) fn collision(
     let mut error = IdempotencyError::new(ErrorCode::KeyReusedWithDifferentPayload)
         .with_detail("original_request_hash", held_hash.as_str())
         .with_detail("submitted_request_hash", call.hash.as_str());
+    // The same params under another method: the hashes alone (equal) would not say why.
     if held_method != call.method {
-        error = error.with_detail("original_method", held_method);
+        error = error
+            .with_detail("original_method", held_method)
+            .with_detail("submitted_method", call.method.as_str());
     }
     tracing::warn!(
         target: crate::message_id::KEY_ANOMALY,

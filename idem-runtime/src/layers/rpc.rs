@@ -21,7 +21,7 @@ use serde_json::value::RawValue;
 
 use crate::claim::IdempotencyCache;
 use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
-use crate::guard::{collision, verbatim_request};
+use crate::guard::{collision, store_refusal, verbatim_request};
 use crate::hash::{hash_and_message_id, HashError, Sent, Spelling, MAX_DEPTH};
 use crate::layers::scope::{
     CallId, GovernedCall, GuardReach, HttpScope, Outcome, Undeduplicated, WebSocket,
@@ -91,13 +91,8 @@ where
         async move {
             match checked {
                 // Refused, or a resend whose stored answer is an error.
-                Err(error) | Ok(Some(Err(error))) => {
-                    return MethodResponse::error(request.id, error)
-                }
-                Ok(Some(Ok(result))) => {
-                    let result = ResponsePayload::success(result);
-                    return MethodResponse::response(request.id, result, usize::MAX);
-                }
+                Err(error) => return MethodResponse::error(request.id, error),
+                Ok(Some(payload)) => return answer(request.id, payload),
                 Ok(None) => {}
             }
             let response = inner.call(request).await;
@@ -301,6 +296,17 @@ impl<S> RpcService<S> {
     }
 }
 
+/// The response that answers call `id` with `payload`.
+fn answer(id: Id<'_>, payload: Payload) -> MethodResponse {
+    match payload {
+        Ok(result) => {
+            let result = ResponsePayload::success(result);
+            MethodResponse::response(id, result, usize::MAX)
+        }
+        Err(error) => MethodResponse::error(id, error),
+    }
+}
+
 /// Params the hash cannot bind: the reason, and for nesting the limit, as data.
 fn not_canonicalizable(error: HashError) -> IdempotencyError {
     let refused = IdempotencyError::new(ErrorCode::PayloadNotCanonicalizable)
@@ -347,11 +353,12 @@ impl<'a> Unguarded<'a> {
         Some((reach, call))
     }
 
-    /// jsonrpsee refused the call before the guard saw it (its typed params, or no such
-    /// method): its error stands, unless another payload holds the key, which is still the
-    /// spec's 422 (§4.3). Any other answer came from a method without `#[idempotent]`, which
-    /// ran undeduplicated with its staged writes dropped: answered as the application's
-    /// mistake, loudly, never as what the body said.
+    /// jsonrpsee refused the call before the guard saw it: params whose types do not decode
+    /// are the call's outcome, stored as any failure is ([`refusal_stored`]); for a method
+    /// jsonrpsee does not know, its error stands, unless another payload holds the key, which
+    /// is still the spec's 422 (§4.3). Any other answer came from a method without
+    /// `#[idempotent]`, which ran undeduplicated with its staged writes dropped: answered as
+    /// the application's mistake, loudly, never as what the body said.
     async fn answer(
         self,
         response: MethodResponse,
@@ -359,7 +366,11 @@ impl<'a> Unguarded<'a> {
     ) -> MethodResponse {
         if refused_before_the_body(response.as_error_code()) {
             return match governed {
-                Some(call) => collision_instead(&call, response).await,
+                Some(call) => match refusal_stored(&call, &response).await {
+                    Some(payload) => answer(call.id.clone(), payload)
+                        .with_extensions(response.extensions().clone()),
+                    None => collision_instead(&call, response).await,
+                },
                 None => response,
             };
         }
@@ -388,10 +399,19 @@ impl<'a> Unguarded<'a> {
                 Some((_, (_, call), _)) if !refused_before_the_body(code) => {
                     MethodResponse::error(answer.id, call.error())
                 }
-                Some((_, _, Some(governed))) => match held_by_another(governed).await {
-                    Some(collision) => MethodResponse::error(answer.id, collision),
-                    None => answer.written_again(),
-                },
+                Some((_, _, Some(governed))) => {
+                    let refusal = answer.error.as_ref().map(AnswerError::to_owned);
+                    match refusal.filter(|e| e.code() == INVALID_PARAMS_CODE) {
+                        Some(refusal) => {
+                            let payload = store_refusal(governed, refusal).await;
+                            self::answer(answer.id, payload)
+                        }
+                        None => match held_by_another(governed).await {
+                            Some(collision) => MethodResponse::error(answer.id, collision),
+                            None => answer.written_again(),
+                        },
+                    }
+                }
                 _ => answer.written_again(),
             };
             let _ = rebuilt.append(one);
@@ -413,6 +433,16 @@ impl<'a> Unguarded<'a> {
             .with_detail("method", self.method.as_ref())
             .to_error_object()
     }
+}
+
+/// The stored outcome of a call whose params' types jsonrpsee refused ([`store_refusal`]);
+/// `None` for any other answer.
+async fn refusal_stored(call: &GovernedCall, response: &MethodResponse) -> Option<Payload> {
+    if response.as_error_code() != Some(INVALID_PARAMS_CODE) {
+        return None;
+    }
+    let refusal = decode(response.as_json().get().as_bytes())?.err()?;
+    Some(store_refusal(call, refusal).await)
 }
 
 /// Whether an answer with this error code is jsonrpsee's own, before any method body ran.
@@ -441,14 +471,17 @@ struct AnswerError<'a> {
     data: Option<&'a RawValue>,
 }
 
+impl AnswerError<'_> {
+    fn to_owned(&self) -> ErrorObjectOwned {
+        ErrorObject::owned(self.code, self.message.to_string(), self.data)
+    }
+}
+
 impl Answer<'_> {
     /// The answer, serialized as jsonrpsee serialized it.
     fn written_again(self) -> MethodResponse {
         match self.error {
-            Some(error) => {
-                let error = ErrorObject::owned(error.code, error.message, error.data);
-                MethodResponse::error(self.id, error)
-            }
+            Some(error) => MethodResponse::error(self.id, error.to_owned()),
             // Neither member is not an answer jsonrpsee writes: `null` stands in.
             None => {
                 let result = ResponsePayload::success(self.result);
