@@ -711,6 +711,38 @@ async fn a_working_task_is_canceled_once() {
     assert_eq!(again.error_code(), -32002);
 }
 
+/// A stream's retry whose params hash as the stream's but do not decode (`1.0` where the
+/// method takes the integer `1`) is the same request: it gets the stream, as a replay, and
+/// one that comes while the stream runs follows it (found by helper-48: it was answered as a
+/// corrupt store).
+#[tokio::test]
+async fn a_stream_s_retry_spelled_so_that_it_does_not_decode_gets_the_stream() {
+    let server = ServerProcess::start(&[]);
+    let mid = new_id();
+    let body = |history: &str| {
+        let request = crate::support::stream_request(1, &mid, "go", json!({"durationMs": 600}));
+        let mut request: Value = serde_json::from_str(&request).unwrap();
+        let history: Value = serde_json::from_str(history).unwrap();
+        request["params"]["configuration"] = json!({"historyLength": history});
+        request.to_string()
+    };
+    let activated = [("A2A-Extensions", URI)];
+    let mut first = SseReply::open(&server.url, body("1"), &activated).await;
+    first.next_event().await.unwrap();
+    let mut following = SseReply::open(&server.url, body("1.0"), &activated).await;
+    assert!(
+        following.replayed(),
+        "{}",
+        String::from_utf8_lossy(following.raw())
+    );
+    let (_, _) = tokio::join!(first.rest(), following.rest());
+    assert_eq!(following.raw(), first.raw(), "followed to its end");
+    let mut replay = SseReply::open(&server.url, body("1.0"), &activated).await;
+    replay.rest().await;
+    assert!(replay.replayed());
+    assert_eq!(replay.raw(), first.raw(), "byte for byte");
+}
+
 /// A task stream closes when its task is terminal: a cancel ends it at once with the final
 /// `canceled` status, never a `working` update after it (which a stream sent at halfway,
 /// then held open to the old deadline); the replay is that same stream.

@@ -170,11 +170,13 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
 /// not decode): stored and replayed as any failure is (spec §4.3: failed responses are
 /// cached too), so that its retry is a replay, and another payload under its key the 422.
 pub(crate) async fn store_refusal(call: &GovernedCall, refusal: ErrorObjectOwned) -> Payload {
-    match decide(call, false).await {
+    match decide(call, true).await {
         Decision::Execute(ticket) => store_json(call, ticket, Err(refusal), None).await,
         Decision::Replay(entry) if !stream::is_event_stream(&entry) => replay_json(call, &entry),
-        // The same params could not have streamed: they do not decode.
-        Decision::Replay(_) | Decision::Attach(_) => Err(corrupt(call)),
+        // A stream's params spelled so that they hash alike and do not decode (`1.0` where the
+        // method takes an integer `1`): the same request, answered with the stream's events.
+        Decision::Replay(entry) => stream::replayed_unguarded(call, &entry),
+        Decision::Attach(progress) => stream::attached_unguarded(call, progress),
         Decision::Refuse(error) => Err(error),
     }
 }
@@ -341,7 +343,7 @@ pub(crate) fn collision(
     Some(reject(call, error))
 }
 
-fn reject(call: &GovernedCall, error: IdempotencyError) -> ErrorObjectOwned {
+pub(crate) fn reject(call: &GovernedCall, error: IdempotencyError) -> ErrorObjectOwned {
     let error = error.with_detail("message_id", call.key.message_id());
     call.record(Outcome::Rejected(error.code));
     error.to_error_object()

@@ -21,7 +21,7 @@ use serde::{Serialize, Serializer};
 
 use bytes::Bytes;
 
-use crate::claim::Ticket;
+use crate::claim::{Progress, Ticket};
 use crate::error::{ErrorCode, IdempotencyError};
 use crate::guard::recording::{self, Recording};
 use crate::guard::sse;
@@ -538,6 +538,33 @@ fn replay<T>(call: &GovernedCall, entry: &Entry) -> Result<EventStream<T>, Error
         Outcome::Replayed,
     );
     Ok(EventStream::handed_over())
+}
+
+/// `entry`'s recorded events, to a call whose method's guard never took it
+/// ([`store_refusal`](crate::guard::store_refusal)): what goes back to jsonrpsee is a
+/// placeholder, which the HTTP layer replaces with the events. In a batch, the batch's error.
+pub(crate) fn replayed_unguarded(call: &GovernedCall, entry: &Entry) -> Payload {
+    let frames = sse::split(&entry.response.body);
+    unguarded(
+        call,
+        Arc::new(Recording::finished(frames)),
+        Outcome::Replayed,
+    )
+}
+
+/// The running stream's events, as [`replayed_unguarded`] gives a stored one's.
+pub(crate) fn attached_unguarded(call: &GovernedCall, progress: Progress) -> Payload {
+    let recording = as_recording(progress).ok_or_else(consumed)?;
+    unguarded(call, recording, Outcome::Attached)
+}
+
+fn unguarded(call: &GovernedCall, recording: Arc<Recording>, outcome: Outcome) -> Payload {
+    if call.scope.is_batch() {
+        let refused = IdempotencyError::new(ErrorCode::StreamInBatch);
+        return Err(crate::guard::reject(call, refused));
+    }
+    attach(call, recording, outcome);
+    Ok(serde_json::value::RawValue::from_string("null".into()).expect("null is JSON"))
 }
 
 /// Answers the call with `recording`'s events, re-identified for it.

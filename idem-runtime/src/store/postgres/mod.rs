@@ -498,9 +498,18 @@ impl Store for PostgresStore {
                         None => Acquired::Won(won.keep()),
                     });
                 }
-                if let Some((method, request_hash, _)) = held(&client, key).await? {
+                if let Some((held_method, request_hash, _)) = held(&client, key).await? {
+                    // Another payload's claim may be one that found the key's entry and is
+                    // about to end (a claim is won before the entry is read): the entry, not
+                    // that claim, answers this call (found by helper-48: a retry of the
+                    // stored payload got the 422 of a payload never stored).
+                    if (held_method.as_str(), &request_hash) != (method, hash) {
+                        if let Some(entry) = self.live_entry(&client, key).await? {
+                            return Ok(Acquired::Entry(Arc::new(entry)));
+                        }
+                    }
                     return Ok(Acquired::Held {
-                        method,
+                        method: held_method,
                         request_hash,
                     });
                 }
