@@ -54,7 +54,7 @@ pub struct IdempotencyConfig {
     /// How often the background sweep deletes expired entries.
     pub sweep_interval: Duration,
     /// Bytes of stored entries kept in memory, so that replays need no disk read (0 turns
-    /// the memory tier off). Each entry costs its response bytes plus about 450 bytes, and 160
+    /// the memory tier off). Each entry costs its response bytes plus about 470 bytes, and 170
     /// bytes for each spelling of the request it remembers (none until a retry, two for most
     /// retried entries).
     pub memory_tier_bytes: usize,

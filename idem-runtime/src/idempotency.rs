@@ -129,7 +129,8 @@ impl IdempotencyBuilder {
     /// let _idem = Idempotency::builder(IdempotencyConfig::default())
     ///     .postgres("postgres://app@127.0.0.1:5432/a2a")
     ///     .await?;
-    /// // Through a pooler in transaction mode, LISTEN needs a direct connection:
+    /// // Behind PgBouncer: `url` through a session-mode pool (the sessions' bounds are
+    /// // session settings), and LISTEN, which a transaction-mode pool does not carry, direct:
     /// let mut options = PostgresOptions::new("postgres://app@pgbouncer:6432/a2a");
     /// options.listen_url = Some("postgres://app@db:5432/a2a".into());
     /// options.pool_size = 32;

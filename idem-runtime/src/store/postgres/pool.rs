@@ -24,8 +24,9 @@ pub struct PostgresOptions {
     /// libpq key-value string. TLS is not built in: use a loopback or Unix-socket address, or
     /// a TLS-terminating proxy.
     pub url: String,
-    /// A direct connection for `LISTEN`, when `url` goes through a pooler in transaction mode
-    /// (which does not carry it); `None` listens on `url`.
+    /// A direct connection for `LISTEN`, where a pooler in transaction mode (which does not
+    /// carry it) stands in front of the database; `url` then goes through a session-mode pool,
+    /// since each session's bounds are session settings. `None` listens on `url`.
     pub listen_url: Option<String>,
     /// Most pooled connections.
     pub pool_size: usize,
