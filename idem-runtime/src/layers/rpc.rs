@@ -400,7 +400,7 @@ impl<'a> Unguarded<'a> {
                     MethodResponse::error(answer.id, call.error())
                 }
                 Some((_, _, Some(governed))) => {
-                    let refusal = answer.error.as_ref().map(AnswerError::to_owned);
+                    let refusal = answer.error.as_ref().map(AnswerError::to_error_object);
                     match refusal.filter(|e| e.code() == INVALID_PARAMS_CODE) {
                         Some(refusal) => {
                             let payload = store_refusal(governed, refusal).await;
@@ -472,7 +472,7 @@ struct AnswerError<'a> {
 }
 
 impl AnswerError<'_> {
-    fn to_owned(&self) -> ErrorObjectOwned {
+    fn to_error_object(&self) -> ErrorObjectOwned {
         ErrorObject::owned(self.code, self.message.to_string(), self.data)
     }
 }
@@ -481,7 +481,7 @@ impl Answer<'_> {
     /// The answer, serialized as jsonrpsee serialized it.
     fn written_again(self) -> MethodResponse {
         match self.error {
-            Some(error) => MethodResponse::error(self.id, error.to_owned()),
+            Some(error) => MethodResponse::error(self.id, error.to_error_object()),
             // Neither member is not an answer jsonrpsee writes: `null` stands in.
             None => {
                 let result = ResponsePayload::success(self.result);
