@@ -2,6 +2,7 @@
 //! mission completes in the background with an artifact echoing the text it was given, and
 //! every assignment, completion and cancellation leaves one event in the outbox.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -424,10 +425,12 @@ impl Missions {
         let mut pause = Duration::from_millis(250);
         loop {
             match self.complete(task_id.clone()).await {
-                Ok(task) => {
+                // Logged once: the stream and the timer of a streamed task both complete it.
+                Ok((task, true)) => {
                     tracing::info!(%task_id, state = task.state.name(), "mission ended");
                     return Ok(task);
                 }
+                Ok((task, false)) => return Ok(task),
                 Err(error) if error.code() == errors::TASK_NOT_FOUND => {
                     tracing::warn!(%task_id, "a mission's task is gone");
                     return Err(error);
@@ -464,15 +467,21 @@ impl Missions {
     }
 
     /// Completes a mission that is still working (one canceled meanwhile stays canceled).
-    async fn complete(&self, task_id: String) -> RpcResult<Task> {
-        self.store
-            .update(task_id, |task| {
+    /// The task as it ended, and whether it ended here (else it had ended before).
+    async fn complete(&self, task_id: String) -> RpcResult<(Task, bool)> {
+        let ended_here = Arc::new(AtomicBool::new(false));
+        let ending = ended_here.clone();
+        let task = self
+            .store
+            .update(task_id, move |task| {
                 if task.state != TaskState::Working {
                     return Ok(None);
                 }
+                ending.store(true, Ordering::Relaxed);
                 Ok(Some(finish(task)))
             })
-            .await
+            .await?;
+        Ok((task, ended_here.load(Ordering::Relaxed)))
     }
 }
 

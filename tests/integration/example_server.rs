@@ -743,6 +743,26 @@ async fn a_stream_s_retry_spelled_so_that_it_does_not_decode_gets_the_stream() {
     assert_eq!(replay.raw(), first.raw(), "byte for byte");
 }
 
+/// A streamed task's mission ends once, and is logged so once: its stream and its timer both
+/// complete it, and the second finds it ended (found by helper-45: logged twice).
+#[tokio::test]
+async fn a_streamed_mission_is_logged_as_ended_once() {
+    let server = ServerProcess::start(&[]);
+    let body = crate::support::stream_request(1, &new_id(), "short", json!({"durationMs": 300}));
+    let mut stream = SseReply::open(&server.url, body, &[("A2A-Extensions", URI)]).await;
+    let task = stream.next_event().await.unwrap()["result"]["id"].clone();
+    let task = task.as_str().unwrap().to_owned();
+    stream.rest().await;
+    tokio::time::sleep(Duration::from_millis(800)).await; // past the timer's deadline too
+    let ended = |log: &str| {
+        let lines = log.lines();
+        lines
+            .filter(|l| l.contains("mission ended") && l.contains(&task))
+            .count()
+    };
+    assert_eq!(ended(&server.stderr()), 1, "{}", server.stderr());
+}
+
 /// A task stream closes when its task is terminal: a cancel ends it at once with the final
 /// `canceled` status, never a `working` update after it (which a stream sent at halfway,
 /// then held open to the old deadline); the replay is that same stream.
