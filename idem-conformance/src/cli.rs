@@ -6,7 +6,9 @@
 //! ```
 //!
 //! Prints `PASS name`, `FAIL name: reason` or `SKIP name: reason` per scenario, then
-//! `N passed, M failed[, K skipped]`; exits non-zero if any failed. AC-3 runs when the AgentCard's
+//! `N passed, M failed[, K skipped]`. Exit status: 0 every scenario passed or was skipped for
+//! the server's own reasons, 1 one failed, 2 a usage error, 3 none failed but a required
+//! acceptance scenario (AC-3, AC-4, spec §6) was not run: no verdict of conformance. AC-3 runs when the AgentCard's
 //! `ttl_seconds` is at most 5 (e.g. `AIWG_IDEMPOTENCY_TTL=2`), AC-4 and stream-restart only with
 //! `--restart-cmd` (run with `sh -c`; the harness then waits until the URL answers again), the
 //! stream scenarios only when the AgentCard declares `capabilities.streaming: true` (the 1.0 one
@@ -91,10 +93,11 @@ pub async fn main() -> ExitCode {
             required_not_run.join(", ")
         );
     }
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    match (failed, required_not_run.is_empty()) {
+        (0, true) => ExitCode::SUCCESS,
+        // §6: AC-1..AC-4 are the required cases; with some not run, a clean run is no verdict.
+        (0, false) => ExitCode::from(3),
+        _ => ExitCode::FAILURE,
     }
 }
 

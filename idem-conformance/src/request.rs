@@ -87,6 +87,24 @@ fn envelope(method: &str, jsonrpc_id: u64, message: Value, metadata: Value) -> S
 
 /// The same JSON with every object's keys in reverse order and extra whitespace: another byte
 /// sequence for the same canonical (JCS) request.
+/// Metadata whose RFC 8785 form differs from a naive one in each way §5 names: a number
+/// written `1.0` (JCS writes `1`) and `1e21` (`1e+21`), and member names that sort one way by
+/// UTF-16 code units (JCS) and the other by UTF-8 bytes (U+1F600 before U+E000). A server
+/// that hashes a naive canonical form reports other hashes in its 422.
+pub fn jcs_probe() -> Value {
+    json!({"n": 1.0, "big": 1e21, "s": "caf\u{e9}", "\u{e000}": 1, "\u{1f600}": 2})
+}
+
+/// `body` (built with [`jcs_probe`] metadata) spelled otherwise where JSON allows: the number
+/// `1.0` as `1`, the `é` as the escape `\u00e9`. The same request to a canonicalizing server.
+pub fn respelled(body: &str) -> String {
+    let respelled =
+        body.replacen(r#""n":1.0"#, r#""n":1"#, 1)
+            .replacen("caf\u{e9}", r"caf\u00e9", 1);
+    assert_ne!(respelled, body, "the body carries jcs_probe's metadata");
+    respelled
+}
+
 pub fn reordered(body: &str) -> String {
     let value: Value = serde_json::from_str(body).expect("the harness builds valid JSON");
     write_reversed(&value)
