@@ -11,6 +11,8 @@ use futures::FutureExt;
 use idem_conformance::client::{CardEntry, EXTENSION_URI};
 use idem_conformance::server_process::{example_binary, ServerProcess, SHORT_TTL};
 use idem_conformance::{check, skip_reason, Outcome, Restart, Scenario, Target};
+
+use crate::support::free_port;
 use serde_json::json;
 
 /// Runs `scenario` against a fresh server started with `env`; it must pass (not be skipped).
@@ -353,14 +355,6 @@ fn cli_exits_non_zero_when_scenarios_fail() {
         stdout.contains("NOTE: side effects were not counted (no --db)"),
         "said loudly: {stdout}"
     );
-}
-
-/// A loopback port that was free a moment ago.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 fn run_cli(args: &[&str]) -> std::process::Output {

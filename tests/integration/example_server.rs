@@ -59,8 +59,7 @@ fn a_refused_start_shows_no_password_and_leaves_no_file() {
         "{stderr}"
     );
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let closed = closed.local_addr().unwrap().port(); // free once dropped: refused
+    let closed = crate::support::free_port();
     for url in [
         format!("postgresql://idem:s3cret-pw@127.0.0.1:{closed}/db"),
         format!("postgres://idem@127.0.0.1:{closed}/db?password=s3cret-pw"),

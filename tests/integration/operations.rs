@@ -660,11 +660,7 @@ fn the_admin_tool_minds_only_the_setting_it_uses() {
 /// database cannot be reached (a purge's confirmation prints the URL the same way).
 #[test]
 fn the_admin_tool_prints_no_postgres_password() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port(); // nothing listens on it once the listener is gone
+    let port = crate::support::free_port();
     for url in [
         format!("postgres://idem:s3cret-pw@127.0.0.1:{port}/db"),
         format!("postgresql://idem@127.0.0.1:{port}/db?password=s3cret-pw&connect_timeout=5"),

@@ -465,6 +465,15 @@ pub fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// A loopback port that was free a moment ago: nothing listens on it now, so a connection to
+/// it is refused.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 /// A `message/send` request body.
 pub fn send(id: u64, message_id: &str, text: &str) -> String {
     send_with(id, "message/send", message_id, text, json!({}))

@@ -564,7 +564,7 @@ fn unguarded(call: &GovernedCall, recording: Arc<Recording>, outcome: Outcome) -
         return Err(crate::guard::reject(call, refused));
     }
     attach(call, recording, outcome);
-    Ok(serde_json::value::RawValue::from_string("null".into()).expect("null is JSON"))
+    Ok(serde_json::value::RawValue::NULL.to_owned())
 }
 
 /// Answers the call with `recording`'s events, re-identified for it.

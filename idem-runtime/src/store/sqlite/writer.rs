@@ -592,7 +592,7 @@ fn take_out(
         .zip(outcomes.chain(std::iter::repeat_with(|| None)))
         .map(|(job, failed)| (job, failed.unwrap_or_else(lost)))
         .collect();
-    out.push((jobs.remove(guilty - spent), error));
+    out.push((jobs.remove(first_spent), error));
     out
 }
 
