@@ -1,9 +1,12 @@
 //! The arguments of `#[idempotent(...)]`.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
+use proc_macro_crate::FoundCrate;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
-use syn::{Error, Expr, ExprLit, ExprPath, Lit, LitStr, Meta, MetaNameValue, Path, Result, Token};
+use syn::{
+    Error, Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Meta, MetaNameValue, Path, Result, Token,
+};
 
 /// What the attribute was given.
 pub(crate) struct Args {
@@ -41,8 +44,23 @@ pub(crate) fn parse(attr: TokenStream) -> Result<Args> {
         krate = Some(crate_path(name_value)?);
     }
     Ok(Args {
-        krate: krate.unwrap_or_else(|| syn::parse_quote!(::idem)),
+        krate: krate.unwrap_or_else(idem_as_the_user_names_it),
     })
+}
+
+/// `::idem`, or the name the user's `Cargo.toml` gives the `idem` package
+/// (`idempotency = { package = "idem", ... }`), so a renamed dependency needs no `crate = ...`.
+fn idem_as_the_user_names_it() -> Path {
+    match proc_macro_crate::crate_name("idem") {
+        Ok(FoundCrate::Name(name)) => {
+            let name = Ident::new(&name, Span::call_site());
+            syn::parse_quote!(::#name)
+        }
+        // `Itself`: idem's own examples, tests and benches, which reach it as `::idem`. Not
+        // found (a manifest that cannot be read, idem reached through another crate): the
+        // compiler's unresolved `::idem` says where, and `crate = ...` is the way out.
+        Ok(FoundCrate::Itself) | Err(_) => syn::parse_quote!(::idem),
+    }
 }
 
 fn unknown(meta: &Meta) -> Error {

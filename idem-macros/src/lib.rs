@@ -22,7 +22,8 @@ use proc_macro::TokenStream;
 /// method that answers without this guard is refused at run time with
 /// `IDEMPOTENCY_METHOD_NOT_GUARDED`.
 ///
-/// The only argument is `crate = "path"`, for when `idem` is not reachable as `::idem`.
+/// The only argument is `crate = "path"`, for when `idem` is reachable neither as `::idem`
+/// nor under the name the application's `Cargo.toml` gives it (a renamed dependency is found).
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);
