@@ -236,7 +236,7 @@ impl SqliteStore {
     /// fails the write while it stays queued: it may still commit. A write of a call's `key`
     /// is then left for the call's ticket to wait out before it gives the key up, as it is
     /// when the call is cancelled while it waits.
-    async fn write<T: Send + 'static>(
+    pub(in crate::store) async fn write<T: Send + 'static>(
         &self,
         unanswered: Unanswered<'_>,
         rerunnable: bool,
@@ -595,7 +595,7 @@ struct Answer<'a, T: Send + 'static> {
 }
 
 /// What waits on a write whose caller may stop waiting for it.
-enum Unanswered<'a> {
+pub(in crate::store) enum Unanswered<'a> {
     /// Nothing (a sweep, the application's own transaction: its caller was told).
     Forgotten,
     /// A call's key: left in `unsettled` for the call's ticket to wait out.

@@ -282,6 +282,17 @@ impl CommitGate {
     }
 }
 
+/// Closes the store if dropped by a panic's unwinding.
+struct ClosesOnPanic(Arc<AtomicBool>);
+
+impl Drop for ClosesOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 impl Writer {
     pub(crate) fn run(mut self, jobs: mpsc::Receiver<Box<dyn Job>>) {
         while let Ok(first) = jobs.recv() {
@@ -299,7 +310,6 @@ impl Writer {
             // operator to find.
             let committed = catch_unwind(AssertUnwindSafe(|| self.commit(batch)));
             if committed.is_err() {
-                self.stopped.store(true, Ordering::SeqCst);
                 tracing::error!("the SQLite store's writer panicked: the store is closed");
                 return;
             }
@@ -309,6 +319,9 @@ impl Writer {
 
     /// Applies a batch in one transaction, then answers every write in it.
     fn commit(&mut self, mut jobs: Vec<Box<dyn Job>>) {
+        // Dropped before `jobs` as a panic unwinds (locals go before parameters): a caller
+        // woken by its job's drop finds the store closed already.
+        let _closes = ClosesOnPanic(self.stopped.clone());
         // Stable: the writes that may run again first, in the order they came.
         jobs.sort_by_key(|job| !job.rerunnable());
         let touches = std::mem::take(&mut *self.touches.lock().expect("touches lock"));

@@ -126,6 +126,41 @@ async fn closed_store_fails_loudly() {
     assert!(found(&*store, &spelling).is_none());
 }
 
+/// A panic of the writer's own, not of a write it runs (which fails that write alone), may
+/// leave what the process knows of the file out of step with it: the store closes. Writes
+/// fail, memory answers nothing, and what was committed is still read from the file.
+#[tokio::test]
+async fn a_panic_of_the_writer_itself_closes_the_store() {
+    use crate::store::sqlite::Unanswered;
+    use crate::store::StoreError;
+    let fx = Fixture::sqlite();
+    let store = SqliteStore::open_with_clock(&fx.path, &config(60, 10), fx.clock.clone()).unwrap();
+    let store = Arc::new(store);
+    let cache = IdempotencyCache::from_arc(store.clone());
+    let stored = execute(&cache, &key(1), "{}", "committed").await;
+    let spelling = sent(b"{}");
+    store.note_spellings(&stored, &[spelling]);
+    let bug = |_: &rusqlite::Connection, _: &mut _| -> Result<(), StoreError> {
+        panic!("a bug of the store's own")
+    };
+    let answer = store.write(Unanswered::Forgotten, true, bug).await;
+    assert!(matches!(answer, Err(StoreError::Closed)), "{answer:?}");
+    assert!(found(&*store, &spelling).is_none());
+    let hash = request_hash(b"{}").unwrap();
+    let fresh = cache.claim(&key(2), "message/send", &hash).await;
+    let refused = match fresh {
+        Ok(Claim::Execute(ticket)) => ticket.complete(response("lost")).await.err(),
+        other => other.err(),
+    };
+    assert!(matches!(refused, Some(StoreError::Closed)), "{refused:?}");
+    let read = store
+        .get(&key(1))
+        .await
+        .unwrap()
+        .expect("committed, read from the file");
+    assert_eq!(read.response.body, b"committed");
+}
+
 #[test]
 fn unusable_path_is_an_error_not_a_panic() {
     let err = SqliteStore::open("/nonexistent-dir/x/cache.db", &IdempotencyConfig::default())
