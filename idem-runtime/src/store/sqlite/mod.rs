@@ -240,9 +240,10 @@ impl SqliteStore {
         &self,
         unanswered: Unanswered<'_>,
         rerunnable: bool,
+        bytes: usize,
         work: impl FnMut(&Connection, &mut Batch) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (call, done) = Call::new(rerunnable, work);
+        let (call, done) = Call::new(rerunnable, bytes, work);
         self.writer
             .lock()
             .expect("writer lock")
@@ -271,9 +272,12 @@ impl SqliteStore {
         mut writes: Vec<SqlWrite>,
         unanswered: Unanswered<'_>,
     ) -> Result<(), StoreError> {
-        self.write(unanswered, all_rerunnable(&writes), move |conn, batch| {
-            apply_writes(conn, batch, &mut writes)
-        })
+        self.write(
+            unanswered,
+            all_rerunnable(&writes),
+            0,
+            move |conn, batch| apply_writes(conn, batch, &mut writes),
+        )
         .await
     }
 
@@ -408,10 +412,11 @@ impl Store for SqliteStore {
         mut writes: Vec<SqlWrite>,
         _lease: &Lease,
     ) -> Result<(), StoreError> {
-        let key = entry.message_id.clone();
+        let (key, bytes) = (entry.message_id.clone(), entry.response.body.len());
         self.write(
             Unanswered::HoldsKey(&key),
             all_rerunnable(&writes),
+            bytes,
             move |conn, batch| {
                 apply_writes(conn, batch, &mut writes)?;
                 entries::store(conn, batch, entry.clone())
@@ -434,6 +439,7 @@ impl Store for SqliteStore {
         self.write(
             Unanswered::HoldsKey(&key),
             all_rerunnable(&writes),
+            first_event.len(),
             move |conn, batch| {
                 apply_writes(conn, batch, &mut writes)?;
                 let may_exist = batch.may_hold(&stream.message_id);
@@ -453,7 +459,8 @@ impl Store for SqliteStore {
         _lease: &Lease,
     ) -> Result<(), StoreError> {
         let (id, now) = (key.clone(), self.clock.now_seconds());
-        self.write(Unanswered::HoldsKey(key), true, move |conn, _| {
+        let bytes = events.iter().map(Bytes::len).sum();
+        self.write(Unanswered::HoldsKey(key), true, bytes, move |conn, _| {
             for (seq, event) in (first_seq..).zip(&events) {
                 insert_event(conn, &id, seq, event)?;
             }
@@ -463,17 +470,22 @@ impl Store for SqliteStore {
     }
 
     async fn close_stream(&self, entry: Arc<Entry>, _lease: &Lease) -> Result<(), StoreError> {
-        let recorded = entry.message_id.clone();
+        let (recorded, bytes) = (entry.message_id.clone(), entry.response.body.len());
         let closed = self
-            .write(Unanswered::HoldsKey(&recorded), true, move |conn, batch| {
-                let key = entry.message_id.clone();
-                entries::store(conn, batch, entry.clone())?;
-                // After the entry: the key index never misses the key between the two changes.
-                if delete_open_stream(conn, key.as_str())? {
-                    batch.changes.push(Change::Closed(key));
-                }
-                Ok(())
-            })
+            .write(
+                Unanswered::HoldsKey(&recorded),
+                true,
+                bytes,
+                move |conn, batch| {
+                    let key = entry.message_id.clone();
+                    entries::store(conn, batch, entry.clone())?;
+                    // After the entry: the key index never misses the key between the two changes.
+                    if delete_open_stream(conn, key.as_str())? {
+                        batch.changes.push(Change::Closed(key));
+                    }
+                    Ok(())
+                },
+            )
             .await;
         if closed.is_ok() {
             self.live_streams.stop(&recorded);
@@ -523,7 +535,7 @@ impl Store for SqliteStore {
             let live = self.live_streams.clone();
             let (tier, reloaded_for) = (self.tier.clone(), self.index_reloaded_for.load(SeqCst));
             let (deleted, reloaded) = self
-                .write(Unanswered::Forgotten, true, move |conn, batch| {
+                .write(Unanswered::Forgotten, true, 0, move |conn, batch| {
                     let now = batch.now_ms / 1000;
                     let n = sweep_chunk(conn, ttl, now, &live, &mut batch.changes)?;
                     if n == SWEEP_CHUNK {

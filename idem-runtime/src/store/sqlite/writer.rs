@@ -33,7 +33,11 @@ use crate::store::sqlite::purge_watch;
 use crate::store::{Entry, StoreError};
 
 /// Most writes committed in one transaction.
-const MAX_BATCH: usize = 512;
+pub(in crate::store) const MAX_BATCH: usize = 512;
+/// A batch takes no more writes once those it holds carry this many bytes of responses and
+/// stream events: 512 answers of 10 MiB would otherwise be one 5 GiB transaction, its log as
+/// large, and every call in it waiting for all of it.
+pub(in crate::store) const MAX_BATCH_BYTES: usize = 32 * 1024 * 1024;
 
 /// What every write of one batch shares.
 pub(crate) struct Batch {
@@ -157,6 +161,8 @@ pub(crate) trait Job: Send {
     fn apply(&mut self, conn: &Connection, batch: &mut Batch) -> Result<(), StoreError>;
     /// Whether `apply` may run again after its transaction was rolled back.
     fn rerunnable(&self) -> bool;
+    /// The bytes of responses and events it writes (the application's own rows uncounted).
+    fn bytes(&self) -> usize;
     fn finish(self: Box<Self>, outcome: Result<(), StoreError>);
 }
 
@@ -164,6 +170,7 @@ pub(crate) trait Job: Send {
 pub(crate) struct Call<F, T> {
     work: F,
     rerunnable: bool,
+    bytes: usize,
     value: Option<T>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
@@ -175,12 +182,14 @@ where
 {
     pub(crate) fn new(
         rerunnable: bool,
+        bytes: usize,
         work: F,
     ) -> (Self, oneshot::Receiver<Result<T, StoreError>>) {
         let (reply, done) = oneshot::channel();
         let call = Self {
             work,
             rerunnable,
+            bytes,
             value: None,
             reply,
         };
@@ -200,6 +209,10 @@ where
 
     fn rerunnable(&self) -> bool {
         self.rerunnable
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes
     }
 
     fn finish(self: Box<Self>, outcome: Result<(), StoreError>) {
@@ -282,6 +295,26 @@ impl CommitGate {
     }
 }
 
+/// `first`, and the writes queued behind it, up to [`MAX_BATCH`] of them or until they carry
+/// [`MAX_BATCH_BYTES`].
+pub(in crate::store) fn gather(
+    first: Box<dyn Job>,
+    jobs: &mpsc::Receiver<Box<dyn Job>>,
+) -> Vec<Box<dyn Job>> {
+    let mut bytes = first.bytes();
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
+        match jobs.try_recv() {
+            Ok(job) => {
+                bytes = bytes.saturating_add(job.bytes());
+                batch.push(job);
+            }
+            Err(_) => break,
+        }
+    }
+    batch
+}
+
 /// Closes the store if dropped by a panic's unwinding.
 struct ClosesOnPanic(Arc<AtomicBool>);
 
@@ -296,13 +329,7 @@ impl Drop for ClosesOnPanic {
 impl Writer {
     pub(crate) fn run(mut self, jobs: mpsc::Receiver<Box<dyn Job>>) {
         while let Ok(first) = jobs.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match jobs.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
+            let batch = gather(first, &jobs);
             // A panic of the store's own past this point may leave the file and what the
             // process knows of it (the key index, the memory tier) out of step: a batch
             // committed and not published would be a miss in memory. So the store closes, as

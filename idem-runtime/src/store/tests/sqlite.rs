@@ -143,7 +143,7 @@ async fn a_panic_of_the_writer_itself_closes_the_store() {
     let bug = |_: &rusqlite::Connection, _: &mut _| -> Result<(), StoreError> {
         panic!("a bug of the store's own")
     };
-    let answer = store.write(Unanswered::Forgotten, true, bug).await;
+    let answer = store.write(Unanswered::Forgotten, true, 0, bug).await;
     assert!(matches!(answer, Err(StoreError::Closed)), "{answer:?}");
     assert!(found(&*store, &spelling).is_none());
     let hash = request_hash(b"{}").unwrap();
@@ -159,6 +159,38 @@ async fn a_panic_of_the_writer_itself_closes_the_store() {
         .unwrap()
         .expect("committed, read from the file");
     assert_eq!(read.response.body, b"committed");
+}
+
+/// A batch is bounded by the bytes of answers it carries as well as by its count: large
+/// answers commit in several transactions, never one as large as all of them.
+#[test]
+fn a_batch_closes_at_its_byte_bound() {
+    use crate::store::sqlite::writer::{gather, Call, Job, MAX_BATCH, MAX_BATCH_BYTES};
+    let job = |bytes: usize| -> Box<dyn Job> {
+        let (call, _) = Call::new(true, bytes, |_, _| Ok(()));
+        Box::new(call)
+    };
+    let (queue, jobs) = std::sync::mpsc::channel();
+    let quarter = MAX_BATCH_BYTES / 4;
+    for _ in 0..9 {
+        queue.send(job(quarter)).unwrap();
+    }
+    let sizes: Vec<usize> = std::iter::from_fn(|| jobs.try_recv().ok())
+        .map(|first| gather(first, &jobs).len())
+        .collect();
+    assert_eq!(sizes, [4, 4, 1]);
+    for _ in 0..MAX_BATCH + 1 {
+        queue.send(job(0)).unwrap();
+    }
+    queue.send(job(2 * MAX_BATCH_BYTES)).unwrap();
+    let first = jobs.try_recv().unwrap();
+    assert_eq!(gather(first, &jobs).len(), MAX_BATCH);
+    let first = jobs.try_recv().unwrap();
+    assert_eq!(
+        gather(first, &jobs).len(),
+        2,
+        "a write over the bound is still taken"
+    );
 }
 
 #[test]
