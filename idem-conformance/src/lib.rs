@@ -42,7 +42,6 @@ const CONCURRENT_DUPLICATES: usize = 20;
 const IN_FLIGHT_DELAY_MS: u64 = 500;
 
 const KEY_REUSED: &str = "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_PAYLOAD";
-const KEY_MALFORMED: &str = "IDEMPOTENCY_KEY_MALFORMED";
 
 /// Every scenario, in the order the CLI runs them (the two that restart the server last).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -356,15 +355,15 @@ pub async fn ac4(target: &Target, ttl_seconds: u64, restart: Restart<'_>) -> Res
         .expect_added(before, 1, "the send, the restart and the replay")
 }
 
-/// §7.1: malformed messageIds are refused with 400 (error table: -32400
-/// IDEMPOTENCY_KEY_MALFORMED) and never executed.
+/// §7.1: malformed messageIds are refused with 400 and a JSON-RPC error, and never executed.
+/// The spec names the status only: the error's codes are the server's (this one's are -32400,
+/// `IDEMPOTENCY_KEY_MALFORMED`).
 pub async fn malformed_message_id(target: &Target) -> Result<(), String> {
     let before = target.side_effects.snapshot()?;
     for (label, message_id) in malformed_message_ids() {
         let body = send_with_id_field(1, message_id, "malformed", json!({}));
         let reply = target.post(&body).await?;
-        expect_error(&reply, 400, -32400, KEY_MALFORMED)
-            .map_err(|e| format!("messageId {label}: {e}"))?;
+        expect_refused(&reply, 400).map_err(|e| format!("messageId {label}: {e}"))?;
     }
     target
         .side_effects
@@ -400,13 +399,15 @@ fn malformed_message_ids() -> [(&'static str, Option<Value>); 8] {
 }
 
 /// A2A required-extension rule (§3.1): without the activation header the call is refused
-/// (-32008, HTTP 400) and not executed.
+/// with `ExtensionSupportRequiredError` (-32008) and not executed. A2A gives its HTTP status
+/// (400) for the REST binding only: over JSON-RPC, 200 is the binding's usual status of an
+/// error, and this server's 400 is allowed too.
 pub async fn not_activated(target: &Target) -> Result<(), String> {
     let body = send(1, &new_message_id(), "not-activated", json!({}));
     let before = target.side_effects.snapshot()?;
     let reply = target.client.post(&body, false).await?;
-    ensure(reply.status == 400, || {
-        format!("expected HTTP 400, got {}", reply.describe())
+    ensure(matches!(reply.status, 200 | 400), || {
+        format!("expected HTTP 200 or 400, got {}", reply.describe())
     })?;
     let (code, _) = reply.error_codes()?;
     ensure(code == -32008, || {
@@ -558,16 +559,24 @@ fn expect_collision(
 
 /// An extension error: HTTP status, numeric `error.code`, string `error.data.code`, no replay.
 fn expect_error(reply: &Reply, status: u16, code: i64, data_code: &str) -> Result<(), String> {
-    ensure(reply.status == status, || {
-        format!("expected HTTP {status}, got {}", reply.describe())
-    })?;
+    expect_refused(reply, status)?;
     let codes = reply.error_codes()?;
     ensure(codes == (code, Some(data_code.to_owned())), || {
         format!(
             "expected error.code {code} and error.data.code {data_code}, got {}",
             reply.describe()
         )
+    })
+}
+
+/// A JSON-RPC error with HTTP `status`, whatever its codes: where the spec names the status
+/// only, as for a malformed messageId (§7.1), whose codes are in a table this harness does
+/// not have (`error-codes.json`).
+fn expect_refused(reply: &Reply, status: u16) -> Result<(), String> {
+    ensure(reply.status == status, || {
+        format!("expected HTTP {status}, got {}", reply.describe())
     })?;
+    reply.error_codes()?;
     ensure(!reply.try_replayed()?, || {
         "an error that was not cached must not carry Idempotent-Replayed".into()
     })?;

@@ -20,8 +20,7 @@ use super::client::Reply;
 use super::request::{self, new_message_id};
 use super::sse::SseReply;
 use super::{
-    ensure, expect_collision, expect_echo, expect_error, restarted_within_ttl, Restart, Target,
-    KEY_MALFORMED,
+    ensure, expect_collision, expect_echo, expect_refused, restarted_within_ttl, Restart, Target,
 };
 
 /// How long the missions of the scenarios that watch a stream run live.
@@ -345,7 +344,7 @@ pub async fn stream_collision(target: &Target) -> Result<(), String> {
 }
 
 /// `stream-malformed-id`: a streaming request with a malformed messageId is refused before any
-/// stream starts: HTTP 400 JSON, -32400, nothing executed.
+/// stream starts: HTTP 400 JSON, a JSON-RPC error (its codes the server's), nothing executed.
 pub async fn stream_malformed_id(target: &Target) -> Result<(), String> {
     let before = target.side_effects.snapshot()?;
     for (label, message_id) in super::malformed_message_ids() {
@@ -357,8 +356,7 @@ pub async fn stream_malformed_id(target: &Target) -> Result<(), String> {
         );
         let reply = target.post(&body).await?;
         expect_json(&reply, "the refusal").map_err(|e| format!("messageId {label}: {e}"))?;
-        expect_error(&reply, 400, -32400, KEY_MALFORMED)
-            .map_err(|e| format!("messageId {label}: {e}"))?;
+        expect_refused(&reply, 400).map_err(|e| format!("messageId {label}: {e}"))?;
     }
     target
         .side_effects
