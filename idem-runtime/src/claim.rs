@@ -146,7 +146,14 @@ impl IdempotencyCache {
             return Ok(Claim::Cached(entry));
         }
         self.note_runtime();
-        let (mut ticket, unchanged) = match self.take(key, method, hash, seen) {
+        // A stream a crash interrupted is the key's outcome whoever claims it: the key is held
+        // in the stream's name while it is closed, so that its retry meanwhile waits for that
+        // outcome instead of meeting this call's payload, a 422 (found by helper-52).
+        let (bound_method, bound_hash) = match &found {
+            Found::Interrupted(stream, _) => (stream.method.as_str(), &stream.request_hash),
+            _ => (method, hash),
+        };
+        let (mut ticket, unchanged) = match self.take(key, bound_method, bound_hash, seen) {
             Ok(taken) => taken,
             Err(in_flight) => return Ok(Claim::InFlight(in_flight)),
         };
@@ -157,6 +164,8 @@ impl IdempotencyCache {
         let store = &self.inner.store;
         match store.acquire(key, method, hash, read_holds).await? {
             Acquired::Won(lease) => {
+                // The stream that was found is gone (swept): the key is this call's.
+                self.bind(&mut ticket, method, hash);
                 ticket.lease = Some(lease);
                 Ok(Claim::Execute(ticket))
             }
@@ -175,6 +184,7 @@ impl IdempotencyCache {
             Acquired::Interrupted(lease, stream, events) => {
                 // Bound to the stream's own method and hash, not this claim's (which may be
                 // the 422 the replay decides): not `ticket.close_stream`.
+                self.bind(&mut ticket, &stream.method, &stream.request_hash);
                 let entry = Arc::new(Entry {
                     message_id: stream.message_id.clone(),
                     method: stream.method.clone(),
@@ -248,6 +258,21 @@ impl IdempotencyCache {
             after_commit: Mutex::new(None),
         };
         Ok((ticket, unchanged))
+    }
+
+    /// Binds the ticket's key in the in-flight table, and the ticket, to `method` and `hash`:
+    /// what a call that finds the key held compares itself with.
+    fn bind(&self, ticket: &mut Ticket, method: &str, hash: &RequestHash) {
+        if (ticket.method.as_str(), &ticket.request_hash) == (method, hash) {
+            return;
+        }
+        let mut table = self.inner.in_flight.lock().expect("in-flight lock");
+        if let Some(flight) = table.flights.get_mut(&ticket.key) {
+            flight.method = method.to_owned();
+            flight.request_hash = hash.clone();
+        }
+        ticket.method = method.to_owned();
+        ticket.request_hash = hash.clone();
     }
 
     /// Who holds `key`: the method and request hash of the call in flight, or of the live

@@ -507,6 +507,15 @@ impl Store for PostgresStore {
                         if let Some(entry) = self.live_entry(&client, key).await? {
                             return Ok(Acquired::Entry(Arc::new(entry)));
                         }
+                        // Nor does a claim that is closing a stream a crash interrupted: the
+                        // stream's outcome is the key's (found by helper-52).
+                        let open = select_open_stream(&client, key, self.read_at()).await?;
+                        if let Some((stream, _)) = open {
+                            return Ok(Acquired::Held {
+                                method: stream.method,
+                                request_hash: stream.request_hash,
+                            });
+                        }
                     }
                     return Ok(Acquired::Held {
                         method: held_method,

@@ -892,6 +892,46 @@ async fn a_passing_claim_of_another_payload_hides_no_stored_entry() {
     );
 }
 
+/// A claim of another payload that is closing a stream a crash interrupted is no collision
+/// for the stream's own retry on another replica: the stream's outcome is the key's, and the
+/// retry waits for it (found by helper-52: it got a 422 naming the other payload). That
+/// payload's own duplicate still sees its claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_closing_an_interrupted_stream_holds_the_key_in_the_stream_s_name() {
+    let Some(fx) = fixture().await else { return };
+    let cache = fx.cache(&leased(Duration::from_secs(60))).await;
+    let (stream, other) = (request_hash(b"{}").unwrap(), request_hash(b"[]").unwrap());
+    std::mem::forget(opened_stream(&cache, &key(1), &stream).await); // its process dies
+    fx.execute(&format!(
+        "UPDATE idempotency_claims SET request_hash = '{}', owner = 'another replica',
+             fence = nextval('idempotency_fence'), lease_until = 9223372036854775807",
+        other.as_str(),
+    ))
+    .await;
+    let store = cache.store();
+    let retry = store
+        .acquire(&key(1), "message/stream", &stream, false)
+        .await;
+    let Ok(Acquired::Held {
+        method,
+        request_hash,
+    }) = retry
+    else {
+        panic!("the key is held while the stream is closed: {retry:?}")
+    };
+    assert_eq!(
+        (method.as_str(), &request_hash),
+        ("message/stream", &stream)
+    );
+    let duplicate = store
+        .acquire(&key(1), "message/stream", &other, false)
+        .await;
+    assert!(
+        matches!(&duplicate, Ok(Acquired::Held { request_hash, .. }) if *request_hash == other),
+        "{duplicate:?}"
+    );
+}
+
 /// The store's claim of key `n`, straight (no lookup first); panics unless it is won.
 async fn acquired(store: &PostgresStore, n: u32, hash: &RequestHash) -> crate::store::Lease {
     match store.acquire(&key(n), "message/send", hash, false).await {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::claim::{Claim, IdempotencyCache};
+use crate::claim::{Claim, IdempotencyCache, Waited};
 use crate::hash::request_hash;
 use crate::store::{Entry, SqliteStore, Store};
 use crate::IdempotencyConfig;
@@ -1456,4 +1456,57 @@ fn found(
     (glimpse, spelling): &(crate::hash::Glimpse, crate::hash::Spelling),
 ) -> Option<Arc<Entry>> {
     store.spelled(*glimpse, &|| *spelling)
+}
+
+/// A claim of another payload that finds a stream a crash interrupted closes it in the
+/// stream's name: the stream's own retry meanwhile waits for that outcome and replays it,
+/// where it met the other payload's hash and was answered a 422 (found by helper-52). The
+/// writer is held so that the retry comes while the stream is being closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_an_interrupted_stream_waits_while_another_payload_closes_it() {
+    let fx = Fixture::sqlite();
+    let (hash, other) = (request_hash(b"{}").unwrap(), request_hash(b"[]").unwrap());
+    {
+        let cache = fx.cache(&config(86_400, 100)).await;
+        std::mem::forget(opened_stream(&cache, &key(1), &hash).await); // its process dies
+    }
+    let cache = fx.cache(&config(86_400, 100)).await;
+    fx.create_effects(cache.store()).await;
+    let (disk, held) = held_write(1, true);
+    let store = cache.store().clone();
+    let holding = tokio::spawn(async move { store.apply(vec![held]).await });
+    let closing = {
+        let cache = cache.clone();
+        tokio::spawn(async move { cache.claim(&key(1), "message/stream", &other).await })
+    };
+    while cache.holder(&key(1)).await.unwrap().is_none() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let Claim::InFlight(flight) = cache.claim(&key(1), "message/stream", &hash).await.unwrap()
+    else {
+        panic!("the key is held while the stream is closed")
+    };
+    assert_eq!(
+        (flight.method(), flight.request_hash()),
+        ("message/stream", &hash),
+        "held in the stream's name, not the other payload's"
+    );
+    drop(disk);
+    holding.await.unwrap().unwrap();
+    let Ok(Claim::Cached(closed)) = closing.await.unwrap() else {
+        panic!("the other payload finds the interrupted stream's outcome")
+    };
+    assert_eq!(closed.request_hash, hash);
+    // Done, or released for the retry to claim again (as the guard does) and find it stored.
+    let entry = match flight.wait(Duration::from_secs(5), false).await {
+        Waited::Done(entry) => entry,
+        Waited::Released => match cache.claim(&key(1), "message/stream", &hash).await {
+            Ok(Claim::Cached(entry)) => entry,
+            _ => panic!("the retry claims again and finds the outcome"),
+        },
+        _ => panic!("the retry gets the outcome"),
+    };
+    assert!(
+        String::from_utf8_lossy(&entry.response.body).contains("IDEMPOTENCY_STREAM_INTERRUPTED")
+    );
 }
