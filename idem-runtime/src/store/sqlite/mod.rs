@@ -164,6 +164,9 @@ impl SqliteStore {
         let purges = PurgeWatch::new(&conn, tier.clone())?;
         let checkpointer = Checkpointer::start(&path, connect, restart.clone(), purges)?;
         let touches = Arc::new(Mutex::new(HashMap::new()));
+        // Read before the rows: an operator's purge that lands between the reads is then one
+        // the writer sees as new, and counts again for (helper-52).
+        let purge_generation = purge_watch::generation(&conn)?;
         let index = Arc::new(KeyIndex::new(&stored_keys(&conn)?));
         let closed = Arc::new(AtomicBool::new(false));
         let writer = Writer {
@@ -172,7 +175,7 @@ impl SqliteStore {
             restart,
             file: FileIdentity::of(&path)?,
             rows: entries::count(&conn)?,
-            purge_generation: purge_watch::generation(&conn)?,
+            purge_generation,
             rows_may_be_fewer: false,
             conn,
             clock: clock.clone(),
