@@ -39,7 +39,7 @@ use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds};
 use crate::store::postgres::renewer::Renewer;
 use crate::store::postgres::rows::{
     delete_events, execute, expires_at, query_one, query_opt, select_after_claim, select_entry,
-    select_open_stream, stored_ttl,
+    select_open_stream, select_open_stream_alone, stored_ttl,
 };
 use crate::store::postgres::schema::create_schema;
 use crate::store::{
@@ -509,8 +509,8 @@ impl Store for PostgresStore {
                         }
                         // Nor does a claim that is closing a stream a crash interrupted: the
                         // stream's outcome is the key's (found by helper-52).
-                        let open = select_open_stream(&client, key, self.read_at()).await?;
-                        if let Some((stream, _)) = open {
+                        let open = select_open_stream_alone(&client, key, self.read_at());
+                        if let Some(stream) = open.await? {
                             return Ok(Acquired::Held {
                                 method: stream.method,
                                 request_hash: stream.request_hash,

@@ -106,6 +106,40 @@ fn entry_of(row: &Row, id: &MessageId, at: ReadAt) -> Result<Option<Entry>, Stor
     row.decode(id).map(Some)
 }
 
+/// A live open stream of `id`, without its events: what it is bound to (method, hash).
+pub(super) async fn select_open_stream_alone(
+    client: &impl GenericClient,
+    id: &MessageId,
+    at: ReadAt,
+) -> Result<Option<OpenStream>, StoreError> {
+    let statement = client
+        .prepare_cached(
+            "SELECT method, request_hash, jsonrpc_id, started_at, expires_at
+             FROM idempotency_open_streams WHERE message_id = $1",
+        )
+        .await?;
+    match client.query_opt(&statement, &[&id.as_str()]).await? {
+        Some(row) => live_open_stream(&row, id, at),
+        None => Ok(None),
+    }
+}
+
+/// The open stream a row's first five columns hold; none for a record expired at `at`.
+fn live_open_stream(
+    row: &Row,
+    id: &MessageId,
+    at: ReadAt,
+) -> Result<Option<OpenStream>, StoreError> {
+    let stream = OpenStreamRow {
+        method: row.get(0),
+        request_hash: row.get(1),
+        jsonrpc_id: row.get(2),
+        recorded_at: row.get(3),
+    }
+    .decode(id)?;
+    Ok((!at.expired(row.get(4), stream.recorded_at)).then_some(stream))
+}
+
 pub(super) async fn delete_events(
     client: &impl GenericClient,
     key: &str,
@@ -136,19 +170,12 @@ pub(super) async fn select_open_stream(
         )
         .await?;
     let rows = client.query(&statement, &[&id.as_str()]).await?;
-    let Some(row) = rows.first() else {
+    let Some(stream) = rows.first().map(|row| live_open_stream(row, id, at)) else {
         return Ok(None);
     };
-    let stream = OpenStreamRow {
-        method: row.get(0),
-        request_hash: row.get(1),
-        jsonrpc_id: row.get(2),
-        recorded_at: row.get(3),
-    }
-    .decode(id)?;
-    if at.expired(row.get(4), stream.recorded_at) {
+    let Some(stream) = stream? else {
         return Ok(None);
-    }
+    };
     let events = rows
         .iter()
         .filter_map(|row| row.get::<_, Option<Vec<u8>>>(5))
