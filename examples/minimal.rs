@@ -74,7 +74,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listen = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:8080".into());
+    // jsonrpsee's body limits at the extension's; room for the calls awaiting their commit.
+    let config = idem.server_config().max_connections(4096).build();
     let server = Server::builder()
+        .set_config(config)
         .set_http_middleware(http)
         .set_rpc_middleware(RpcServiceBuilder::new().layer(idem.rpc_layer()))
         .build(listen)

@@ -34,7 +34,7 @@ use std::process::ExitCode;
 
 use idem::{Idempotency, IdempotencyConfig};
 use jsonrpsee::server::middleware::rpc::RpcServiceBuilder;
-use jsonrpsee::server::{Server, ServerConfig, ServerHandle};
+use jsonrpsee::server::{Server, ServerHandle};
 use mimalloc::MiMalloc;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tower::ServiceBuilder;
@@ -171,11 +171,9 @@ async fn start(
     let listener = listener.into_std().map_err(|e| e.to_string())?;
     let card = agent_card(addr, idem.agent_card_extension().into_iter().collect());
     // jsonrpsee cuts at the sizes the extension does, so what it stores is what is sent.
-    let limits = idem.config();
-    let config = ServerConfig::builder()
+    let config = idem
+        .server_config()
         .max_connections(cli.max_in_flight)
-        .max_request_body_size(u32::try_from(limits.max_request_body_bytes).unwrap_or(u32::MAX))
-        .max_response_body_size(limits.max_response_body_bytes)
         .build();
     let server = Server::builder()
         .set_config(config)
@@ -188,7 +186,7 @@ async fn start(
                     &card,
                     metrics,
                     idem.http_layer(),
-                    usize::try_from(limits.max_request_body_bytes).unwrap_or(usize::MAX),
+                    usize::try_from(idem.config().max_request_body_bytes).unwrap_or(usize::MAX),
                 ))
                 .layer(principal::layer(cli.principal_header.clone()))
                 .layer(idem.http_layer()),

@@ -1,14 +1,19 @@
 //! Side effects read straight from the server's database: the `tasks` rows and the
 //! `mission.assigned` outbox rows that a replay or a collision must not add (spec §6.1), and
 //! whether a messageId has its `idempotency_cache` row (spec §4.4) yet. Only possible where the
-//! harness is given the database (our example server): its SQLite file, read-only, or its
-//! PostgreSQL URL.
+//! harness is given the database: its SQLite file, read-only, or its PostgreSQL URL. The tables
+//! read are the example server's, [`EXPECTED_TABLES`]; another server's are read through views
+//! of those names.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
+
+/// What the side-effect counts read, besides the spec's `idempotency_cache`.
+pub const EXPECTED_TABLES: &str = "`tasks(id)`, one row a task, and `outbox(id, task_id, \
+    event_type)`, one row an event, `event_type = 'mission.assigned'` for a task's assignment";
 
 /// The server may be writing; wait for its lock rather than fail the read.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -76,7 +81,7 @@ impl SideEffects {
                 let rows = statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
                 rows.collect::<rusqlite::Result<Vec<_>>>()
             })?,
-            Some(Db::Postgres(url)) => crate::postgres::pairs(url, SQL)?,
+            Some(Db::Postgres(url)) => crate::postgres::pairs(url, SQL).map_err(schema_hint)?,
         };
         Ok(Some(pairs.into_iter().collect()))
     }
@@ -90,7 +95,9 @@ impl SideEffects {
                 conn.query_row(&sql, rusqlite::params_from_iter(param), |r| r.get(0))
             })
             .map(Some),
-            Some(Db::Postgres(url)) => crate::postgres::count(url, sql, param).map(Some),
+            Some(Db::Postgres(url)) => crate::postgres::count(url, sql, param)
+                .map(Some)
+                .map_err(schema_hint),
         }
     }
 
@@ -130,5 +137,39 @@ fn read_file<T>(
         conn.busy_timeout(BUSY_TIMEOUT)?;
         read(&conn)
     };
-    open().map_err(|e| format!("reading {}: {e}", path.display()))
+    open().map_err(|e| schema_hint(format!("reading {}: {e}", path.display())))
+}
+
+/// `error`, with what the harness expects to find when it names a missing table (SQLite: "no
+/// such table", PostgreSQL: "relation ... does not exist").
+fn schema_hint(error: String) -> String {
+    if !(error.contains("no such table") || error.contains("does not exist")) {
+        return error;
+    }
+    format!(
+        "{error}: --db counts side effects in the example server's tables, {EXPECTED_TABLES}; \
+         over a schema of your own, create views of those names"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server of another schema gets told what to create, not only SQLite's "no such table".
+    #[test]
+    fn a_database_without_the_tables_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("other.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE jobs (id TEXT PRIMARY KEY)")
+            .unwrap();
+        let effects = SideEffects {
+            db: Some(Db::File(path)),
+        };
+        let error = effects.snapshot().unwrap_err();
+        assert!(error.contains("no such table: tasks"), "{error}");
+        assert!(error.contains("outbox(id, task_id, event_type)"), "{error}");
+        assert!(error.contains("create views of those names"), "{error}");
+    }
 }

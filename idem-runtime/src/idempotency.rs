@@ -282,17 +282,31 @@ impl Idempotency {
     ///
     /// ```
     /// use idem_runtime::Idempotency;
-    /// use jsonrpsee::server::ServerConfig;
     /// let idem = Idempotency::off();
-    /// let limits = idem.config();
-    /// // jsonrpsee must cut at the sizes the extension does, so what is stored is what is sent.
-    /// let _server_config = ServerConfig::builder()
-    ///     .max_request_body_size(u32::try_from(limits.max_request_body_bytes).unwrap_or(u32::MAX))
-    ///     .max_response_body_size(limits.max_response_body_bytes)
-    ///     .build();
+    /// assert_eq!(idem.config().max_response_body_bytes, 10 * 1024 * 1024);
     /// ```
     pub fn config(&self) -> &IdempotencyConfig {
         &self.state.config
+    }
+
+    /// jsonrpsee's server configuration, begun with the body limits of this configuration:
+    /// jsonrpsee must cut requests and responses at the sizes the extension does, or a response
+    /// it refuses as too big would differ from the one stored and replayed. Set the rest on it,
+    /// `max_connections` first: jsonrpsee counts each HTTP request in flight against it, and a
+    /// durable call stays in flight until its commit, so its default (100) answers 429 under
+    /// load.
+    ///
+    /// ```
+    /// use idem_runtime::Idempotency;
+    /// let idem = Idempotency::off();
+    /// let config = idem.server_config().max_connections(4096).build();
+    /// let _builder = jsonrpsee::server::Server::builder().set_config(config);
+    /// ```
+    pub fn server_config(&self) -> jsonrpsee::server::ServerConfigBuilder {
+        let limits = &self.state.config;
+        jsonrpsee::server::ServerConfig::builder()
+            .max_request_body_size(u32::try_from(limits.max_request_body_bytes).unwrap_or(u32::MAX))
+            .max_response_body_size(limits.max_response_body_bytes)
     }
 
     /// Waits, at most `bound`, until no execution is in flight, e.g. a stream whose client

@@ -1,8 +1,8 @@
 //! The durable stores: one entry per message id, the claims of calls in flight, and the
 //! application's writes that commit with them. [`SqliteStore`] is the embedded default (one
-//! process per file); [`PostgresStore`] serves replicas that share a database; a custom
-//! backend implements [`Store`]. [`Database`] is the application's own way to the store's
-//! database, for work that does not belong to one call.
+//! process per file); `PostgresStore` (feature `postgres`) serves replicas that share a
+//! database; a custom backend implements [`Store`]. [`Database`] is the application's own way
+//! to the store's database, for work that does not belong to one call.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -223,7 +223,7 @@ pub trait Store: Send + Sync + 'static {
     /// [`apply`](Self::apply), for writes that work waits on (a unit of work's after-commit
     /// hooks): should the store stop waiting for them and fail (the disk did not answer in
     /// time) while they may still commit, `if_late` runs if they do. A store that cannot learn
-    /// it (this default, and [`PostgresStore`]: a transaction whose commit went unanswered is
+    /// it (this default, and `PostgresStore`: a transaction whose commit went unanswered is
     /// not asked about again) drops `if_late` unrun.
     async fn apply_or_later(
         &self,
