@@ -155,7 +155,7 @@ impl IdempotencyCache {
         };
         let (mut ticket, unchanged) = match self.take(key, bound_method, bound_hash, seen) {
             Ok(taken) => taken,
-            Err(in_flight) => return Ok(Claim::InFlight(in_flight)),
+            Err(in_flight) => return self.held(key, method, hash, in_flight).await,
         };
         // An execution of the key may have committed its entry between our read and taking
         // the key (here, or in another process sharing the store): the store decides, and
@@ -258,6 +258,30 @@ impl IdempotencyCache {
             after_commit: Mutex::new(None),
         };
         Ok((ticket, unchanged))
+    }
+
+    /// The key held here by `in_flight`, for a call of `method` whose params hash to `hash`:
+    /// where it is another payload's claim, it may be closing an interrupted stream of the
+    /// key, and then it holds the key in the stream's name ([`Store::open_stream_binding`]).
+    async fn held(
+        &self,
+        key: &MessageId,
+        method: &str,
+        hash: &RequestHash,
+        in_flight: InFlight,
+    ) -> Result<Claim, StoreError> {
+        if (in_flight.method(), in_flight.request_hash()) == (method, hash) {
+            return Ok(Claim::InFlight(in_flight));
+        }
+        let store = &self.inner.store;
+        if let Some((method, request_hash)) = store.open_stream_binding(key).await? {
+            return Ok(Claim::InFlight(in_flight.bound_to(method, request_hash)));
+        }
+        // Read after the stream: a close that committed in between left its entry.
+        Ok(match store.lookup(key).await? {
+            Found::Entry(entry) => Claim::Cached(entry),
+            _ => Claim::InFlight(in_flight),
+        })
     }
 
     /// Binds the ticket's key in the in-flight table, and the ticket, to `method` and `hash`:
@@ -590,6 +614,23 @@ enum Holder {
 }
 
 impl InFlight {
+    /// The same holder, answering for the call of `method` with `request_hash`.
+    fn bound_to(self, method: String, request_hash: RequestHash) -> Self {
+        InFlight(match self.0 {
+            Holder::Here(flight) => Holder::Here(Flight {
+                method,
+                request_hash,
+                ..flight
+            }),
+            Holder::Elsewhere { store, key, .. } => Holder::Elsewhere {
+                store,
+                key,
+                method,
+                request_hash,
+            },
+        })
+    }
+
     /// The method the running call was made with.
     pub fn method(&self) -> &str {
         match &self.0 {

@@ -152,6 +152,18 @@ pub trait Store: Send + Sync + 'static {
     /// once expires with its lease.
     fn release(&self, _key: &MessageId, _lease: Lease) {}
 
+    /// The method and request hash that a live open stream of `key` is bound to. Asked when a
+    /// call of another payload holds the key in this process: it may be closing that stream as
+    /// interrupted, whose outcome is then the key's, and the stream's retry must wait for it
+    /// rather than meet the other payload's 422. `None` (the default) where this process's
+    /// claim already holds such a key in the stream's name (its lookup finds the stream).
+    async fn open_stream_binding(
+        &self,
+        _key: &MessageId,
+    ) -> Result<Option<(String, RequestHash)>, StoreError> {
+        Ok(None)
+    }
+
     /// A write of `key` that this store stopped waiting for (the disk did not answer in time,
     /// or the call was cancelled) and that may still commit: it settles once the write has
     /// landed (`true`) or failed. The call's key stays held until then, so that no retry runs

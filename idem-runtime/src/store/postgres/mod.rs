@@ -504,17 +504,19 @@ impl Store for PostgresStore {
                     // that claim, answers this call (found by helper-48: a retry of the
                     // stored payload got the 422 of a payload never stored).
                     if (held_method.as_str(), &request_hash) != (method, hash) {
-                        if let Some(entry) = self.live_entry(&client, key).await? {
-                            return Ok(Acquired::Entry(Arc::new(entry)));
-                        }
                         // Nor does a claim that is closing a stream a crash interrupted: the
-                        // stream's outcome is the key's (found by helper-52).
+                        // stream's outcome is the key's (found by helper-52). Read before the
+                        // entry, which that close commits as it deletes the stream: one of the
+                        // two reads sees it.
                         let open = select_open_stream_alone(&client, key, self.read_at());
                         if let Some(stream) = open.await? {
                             return Ok(Acquired::Held {
                                 method: stream.method,
                                 request_hash: stream.request_hash,
                             });
+                        }
+                        if let Some(entry) = self.live_entry(&client, key).await? {
+                            return Ok(Acquired::Entry(Arc::new(entry)));
                         }
                     }
                     return Ok(Acquired::Held {
@@ -713,7 +715,9 @@ impl Store for PostgresStore {
                 // takeover under way holds the row; the event waits for it and is then refused,
                 // never recorded under a claim already taken. The record moves its expiry with
                 // it (`OpenStream::recorded_at`), the claim's row locked first, as a close
-                // locks them.
+                // locks them. A record the sweep took (the stream was quiet a whole TTL while
+                // its lease lapsed) takes no more events: they would belong to no stream, and
+                // never be swept (found by helper-53).
                 concat!(
                     "WITH fenced AS (UPDATE idempotency_claims
                        SET lease_until = GREATEST(lease_until, ",
@@ -723,11 +727,11 @@ impl Store for PostgresStore {
                      touched AS (UPDATE idempotency_open_streams
                        SET started_at = $6,
                            expires_at = expires_at + LEAST($6 - started_at, 9223372036854775807 - expires_at)
-                       WHERE message_id = $1 AND EXISTS (SELECT 1 FROM fenced))
+                       WHERE message_id = $1 AND EXISTS (SELECT 1 FROM fenced) RETURNING 1)
                      INSERT INTO idempotency_stream_events (message_id, seq, event)
                      SELECT $1, $2::integer + n::integer - 1, event FROM unnest($3::bytea[]) WITH ORDINALITY
                        AS batch(event, n)
-                     WHERE EXISTS (SELECT 1 FROM fenced)"
+                     WHERE EXISTS (SELECT 1 FROM touched)"
                 ),
                 &[
                     &key.as_str(),
@@ -744,6 +748,20 @@ impl Store for PostgresStore {
                 true => Ok(()),
                 false => Err(StoreError::ClaimLost(key.to_string())),
             }
+        })
+        .await
+    }
+
+    // The claim is won before the open stream is read (`acquire`): for those round trips the
+    // claim of another payload holds the key under its own hash (found by helper-53).
+    async fn open_stream_binding(
+        &self,
+        key: &MessageId,
+    ) -> Result<Option<(String, RequestHash)>, StoreError> {
+        self.in_time(async {
+            let client = self.client().await?;
+            let open = select_open_stream_alone(&client, key, self.read_at()).await?;
+            Ok(open.map(|stream| (stream.method, stream.request_hash)))
         })
         .await
     }

@@ -932,6 +932,58 @@ async fn a_claim_closing_an_interrupted_stream_holds_the_key_in_the_stream_s_nam
     );
 }
 
+/// On the replica itself whose claim of another payload is closing an interrupted stream, the
+/// stream's retry is no collision either: the claim is won before the stream is read, and for
+/// those round trips (here held up by a lock on the claim's row) the key was held under the
+/// other payload's hash (found by helper-53). The retry waits, and gets the stream's outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replica_closing_an_interrupted_stream_holds_it_in_the_stream_s_name() {
+    let Some(fx) = fixture().await else { return };
+    let config = leased(Duration::from_secs(60));
+    let (stream, other) = (request_hash(b"{}").unwrap(), request_hash(b"[]").unwrap());
+    std::mem::forget(opened_stream(&fx.cache(&config).await, &key(1), &stream).await);
+    fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+        .await;
+    let cache = fx.cache(&config).await;
+    let locker = crate::store::tests::fixture::connect(fx.url.as_ref().unwrap()).await;
+    let lock = "BEGIN; SELECT 1 FROM idempotency_claims FOR UPDATE";
+    locker.batch_execute(lock).await.unwrap();
+    let closing = {
+        let (cache, other) = (cache.clone(), other.clone());
+        tokio::spawn(async move { cache.claim(&key(1), "message/stream", &other).await })
+    };
+    while cache.holder(&key(1)).await.unwrap() != Some(("message/stream".into(), other.clone())) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let Claim::InFlight(flight) = cache
+        .claim(&key(1), "message/stream", &stream)
+        .await
+        .unwrap()
+    else {
+        panic!("the key is held while the stream is closed")
+    };
+    assert_eq!(
+        flight.request_hash(),
+        &stream,
+        "the stream's, not the other payload's"
+    );
+    locker.batch_execute("COMMIT").await.unwrap();
+    let Ok(Claim::Cached(closed)) = closing.await.unwrap() else {
+        panic!("the other payload finds the interrupted stream's outcome")
+    };
+    assert_eq!(closed.request_hash, stream);
+    let entry = match flight.wait(Duration::from_secs(10), false).await {
+        Waited::Done(entry) => entry,
+        Waited::Released => match cache.claim(&key(1), "message/stream", &stream).await {
+            Ok(Claim::Cached(entry)) => entry,
+            _ => panic!("the retry claims again and finds the outcome"),
+        },
+        _ => panic!("the retry gets the outcome"),
+    };
+    let body = String::from_utf8_lossy(&entry.response.body).into_owned();
+    assert!(body.contains("IDEMPOTENCY_STREAM_INTERRUPTED"), "{body}");
+}
+
 /// The store's claim of key `n`, straight (no lookup first); panics unless it is won.
 async fn acquired(store: &PostgresStore, n: u32, hash: &RequestHash) -> crate::store::Lease {
     match store.acquire(&key(n), "message/send", hash, false).await {
@@ -1468,6 +1520,40 @@ async fn a_stream_event_renews_its_lease() {
     let live = "SELECT COUNT(*) FROM idempotency_claims
         WHERE lease_until > (extract(epoch from clock_timestamp()) * 1000)::bigint";
     assert_eq!(fx.count(live).await, 1, "the event renewed the lease");
+}
+
+/// A stream quiet for a whole TTL while its lease lapsed has its record swept, as a dead
+/// one's: an event it records after that is refused (`ClaimLost`), never kept under no record
+/// where no sweep would ever take it (found by helper-53).
+#[tokio::test]
+async fn an_event_after_the_sweep_took_its_stream_is_refused_not_orphaned() {
+    let Some(fx) = fixture().await else { return };
+    let cache = fx.cache(&config(60, 100)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = opened_stream(&cache, &key(1), &hash).await;
+    // Lapsed a moment ago (not long enough for the sweep to take the claim itself), as a late
+    // renewal leaves it; the record quiet for two TTLs.
+    fx.execute(
+        "UPDATE idempotency_claims
+         SET lease_until = (extract(epoch from clock_timestamp()) * 1000)::bigint - 1000",
+    )
+    .await;
+    fx.clock.advance(Duration::from_secs(120));
+    cache.store().sweep().await.unwrap();
+    assert_eq!(
+        fx.count("SELECT COUNT(*) FROM idempotency_open_streams")
+            .await,
+        0
+    );
+    let appended = ticket.append_events(1, vec![bytes_of("event 1")]).await;
+    assert!(
+        matches!(appended, Err(StoreError::ClaimLost(_))),
+        "{appended:?}"
+    );
+    let events = fx
+        .count("SELECT COUNT(*) FROM idempotency_stream_events")
+        .await;
+    assert_eq!(events, 0, "no event kept without its stream");
 }
 
 /// Uses are written without waiting on a row another session is writing: two replicas
