@@ -972,14 +972,7 @@ async fn the_replica_closing_an_interrupted_stream_holds_it_in_the_stream_s_name
         panic!("the other payload finds the interrupted stream's outcome")
     };
     assert_eq!(closed.request_hash, stream);
-    let entry = match flight.wait(Duration::from_secs(10), false).await {
-        Waited::Done(entry) => entry,
-        Waited::Released => match cache.claim(&key(1), "message/stream", &stream).await {
-            Ok(Claim::Cached(entry)) => entry,
-            _ => panic!("the retry claims again and finds the outcome"),
-        },
-        _ => panic!("the retry gets the outcome"),
-    };
+    let entry = outcome_after(flight, &cache, &key(1), "message/stream", &stream).await;
     let body = String::from_utf8_lossy(&entry.response.body).into_owned();
     assert!(body.contains("IDEMPOTENCY_STREAM_INTERRUPTED"), "{body}");
 }

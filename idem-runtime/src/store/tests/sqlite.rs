@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::claim::{Claim, IdempotencyCache, Waited};
+use crate::claim::{Claim, IdempotencyCache};
 use crate::hash::request_hash;
 use crate::store::{Entry, SqliteStore, Store};
 use crate::IdempotencyConfig;
@@ -1497,15 +1497,7 @@ async fn a_retry_of_an_interrupted_stream_waits_while_another_payload_closes_it(
         panic!("the other payload finds the interrupted stream's outcome")
     };
     assert_eq!(closed.request_hash, hash);
-    // Done, or released for the retry to claim again (as the guard does) and find it stored.
-    let entry = match flight.wait(Duration::from_secs(5), false).await {
-        Waited::Done(entry) => entry,
-        Waited::Released => match cache.claim(&key(1), "message/stream", &hash).await {
-            Ok(Claim::Cached(entry)) => entry,
-            _ => panic!("the retry claims again and finds the outcome"),
-        },
-        _ => panic!("the retry gets the outcome"),
-    };
+    let entry = outcome_after(flight, &cache, &key(1), "message/stream", &hash).await;
     assert!(
         String::from_utf8_lossy(&entry.response.body).contains("IDEMPOTENCY_STREAM_INTERRUPTED")
     );

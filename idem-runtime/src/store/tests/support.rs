@@ -120,3 +120,22 @@ pub async fn opened_stream(
         .unwrap();
     ticket
 }
+
+/// The entry a retry that found its key in flight ends with: the one it was woken with, or,
+/// released to claim again (as the guard does), the one it then finds stored.
+pub async fn outcome_after(
+    flight: crate::claim::InFlight,
+    cache: &IdempotencyCache,
+    key: &MessageId,
+    method: &str,
+    hash: &RequestHash,
+) -> Arc<Entry> {
+    match flight.wait(std::time::Duration::from_secs(10), false).await {
+        crate::claim::Waited::Done(entry) => entry,
+        crate::claim::Waited::Released => match cache.claim(key, method, hash).await {
+            Ok(Claim::Cached(entry)) => entry,
+            _ => panic!("the retry claims again and finds the outcome"),
+        },
+        _ => panic!("the retry gets the outcome"),
+    }
+}
