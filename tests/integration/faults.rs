@@ -296,7 +296,7 @@ async fn a_stream_whose_completion_fails_once_ends_completed_once_it_commits() {
 }
 
 #[tokio::test]
-async fn a_deleted_database_file_is_never_written_to_again_and_the_relay_backs_off() {
+async fn a_deleted_database_file_is_never_written_to_again() {
     let mut server = ServerProcess::start(&[]);
     let db = server.db().to_path_buf();
     post_activated(&server.url, send(1, &new_id(), "before")).await;
@@ -309,14 +309,6 @@ async fn a_deleted_database_file_is_never_written_to_again_and_the_relay_backs_o
     logged(&server, "was deleted or replaced").await;
     let series = "idempotency_store_errors_total{kind=\"commit\"}";
     assert_eq!(metric(&server.url, series).await, 1.0);
-    // The outbox relay, failing to write, backs off (100 ms doubling) instead of polling
-    // every 100 ms: over 3 s it tries about 5 times, not 30. A slower machine only tries less.
-    let relay_failed = "WARN a2a_server::relay";
-    logged(&server, relay_failed).await;
-    let before = server.stderr().matches(relay_failed).count();
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    let tries = server.stderr().matches(relay_failed).count() - before;
-    assert!(tries <= 8, "the relay tried {tries} times in 3 s");
     // A restart serves a new file, where the unanswered call runs, once.
     let url = server.restart();
     let retry = post_activated(&url, after.clone()).await;
