@@ -55,6 +55,7 @@
 //! a retry or a give-up is written only over an event still undelivered.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -120,6 +121,7 @@ pub fn spawn(store: TaskStore, push: PushConfigs, give_up: Duration) {
             client,
             give_up,
             handed_out: Mutex::default(),
+            store_failed: AtomicBool::new(false),
         }),
         lock: None,
         workers: Arc::new(Semaphore::new(TASKS_AT_ONCE)),
@@ -159,6 +161,10 @@ struct Delivery {
     /// How long an event's failed attempts may wait between them before it is given up.
     give_up: Duration,
     handed_out: Mutex<HandedOut>,
+    /// A worker's write to the task store failed (a delivered event's mark, a retry's
+    /// schedule) since the relay last looked: its event goes again at the next pass, so the
+    /// relay backs off as when its own reads fail.
+    store_failed: AtomicBool,
 }
 
 /// What a read of the outbox must not hand out again.
@@ -226,6 +232,9 @@ impl Relay {
                     false
                 }
             };
+            if self.delivery.store_failed.swap(false, Ordering::Relaxed) {
+                self.store_failed = true;
+            }
             self.store_failures = match self.store_failed {
                 true => self.store_failures.saturating_add(1),
                 false => 0,
@@ -365,6 +374,7 @@ impl Delivery {
                 // not overtake it (in order per task, at least once).
                 if let Err(error) = self.store.mark_delivered(vec![event.id]).await {
                     tracing::warn!(id = event.id, ?error, "relay: delivered, not marked");
+                    self.store_failed.store(true, Ordering::Relaxed);
                     return false;
                 }
                 true
@@ -393,7 +403,10 @@ impl Delivery {
                     metrics::counter!(ABANDONED).increment(1);
                 }
                 Ok(false) => {} // another relay delivered it meanwhile
-                Err(error) => tracing::warn!(id = event.id, ?error, "relay: not given up"),
+                Err(error) => {
+                    tracing::warn!(id = event.id, ?error, "relay: not given up");
+                    self.store_failed.store(true, Ordering::Relaxed);
+                }
             }
             return;
         }
@@ -402,6 +415,7 @@ impl Delivery {
         let at = clock::now_ms() + wait.as_millis() as u64;
         if let Err(error) = self.store.retry_at(event.id, at).await {
             tracing::warn!(id = event.id, ?error, "relay: retry not scheduled");
+            self.store_failed.store(true, Ordering::Relaxed);
         }
     }
 

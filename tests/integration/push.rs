@@ -634,6 +634,32 @@ async fn the_relays_read_of_the_outbox_uses_its_indexes() {
     assert!(!plan.contains("idx_outbox_task"), "{plan}");
 }
 
+/// A store that fails for good (here its file deleted) while an event waits for its webhook:
+/// the relay waits longer after each failed pass, as it does when its reads fail, instead of
+/// delivering the event again every 100 ms (a delivery whose mark cannot be written goes
+/// again: at least once, not ten times a second).
+#[tokio::test]
+async fn a_store_that_fails_for_good_slows_the_relay_instead_of_flooding_the_webhook() {
+    // Three refusals first: the event cannot be delivered and marked before the file goes.
+    let receiver = Receiver::start(3).await;
+    let server = ServerProcess::start(&[]);
+    send_with_webhook(&server, json!({"url": receiver.url()}), 60_000).await;
+    receiver
+        .wait_until("a first attempt", |taken| !taken.is_empty())
+        .await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", server.db().display()));
+    }
+    receiver.wait_for("mission.assigned").await; // delivered now: its mark cannot be written
+    let before = receiver.taken().len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again = receiver.taken().len() - before;
+    assert!(
+        again <= 6,
+        "the webhook got the event {again} more times in 3 s"
+    );
+}
+
 /// Events of tasks without webhooks have nowhere to go: the relay marks all it reads in one
 /// write (one timestamp), not one write and one commit each, which under load fell behind the
 /// calls by thousands of events a second.
