@@ -37,8 +37,10 @@ pub fn not_supported(requested: &str, body: &[u8]) -> Option<String> {
             }
         })
     };
-    // A notification is an object without `id`; anything else is answered.
-    let notification = |call: &Value| call.is_object() && call.get("id").is_none();
+    // A notification is a Request without `id`: it names its method. Anything else, `{}`
+    // included (not a Request: -32600 would answer it), is answered.
+    let notification =
+        |call: &Value| call.get("method").is_some_and(Value::is_string) && call.get("id").is_none();
     let answer = match serde_json::from_slice::<Value>(body) {
         Ok(Value::Array(calls)) if !calls.is_empty() => {
             let errors: Vec<_> = calls

@@ -895,6 +895,19 @@ async fn an_unsupported_a2a_version_is_refused_before_anything_runs() {
     let answers = mixed.json();
     assert_eq!(answers.as_array().map(Vec::len), Some(1), "{answers}");
     assert_eq!(answers[0]["id"], 7, "{answers}");
+    // An object that names no method is no notification but no Request either: answered
+    // (found by helper-56: `{}` got 204).
+    for not_a_request in ["{}", r#"[{"foo":1}]"#] {
+        let answered = post(&server.url, not_a_request, &headers).await;
+        assert_eq!(
+            answered.status,
+            200,
+            "{not_a_request}: {}",
+            answered.describe()
+        );
+        let text = String::from_utf8_lossy(&answered.body).into_owned();
+        assert!(text.contains("-32009"), "{not_a_request}: {text}");
+    }
     assert_eq!(count(server.db(), "SELECT COUNT(*) FROM tasks", &[]), 0);
     // What is refused whatever the version comes first (found by helper-40): another method
     // than POST is a 405, and a body over the limit a 413.

@@ -621,6 +621,44 @@ async fn batch_entries_each_get_their_own_answer() {
     assert_eq!(server.executions(), 3);
 }
 
+/// JSON allows any whitespace before a value: a call or a batch after 128 bytes of it (past
+/// which jsonrpsee alone stops looking for the request and answers a Parse error) is served,
+/// each batch entry answered (found by helper-56).
+#[tokio::test]
+async fn a_body_after_much_whitespace_is_served() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let padding = " \n".repeat(200);
+    let single = send(1, &new_id(), "after whitespace");
+    let reply = post_activated(&server.url, format!("{padding}{single}")).await;
+    assert_eq!(
+        reply.json()["result"]["echo"],
+        "after whitespace",
+        "{}",
+        reply.describe()
+    );
+    let retry = post_activated(&server.url, format!("{padding}{single}")).await;
+    assert!(
+        retry.replayed() && retry.body == reply.body,
+        "{}",
+        retry.describe()
+    );
+    let batch = format!(
+        "{padding}[{}, {}]",
+        send(2, &new_id(), "x"),
+        send(3, &new_id(), "y")
+    );
+    let reply = post_activated(&server.url, batch).await;
+    assert_eq!(
+        reply.batch_answer(2)["result"]["echo"],
+        "x",
+        "{}",
+        reply.describe()
+    );
+    assert_eq!(reply.batch_answer(3)["result"]["echo"], "y");
+    assert_eq!(server.executions(), 3);
+}
+
 #[tokio::test]
 async fn failures_are_cached_and_replayed_like_successes() {
     let db = Db::new();

@@ -177,6 +177,7 @@ where
             FirstLook::Passed(read) => sent = read,
             FirstLook::Answered(answer) => return Ok(answer),
         }
+        let bytes = without_leading_whitespace(bytes);
         let read_again = HttpBody::new(http_body_util::Full::new(bytes.clone()));
         request = HttpRequest::from_parts(parts, read_again);
         body = Some(bytes);
@@ -191,6 +192,16 @@ where
     }
     response = invalid_request::refusal_as_json_rpc(response);
     Ok(answered(&scope, response))
+}
+
+/// The body from its first non-whitespace byte: jsonrpsee looks for the `{` or `[` that starts
+/// a request within the first 128 bytes only, and answers a Parse error past them, where JSON
+/// allows any whitespace before (found by helper-56). The same bytes, not copied.
+fn without_leading_whitespace(bytes: Bytes) -> Bytes {
+    let start = bytes
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+    bytes.slice(start.unwrap_or(bytes.len())..)
 }
 
 /// What the layer makes of a body it read, before jsonrpsee sees it.
