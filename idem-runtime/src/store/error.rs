@@ -171,7 +171,7 @@ impl StoreError {
 
 /// An error and the errors under it, as one line: PostgreSQL's own words ("database \"a2a\"
 /// does not exist") are a source or two below the "db error" its client says at the top.
-fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -636,7 +636,7 @@ impl Store for PostgresStore {
                 Ok(tx.commit().await?)
             };
             let fence = lease.fence();
-            match committed.await {
+            match committed.await.map_err(the_staged_writes) {
                 Ok(()) => Ok(()),
                 Err(error) => Err(self.cut_off(&entry.message_id, fence, error).await),
             }
@@ -688,7 +688,7 @@ impl Store for PostgresStore {
                 .await?;
                 Ok(tx.commit().await?)
             };
-            match opened.await {
+            match opened.await.map_err(the_staged_writes) {
                 Ok(()) => Ok(()),
                 Err(error) => Err(self.cut_off(&stream.message_id, lease.fence(), error).await),
             }
@@ -806,10 +806,17 @@ impl Store for PostgresStore {
     async fn apply(&self, writes: Vec<SqlWrite>) -> Result<(), StoreError> {
         self.in_time(async {
             let mut client = self.client().await?;
-            let tx = client.transaction().await?;
-            apply_writes(&tx, writes).await?;
-            tx.commit().await?;
-            Ok(())
+            let committed = async {
+                let tx = client.transaction().await?;
+                apply_writes(&tx, writes).await?;
+                // PostgreSQL answers the COMMIT of a transaction that an error aborted with
+                // ROLLBACK, not an error: a write that swallowed its statement's error would
+                // pass for committed (found by helper-55). A `put` learns it from its entry's
+                // statement; here one statement asks.
+                tx.batch_execute("SELECT 1").await?;
+                Ok(tx.commit().await?)
+            };
+            committed.await.map_err(the_staged_writes)
         })
         .await
     }
@@ -900,6 +907,32 @@ fn connection_lost(error: &StoreError) -> bool {
         tokio_postgres::error::SqlState::ADMIN_SHUTDOWN,
     ];
     error.is_closed() || error.code().is_some_and(|code| ended.contains(code))
+}
+
+/// `error`, as the staged writes' failure where it is theirs: a statement refused because one
+/// of them swallowed its own error (the transaction aborted, 25P02), or a `COMMIT` that a
+/// deferred constraint of theirs refused (class 23). Otherwise the store's, as it was.
+fn the_staged_writes(error: StoreError) -> StoreError {
+    let StoreError::Backend { cause, backend } = error else {
+        return error;
+    };
+    let code = cause
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(tokio_postgres::Error::code);
+    match code {
+        Some(code) if *code == tokio_postgres::error::SqlState::IN_FAILED_SQL_TRANSACTION => {
+            StoreError::Write(
+                format!(
+                    "a staged write's statement failed and the write went on without returning \
+                     its error, so the transaction was aborted ({})",
+                    crate::store::error::causes(cause.as_ref())
+                )
+                .into(),
+            )
+        }
+        Some(code) if code.code().starts_with("23") => StoreError::Write(cause),
+        _ => StoreError::Backend { backend, cause },
+    }
 }
 
 async fn apply_writes(

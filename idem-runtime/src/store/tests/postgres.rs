@@ -977,6 +977,92 @@ async fn the_replica_closing_an_interrupted_stream_holds_it_in_the_stream_s_name
     assert!(body.contains("IDEMPOTENCY_STREAM_INTERRUPTED"), "{body}");
 }
 
+/// A staged write of plain SQL, for the tests below.
+fn sql(text: &'static str) -> crate::store::SqlWrite {
+    crate::store::SqlWrite::postgres(move |tx| {
+        Box::pin(async move {
+            tx.batch_execute(text).await?;
+            Ok(())
+        })
+    })
+}
+
+/// A staged write that leaves a deferred foreign key unresolved fails at `COMMIT`: that is
+/// the write's failure (`IDEMPOTENCY_WRITE_FAILED`), as on SQLite, not the store's, for a
+/// call, a stream's start and an undeduplicated call alike (found by helper-55).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_constraint_failing_at_commit_is_the_staged_write_s_failure() {
+    let Some(fx) = fixture().await else { return };
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let tables = "CREATE TABLE parent (id INTEGER PRIMARY KEY);
+        CREATE TABLE child (parent INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)";
+    cache.store().apply(vec![sql(tables)]).await.unwrap();
+    let orphan = || sql("INSERT INTO child VALUES (999)");
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&cache, &key(1), "message/send", &hash).await;
+    let put = ticket.complete_with(response("a"), vec![orphan()]).await;
+    let mut ticket = won(&cache, &key(2), "message/stream", &hash).await;
+    let opened = ticket
+        .open_stream("1".into(), stream_event(0), vec![orphan()])
+        .await;
+    drop(ticket);
+    let alone = cache.store().apply(vec![orphan()]).await;
+    for (what, outcome) in [
+        ("put", put.map(drop)),
+        ("open_stream", opened),
+        ("apply", alone),
+    ] {
+        assert!(
+            matches!(outcome, Err(StoreError::Write(_))),
+            "{what}: {outcome:?}"
+        );
+    }
+    assert_eq!(fx.count("SELECT COUNT(*) FROM child").await, 0);
+    assert!(cached_body(&cache, &key(1)).await.is_none());
+}
+
+/// A staged write that swallows its statement's error leaves PostgreSQL's transaction
+/// aborted, whose `COMMIT` is answered `ROLLBACK` and no error: an undeduplicated call was
+/// told its writes committed (and its after-commit hooks ran) with none of them, and a call's
+/// failure was the store's. Both are now the write's failure (found by helper-55).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_write_that_swallows_its_error_fails_the_call_as_its_own() {
+    let Some(fx) = fixture().await else { return };
+    let cache = fx.cache(&config(86_400, 100)).await;
+    fx.create_effects(cache.store()).await;
+    cache.store().apply(vec![fx.effect("taken")]).await.unwrap();
+    let swallowing = || {
+        crate::store::SqlWrite::postgres(|tx| {
+            Box::pin(async move {
+                let taken = "INSERT INTO effects (name) VALUES ('taken')";
+                let _ = tx.execute(taken, &[]).await;
+                Ok(())
+            })
+        })
+    };
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&cache, &key(1), "message/send", &hash).await;
+    let put = ticket
+        .complete_with(response("a"), vec![fx.effect("mine"), swallowing()])
+        .await;
+    let alone = cache
+        .store()
+        .apply(vec![fx.effect("mine too"), swallowing()])
+        .await;
+    for (what, outcome) in [("put", put.map(drop)), ("apply", alone)] {
+        assert!(
+            matches!(&outcome, Err(StoreError::Write(_))),
+            "{what}: {outcome:?}"
+        );
+        let said = outcome.unwrap_err().to_string();
+        assert!(
+            said.contains("without returning its error"),
+            "{what}: {said}"
+        );
+    }
+    assert_eq!(fx.effects().await, ["taken"]);
+}
+
 /// The store's claim of key `n`, straight (no lookup first); panics unless it is won.
 async fn acquired(store: &PostgresStore, n: u32, hash: &RequestHash) -> crate::store::Lease {
     match store.acquire(&key(n), "message/send", hash, false).await {
