@@ -236,26 +236,46 @@ impl PostgresStore {
     /// cut off (the server ends the session of a replica frozen mid-commit, see [`pool_of`])
     /// failed as neither a staged write nor the database did: the claim, read again on another
     /// connection, tells whether another replica took the key over meanwhile
-    /// ([`StoreError::ClaimLost`]) or the database was out of reach.
-    async fn cut_off(&self, key: &MessageId, fence: i64, error: StoreError) -> StoreError {
+    /// ([`StoreError::ClaimLost`]) or the database was out of reach. `storing`: the entry the
+    /// transaction stored, whose commit ends the claim too: where the connection was lost
+    /// after that `COMMIT` reached the database, the entry is there, and the call succeeded
+    /// (found by helper-55: it was told another replica had taken its key).
+    async fn cut_off(
+        &self,
+        key: &MessageId,
+        fence: i64,
+        error: StoreError,
+        storing: Option<&Entry>,
+    ) -> Result<(), StoreError> {
         if !connection_lost(&error) {
-            return error;
+            return Err(error);
         }
         let Ok(client) = self.client().await else {
-            return error;
+            return Err(error);
         };
         let ours = "SELECT 1 FROM idempotency_claims
                     WHERE message_id = $1 AND fence = $2 AND owner = $3";
         match query_opt(&client, ours, &[&key.as_str(), &fence, &self.owner]).await {
-            Ok(None) => StoreError::ClaimLost(key.to_string()),
-            Ok(Some(_)) | Err(_) => match error {
+            Ok(None) => match storing {
+                Some(entry) if self.landed(&client, entry).await => Ok(()),
+                _ => Err(StoreError::ClaimLost(key.to_string())),
+            },
+            Ok(Some(_)) | Err(_) => Err(match error {
                 StoreError::Write(cause) => StoreError::Backend {
                     backend: "postgres",
                     cause,
                 },
                 other => other,
-            },
+            }),
         }
+    }
+
+    /// Whether the live entry of `entry`'s key is `entry`, its answer byte for byte: the
+    /// commit that stored it landed (a replica that took the key over stores its own answer).
+    async fn landed(&self, client: &impl GenericClient, entry: &Entry) -> bool {
+        let stored = select_entry(client, &entry.message_id, self.read_at()).await;
+        matches!(stored, Ok(Some(stored)) if (&stored.method, &stored.request_hash, &stored.response)
+            == (&entry.method, &entry.request_hash, &entry.response))
     }
 
     /// Counts the rows, for the bound's estimate.
@@ -609,7 +629,14 @@ impl Store for PostgresStore {
             if writes.is_empty() {
                 // One statement, its own transaction; the bound, if due, in another.
                 let (fence, ttl) = (lease.fence(), self.ttl_seconds);
-                if self.store_entry(&client, &entry, fence, ttl).await? {
+                let stored = match self.store_entry(&client, &entry, fence, ttl).await {
+                    Ok(stored) => stored,
+                    Err(error) => {
+                        let key = &entry.message_id;
+                        return self.cut_off(key, fence, error, Some(&entry)).await;
+                    }
+                };
+                if stored {
                     let bound = async {
                         let tx = client.transaction().await?;
                         let stored = Some(&entry.message_id);
@@ -638,7 +665,10 @@ impl Store for PostgresStore {
             let fence = lease.fence();
             match committed.await.map_err(the_staged_writes) {
                 Ok(()) => Ok(()),
-                Err(error) => Err(self.cut_off(&entry.message_id, fence, error).await),
+                Err(error) => {
+                    let key = &entry.message_id;
+                    self.cut_off(key, fence, error, Some(&entry)).await
+                }
             }
         })
         .await
@@ -690,7 +720,11 @@ impl Store for PostgresStore {
             };
             match opened.await.map_err(the_staged_writes) {
                 Ok(()) => Ok(()),
-                Err(error) => Err(self.cut_off(&stream.message_id, lease.fence(), error).await),
+                // The claim outlives the stream's start: gone, it was taken over.
+                Err(error) => {
+                    let key = &stream.message_id;
+                    self.cut_off(key, lease.fence(), error, None).await
+                }
             }
         })
         .await
@@ -797,7 +831,10 @@ impl Store for PostgresStore {
             };
             match closed.await {
                 Ok(()) => Ok(()),
-                Err(error) => Err(self.cut_off(&entry.message_id, lease.fence(), error).await),
+                Err(error) => {
+                    let key = &entry.message_id;
+                    self.cut_off(key, lease.fence(), error, Some(&entry)).await
+                }
             }
         })
         .await

@@ -977,6 +977,30 @@ async fn the_replica_closing_an_interrupted_stream_holds_it_in_the_stream_s_name
     assert!(body.contains("IDEMPOTENCY_STREAM_INTERRUPTED"), "{body}");
 }
 
+/// The connection lost after `COMMIT` reached the database, before its answer came back: the
+/// commit landed and ended the claim, and nobody took the key over. The call succeeds (its
+/// after-commit work runs), where it was told `IDEMPOTENCY_CLAIM_LOST`, "nothing of it was
+/// stored" (found by helper-55); with and without staged writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_but_which_landed_is_the_call_s_success() {
+    let Some(fx) = fixture().await else { return };
+    let proxy = StallingProxy::start(fx.url.as_ref().unwrap()).await;
+    let options = PostgresOptions::new(proxy.url.clone());
+    let config = config(86_400, 100).with(|c| c.claim_lease = Duration::from_secs(5));
+    let store = PostgresStore::connect_with(options, &config, fx.clock.clone());
+    let cache = IdempotencyCache::from_arc(std::sync::Arc::new(store.await.unwrap()));
+    fx.create_effects(cache.store()).await;
+    let hash = request_hash(b"{}").unwrap();
+    for (n, writes) in [(1, vec![fx.effect("e1")]), (2, vec![])] {
+        let ticket = won(&cache, &key(n), "message/send", &hash).await;
+        proxy.cut_at_next_commit();
+        let put = ticket.complete_with(response("first"), writes).await;
+        assert!(put.is_ok(), "key {n}: {put:?}");
+        assert_eq!(cached_body(&cache, &key(n)).await.unwrap(), b"first");
+    }
+    assert_eq!(fx.effects().await, ["e1"]);
+}
+
 /// A staged write of plain SQL, for the tests below.
 fn sql(text: &'static str) -> crate::store::SqlWrite {
     crate::store::SqlWrite::postgres(move |tx| {

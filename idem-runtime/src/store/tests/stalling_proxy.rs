@@ -21,12 +21,16 @@ pub struct StallingProxy {
 struct Links {
     stall_new: bool,
     all: Vec<Arc<Link>>,
+    /// Cut the next link that sends `COMMIT`, once the server has answered it.
+    cut_at_commit: Arc<AtomicBool>,
 }
 
 /// One proxied connection.
 #[derive(Default)]
 struct Link {
     stalled: AtomicBool,
+    /// The server's answers are dropped and the client's socket closed.
+    cut: AtomicBool,
     /// The client sent something while the link was held.
     asked_while_stalled: AtomicBool,
     /// Bytes the server has answered.
@@ -54,10 +58,23 @@ impl StallingProxy {
                     link.stalled.store(links.stall_new, Ordering::SeqCst);
                     links.all.push(link.clone());
                 }
+                let cut_at_commit = accepted.lock().unwrap().cut_at_commit.clone();
                 let ((client_reads, client_writes), (server_reads, server_writes)) =
                     (client.into_split(), server.into_split());
-                tokio::spawn(pass(client_reads, server_writes, link.clone(), false));
-                tokio::spawn(pass(server_reads, client_writes, link, true));
+                tokio::spawn(pass(
+                    client_reads,
+                    server_writes,
+                    link.clone(),
+                    false,
+                    cut_at_commit,
+                ));
+                tokio::spawn(pass(
+                    server_reads,
+                    client_writes,
+                    link,
+                    true,
+                    Arc::default(),
+                ));
             }
         });
         Self {
@@ -73,6 +90,16 @@ impl StallingProxy {
         for link in &links.all {
             link.stalled.store(stalled, Ordering::SeqCst);
         }
+    }
+
+    /// The next `COMMIT` a client sends reaches the server, and its answer never comes
+    /// back: the link is closed once the server has answered it.
+    pub fn cut_at_next_commit(&self) {
+        self.links
+            .lock()
+            .unwrap()
+            .cut_at_commit
+            .store(true, Ordering::SeqCst);
     }
 
     /// Passes the bytes of connections opened from now on, while those open now stay as
@@ -110,9 +137,28 @@ impl StallingProxy {
 
 /// Passes bytes from one side to the other while the link is not held; `answers`: from the
 /// server, whose bytes are counted.
-async fn pass(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, link: Arc<Link>, answers: bool) {
+async fn pass(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    link: Arc<Link>,
+    answers: bool,
+    cut_at_commit: Arc<AtomicBool>,
+) {
     let mut buffer = vec![0; 16 * 1024];
     while let Ok(n @ 1..) = from.read(&mut buffer).await {
+        if answers && link.cut.load(Ordering::SeqCst) {
+            return; // the answer is lost, and the client's socket closed
+        }
+        const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+        if !answers
+            && buffer[..n].windows(COMMIT.len()).any(|w| w == COMMIT)
+            && cut_at_commit.swap(false, Ordering::SeqCst)
+        {
+            link.cut.store(true, Ordering::SeqCst);
+            let _ = to.write_all(&buffer[..n]).await;
+            // Keep the server's side open: its answer comes, and is dropped.
+            std::future::pending::<()>().await;
+        }
         if answers {
             link.answered.fetch_add(n, Ordering::SeqCst);
         } else if link.stalled.load(Ordering::SeqCst) {
