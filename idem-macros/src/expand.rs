@@ -22,24 +22,41 @@ pub(crate) fn expand(args: &Args, method: Method) -> TokenStream {
             outer_spanned(quote!(#guard(#ext, #body).await), ret.span())
         }
         Shape::BoxedFuture(output) => {
-            // The guard runs inside an `async move` block that `Box::pin` returns, the shape
-            // of `#[async_trait]`'s own bodies: `#[tracing::instrument]` under this attribute
-            // recognises it and instruments the future, the guard and the body in it. A `return`
-            // in a hand-written body cannot skip the guard: it would return from the block.
+            // The body runs in a closure of the method's own return type, called at once: its
+            // `return` and `?` are the method's, as they were, and the future it returns, of
+            // whatever lifetime, goes to the guard, which reads `ext` now and borrows nothing.
+            // The guarded future is awaited in an `async move` block that `Box::pin` returns,
+            // the shape of `#[async_trait]`'s own bodies: `#[tracing::instrument]` under this
+            // attribute recognises it and instruments the guard and the body.
+            // Spanned on the return type, as the async shape's are: a type the guard cannot
+            // store is reported there, once.
             let span = output.map_or_else(Span::call_site, |ty| ty.span());
-            // The caller's hygiene, so that the error is shown where `span` points: the body
-            // cannot see the name (it is bound after it), and `__`-names are no user's.
+            let guard = generated("__idem_guard", span);
+            // The caller's hygiene, so that an error about the future is shown where `span`
+            // points: the body cannot see the name (it is bound after it), nor shadow `ext`
+            // with it (the guard read it before).
             let future = Ident::new("__idem_future", span);
-            let call = outer_spanned(quote!(#guard(#ext, #future).await), span);
-            quote!(::std::boxed::Box::pin(async move {
-                let #future = { #body };
-                #call
-            }))
+            // Not the guard's name itself: its span carries its hygiene.
+            let run = outer_spanned(quote!(.run(#future).await), span);
+            let ret = &func.sig.output;
+            quote! {
+                let #guard = #krate::__private::Guard::of(#ext);
+                let #future = (move || #ret { #body })();
+                ::std::boxed::Box::pin(async move { #guard #run })
+            }
         }
-        Shape::ImplFuture => quote!(#guard(#ext, { #body })),
+        // A closure too, for `return` and `?`; its type is the future's, which `impl Future`
+        // does not name.
+        Shape::ImplFuture => quote!(#guard(#ext, (move || { #body })())),
     };
     let (attrs, vis, sig, inner) = (&func.attrs, &func.vis, &func.sig, &func.inner_attrs);
     quote!(#(#attrs)* #vis #sig { #(#inner)* #new_body })
+}
+
+/// A name of the expansion's own, which no code of the user's can see or shadow, shown at
+/// `at` in an error.
+fn generated(name: &str, at: Span) -> Ident {
+    Ident::new(name, Span::mixed_site().located_at(at))
 }
 
 /// `tokens` with their outermost tokens (not what their groups hold) spanned at `span`, so
@@ -61,7 +78,7 @@ fn outer_spanned(tokens: TokenStream, span: Span) -> TokenStream {
 /// dead `if let` fixes the type before the body is checked, as async-trait does; the `let`
 /// alone would come too late for a `return` placed before it.
 fn typed_async_block(ret: &Type, body: &TokenStream) -> TokenStream {
-    let out = Ident::new("__idem_out", Span::mixed_site());
+    let out = generated("__idem_out", Span::call_site());
     quote! {
         async move {
             if let ::core::option::Option::Some(#out) = ::core::option::Option::None::<#ret> {

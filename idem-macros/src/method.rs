@@ -52,7 +52,7 @@ pub(crate) struct Method {
 
 /// How the method produces its future, which decides how the guard is spliced in.
 pub(crate) enum Shape {
-    /// `async fn`; carries the declared return type (`()` if none).
+    /// `async fn`; carries the declared return type.
     Async(Box<Type>),
     /// What `#[async_trait]` leaves: `fn ... -> Pin<Box<dyn Future<...> + Send + '_>>`, or a
     /// `BoxFuture<'_, ...>`; carries the future's `Output` type where it is spelled out.
@@ -143,10 +143,16 @@ fn shape(sig: &Signature) -> Result<Shape> {
         ReturnType::Type(_, ty) => Some(ty),
     };
     if sig.asyncness.is_some() {
-        return Ok(Shape::Async(
-            ret.cloned()
-                .unwrap_or_else(|| Box::new(syn::parse_quote!(()))),
-        ));
+        let Some(ret) = ret else {
+            let (fn_token, ident) = (&sig.fn_token, &sig.ident);
+            return Err(Error::new_spanned(
+                quote!(#fn_token #ident),
+                "an #[idempotent] method returns what the guard stores and replays: add \
+                 `-> RpcResult<Replayable<T>>` (one answer) or `-> RpcResult<EventStream<T>>` \
+                 (a stream), here and in the `#[rpc]` trait",
+            ));
+        };
+        return Ok(Shape::Async(ret.clone()));
     }
     match ret.map(|ty| peel(ty)) {
         Some(Type::Path(path)) if last_ident_is(&path.path, "Pin") => {

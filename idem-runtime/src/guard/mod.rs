@@ -68,31 +68,54 @@ pub struct CallContext {
     pub(crate) ungoverned: bool,
 }
 
-/// Wraps `body` (the user's method body) in the idempotency guard.
-///
-/// Reads what the layers put in `ext` synchronously, so the returned future borrows nothing
-/// from the caller. A governed call runs in its span (see [`crate::telemetry`]).
+/// Wraps `body` (the user's method body) in the idempotency guard: [`Guard::of`], then
+/// [`Guard::run`].
 pub fn guard<F>(ext: &Extensions, body: F) -> impl Future<Output = F::Output> + Send
 where
     F: Future + Send,
     F::Output: Guarded,
 {
-    if let Some(reach) = ext.get::<GuardReach>() {
-        reach.mark();
+    Guard::of(ext).run(body)
+}
+
+/// The guard of one call, as the layers described it. Not a public API.
+#[doc(hidden)]
+pub struct Guard {
+    ctx: CallContext,
+    span: tracing::Span,
+}
+
+impl Guard {
+    /// Reads what the layers put in `ext`, now: the guard, and the future it runs, borrow
+    /// nothing from the caller.
+    pub fn of(ext: &Extensions) -> Self {
+        if let Some(reach) = ext.get::<GuardReach>() {
+            reach.mark();
+        }
+        let governed = ext.get::<GovernedCall>().cloned();
+        let span = match &governed {
+            Some(call) => telemetry::call_span(&call.method, call.key.as_str(), call.hash.as_str()),
+            None => tracing::Span::none(),
+        };
+        let ctx = CallContext {
+            governed,
+            undeduplicated_id: ext.get::<Undeduplicated>().map(|u| u.0.clone()),
+            scope: ext.get::<HttpScope>().cloned(),
+            unit: ext.get::<UnitOfWork>().cloned(),
+            ungoverned: ext.get::<CallId>().is_some(),
+        };
+        Self { ctx, span }
     }
-    let governed = ext.get::<GovernedCall>().cloned();
-    let span = match &governed {
-        Some(call) => telemetry::call_span(&call.method, call.key.as_str(), call.hash.as_str()),
-        None => tracing::Span::none(),
-    };
-    let ctx = CallContext {
-        governed,
-        undeduplicated_id: ext.get::<Undeduplicated>().map(|u| u.0.clone()),
-        scope: ext.get::<HttpScope>().cloned(),
-        unit: ext.get::<UnitOfWork>().cloned(),
-        ungoverned: ext.get::<CallId>().is_some(),
-    };
-    F::Output::run(ctx, body).instrument(span)
+
+    /// Runs `body` under the guard. A governed call runs in its span (see
+    /// [`crate::telemetry`]).
+    pub fn run<F>(self, body: F) -> impl Future<Output = F::Output> + Send
+    where
+        F: Future + Send,
+        F::Output: Guarded,
+    {
+        F::Output::run(self.ctx, body).instrument(self.span)
+    }
 }
 
 /// A result or event that serde cannot write: the method's bug, answered (and cached) as such.
