@@ -236,16 +236,18 @@ impl PostgresStore {
     /// cut off (the server ends the session of a replica frozen mid-commit, see [`pool_of`])
     /// failed as neither a staged write nor the database did: the claim, read again on another
     /// connection, tells whether another replica took the key over meanwhile
-    /// ([`StoreError::ClaimLost`]) or the database was out of reach. `storing`: the entry the
-    /// transaction stored, whose commit ends the claim too: where the connection was lost
-    /// after that `COMMIT` reached the database, the entry is there, and the call succeeded
-    /// (found by helper-55: it was told another replica had taken its key).
+    /// ([`StoreError::ClaimLost`]) or the database was out of reach. `storing`: the id of the
+    /// transaction that stored the call's entry, whose commit ends the claim too: where the
+    /// connection was lost after that `COMMIT` reached the database, PostgreSQL says it
+    /// committed, and the call succeeded (found by helper-55: it was told another replica had
+    /// taken its key; and by helper-57: an entry of the same bytes is no proof, a takeover
+    /// may answer alike).
     async fn cut_off(
         &self,
         key: &MessageId,
         fence: i64,
         error: StoreError,
-        storing: Option<&Entry>,
+        storing: Option<i64>,
     ) -> Result<(), StoreError> {
         if !connection_lost(&error) {
             return Err(error);
@@ -257,7 +259,7 @@ impl PostgresStore {
                     WHERE message_id = $1 AND fence = $2 AND owner = $3";
         match query_opt(&client, ours, &[&key.as_str(), &fence, &self.owner]).await {
             Ok(None) => match storing {
-                Some(entry) if self.landed(&client, entry).await => Ok(()),
+                Some(transaction) if committed(&client, transaction).await => Ok(()),
                 _ => Err(StoreError::ClaimLost(key.to_string())),
             },
             Ok(Some(_)) | Err(_) => Err(match error {
@@ -268,14 +270,6 @@ impl PostgresStore {
                 other => other,
             }),
         }
-    }
-
-    /// Whether the live entry of `entry`'s key is `entry`, its answer byte for byte: the
-    /// commit that stored it landed (a replica that took the key over stores its own answer).
-    async fn landed(&self, client: &impl GenericClient, entry: &Entry) -> bool {
-        let stored = select_entry(client, &entry.message_id, self.read_at()).await;
-        matches!(stored, Ok(Some(stored)) if (&stored.method, &stored.request_hash, &stored.response)
-            == (&entry.method, &entry.request_hash, &entry.response))
     }
 
     /// Counts the rows, for the bound's estimate.
@@ -387,15 +381,13 @@ impl PostgresStore {
 
     /// Stores `entry` and ends its claim in one statement, fenced: nothing is stored unless
     /// the claim still carries `fence` ([`StoreError::ClaimLost`]). Announces the end at commit.
-    /// `true`: this insert may have passed the LRU bound ([`enforce_bound`](Self::enforce_bound)
-    /// is due, in a transaction).
     async fn store_entry(
         &self,
         client: &impl GenericClient,
         entry: &Entry,
         fence: i64,
         ttl_seconds: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Stored, StoreError> {
         let stored = query_one(
             client,
             "WITH claim AS (
@@ -417,7 +409,8 @@ impl PostgresStore {
              ), announced AS (
                SELECT pg_notify($10, message_id) FROM claim
              )
-             SELECT (SELECT inserted FROM stored), (SELECT COUNT(*) FROM announced)",
+             SELECT (SELECT inserted FROM stored), (SELECT COUNT(*) FROM announced),
+               txid_current()",
             &[
                 &entry.message_id.as_str(),
                 &fence,
@@ -435,11 +428,15 @@ impl PostgresStore {
         )
         .await?;
         let inserted: Option<bool> = stored.get(0);
-        match inserted {
-            None => Err(StoreError::ClaimLost(entry.message_id.to_string())),
-            Some(true) => Ok(self.rows.fetch_add(1, Ordering::Relaxed) + 1 > self.max_entries),
-            Some(false) => Ok(false),
-        }
+        let past_the_bound = match inserted {
+            None => return Err(StoreError::ClaimLost(entry.message_id.to_string())),
+            Some(true) => self.rows.fetch_add(1, Ordering::Relaxed) + 1 > self.max_entries,
+            Some(false) => false,
+        };
+        Ok(Stored {
+            past_the_bound,
+            transaction: stored.get(2),
+        })
     }
 }
 
@@ -629,14 +626,7 @@ impl Store for PostgresStore {
             if writes.is_empty() {
                 // One statement, its own transaction; the bound, if due, in another.
                 let (fence, ttl) = (lease.fence(), self.ttl_seconds);
-                let stored = match self.store_entry(&client, &entry, fence, ttl).await {
-                    Ok(stored) => stored,
-                    Err(error) => {
-                        let key = &entry.message_id;
-                        return self.cut_off(key, fence, error, Some(&entry)).await;
-                    }
-                };
-                if stored {
+                if self.store_entry(&client, &entry, fence, ttl).await?.past_the_bound {
                     let bound = async {
                         let tx = client.transaction().await?;
                         let stored = Some(&entry.message_id);
@@ -651,12 +641,15 @@ impl Store for PostgresStore {
                 }
                 return Ok(());
             }
+            let mut transaction = None;
             let committed = async {
                 let tx = client.transaction().await?;
                 apply_writes(&tx, writes).await?;
                 // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
                 let (fence, ttl) = (lease.fence(), self.ttl_seconds);
-                if self.store_entry(&tx, &entry, fence, ttl).await? {
+                let stored = self.store_entry(&tx, &entry, fence, ttl).await?;
+                transaction = Some(stored.transaction);
+                if stored.past_the_bound {
                     self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
                         .await?;
                 }
@@ -667,7 +660,7 @@ impl Store for PostgresStore {
                 Ok(()) => Ok(()),
                 Err(error) => {
                     let key = &entry.message_id;
-                    self.cut_off(key, fence, error, Some(&entry)).await
+                    self.cut_off(key, fence, error, transaction).await
                 }
             }
         })
@@ -804,6 +797,7 @@ impl Store for PostgresStore {
         self.in_time(async {
             lease.end();
             let mut client = self.client().await?;
+            let mut transaction = None;
             let closed = async {
                 let tx = client.transaction().await?;
                 // The claim's row first, as `open_stream` locks it: two replicas closing and
@@ -823,7 +817,9 @@ impl Store for PostgresStore {
                 // 24 h's, and a retry 5 s later ran the stream again).
                 let started_with = record.and_then(|row| stored_ttl(row.get(0), row.get(1)));
                 let ttl = started_with.unwrap_or(self.ttl_seconds);
-                if self.store_entry(&tx, &entry, lease.fence(), ttl).await? {
+                let stored = self.store_entry(&tx, &entry, lease.fence(), ttl).await?;
+                transaction = Some(stored.transaction);
+                if stored.past_the_bound {
                     self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
                         .await?;
                 }
@@ -833,7 +829,7 @@ impl Store for PostgresStore {
                 Ok(()) => Ok(()),
                 Err(error) => {
                     let key = &entry.message_id;
-                    self.cut_off(key, lease.fence(), error, Some(&entry)).await
+                    self.cut_off(key, lease.fence(), error, transaction).await
                 }
             }
         })
@@ -944,6 +940,22 @@ fn connection_lost(error: &StoreError) -> bool {
         tokio_postgres::error::SqlState::ADMIN_SHUTDOWN,
     ];
     error.is_closed() || error.code().is_some_and(|code| ended.contains(code))
+}
+
+/// What storing an entry did.
+struct Stored {
+    /// This insert may have passed the LRU bound: [`PostgresStore::enforce_bound`] is due, in
+    /// a transaction.
+    past_the_bound: bool,
+    /// The id of the transaction that stored it (`txid_current()`), to ask PostgreSQL whether
+    /// it committed when the answer to its `COMMIT` is lost.
+    transaction: i64,
+}
+
+/// Whether PostgreSQL committed `transaction` (`txid_status`); `false` where it cannot say.
+async fn committed(client: &impl GenericClient, transaction: i64) -> bool {
+    let status = query_one(client, "SELECT txid_status($1)", &[&transaction]).await;
+    matches!(status.map(|row| row.get::<_, Option<String>>(0)), Ok(Some(s)) if s == "committed")
 }
 
 /// `error`, as the staged writes' failure where it is theirs: a statement refused because one

@@ -1475,6 +1475,8 @@ async fn a_retry_of_an_interrupted_stream_waits_while_another_payload_closes_it(
     let (disk, held) = held_write(1, true);
     let store = cache.store().clone();
     let holding = tokio::spawn(async move { store.apply(vec![held]).await });
+    // The held write in the writer first, so that the close below waits behind it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let closing = {
         let cache = cache.clone();
         tokio::spawn(async move { cache.claim(&key(1), "message/stream", &other).await })
