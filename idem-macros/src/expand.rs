@@ -22,32 +22,34 @@ pub(crate) fn expand(args: &Args, method: Method) -> TokenStream {
             outer_spanned(quote!(#guard(#ext, #body).await), ret.span())
         }
         Shape::BoxedFuture(output) => {
-            // The body runs in a closure of the method's own return type, called at once: its
-            // `return` and `?` are the method's, as they were, and the future it returns, of
-            // whatever lifetime, goes to the guard, which reads `ext` now and borrows nothing.
-            // The guarded future is awaited in an `async move` block that `Box::pin` returns,
-            // the shape of `#[async_trait]`'s own bodies: `#[tracing::instrument]` under this
-            // attribute recognises it and instruments the guard and the body.
-            // Spanned on the return type, as the async shape's are: a type the guard cannot
-            // store is reported there, once.
+            // The body runs in a closure of the method's own return type, so that its `return`
+            // and `?` are the method's, as they were. The closure runs inside the `async move`
+            // block that `Box::pin` returns, the shape of `#[async_trait]`'s own bodies:
+            // `#[tracing::instrument]` under this attribute recognises it, records its fields
+            // before the parameters move into the block, and instruments the guard and the
+            // body. The guard reads `ext` before: the block does not hold it for the guard.
             let span = output.map_or_else(Span::call_site, |ty| ty.span());
             let guard = generated("__idem_guard", span);
             // The caller's hygiene, so that an error about the future is shown where `span`
-            // points: the body cannot see the name (it is bound after it), nor shadow `ext`
-            // with it (the guard read it before).
+            // points (a mixed-site name is shown on the attribute): the body cannot see it, as
+            // it is bound after it.
             let future = Ident::new("__idem_future", span);
-            // Not the guard's name itself: its span carries its hygiene.
+            // Not the guard's name itself: its span carries its hygiene. Spanned on the
+            // return type, as the async shape's are: a type the guard cannot store is
+            // reported there.
             let run = outer_spanned(quote!(.run(#future).await), span);
             let ret = &func.sig.output;
             quote! {
                 let #guard = #krate::__private::Guard::of(#ext);
-                let #future = (move || #ret { #body })();
-                ::std::boxed::Box::pin(async move { #guard #run })
+                ::std::boxed::Box::pin(async move {
+                    let #future = #krate::__private::once(move || #ret { #body });
+                    #guard #run
+                })
             }
         }
-        // A closure too, for `return` and `?`; its type is the future's, which `impl Future`
-        // does not name.
-        Shape::ImplFuture => quote!(#guard(#ext, (move || { #body })())),
+        // In a closure too, for `return` and `?`; its type is the future's, which
+        // `impl Future` does not name.
+        Shape::ImplFuture => quote!(#guard(#ext, #krate::__private::once(move || { #body }))),
     };
     let (attrs, vis, sig, inner) = (&func.attrs, &func.vis, &func.sig, &func.inner_attrs);
     quote!(#(#attrs)* #vis #sig { #(#inner)* #new_body })

@@ -53,5 +53,5 @@ pub mod testing {
 /// What `#[idempotent]` expands to reaches the runtime only through here. Not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::guard::{guard, CallContext, Guard, Guarded};
+    pub use crate::guard::{guard, once, CallContext, Guard, Guarded};
 }

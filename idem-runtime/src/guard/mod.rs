@@ -78,6 +78,14 @@ where
     Guard::of(ext).run(body)
 }
 
+/// Calls `body` once: an `#[idempotent]` body runs in a closure taken as `FnOnce`, so that it
+/// may return what it reborrows from its captures (`&mut self`), as the method it was could.
+/// Not a public API.
+#[doc(hidden)]
+pub fn once<R>(body: impl FnOnce() -> R) -> R {
+    body()
+}
+
 /// The guard of one call, as the layers described it. Not a public API.
 #[doc(hidden)]
 pub struct Guard {

@@ -1,13 +1,23 @@
 // `futures`' `BoxFuture` is a boxed future like the one `#[async_trait]` writes out. Its body
-// is the method's own: an early `return` of a future, a `'static` future, and a parameter
-// whose lifetime is not the future's all compile as they would without the attribute.
+// is the method's own: an early `return` of a future compiles as it would without the
+// attribute, and so does a future that reborrows `&mut self`.
 use futures::future::{BoxFuture, FutureExt};
 use idem::{idempotent, Replayable};
 use jsonrpsee::core::RpcResult;
 use jsonrpsee::types::ErrorObjectOwned;
 use jsonrpsee::Extensions;
 
-struct S;
+struct Inner;
+
+impl Inner {
+    fn call(&mut self) -> BoxFuture<'_, RpcResult<Replayable<u64>>> {
+        async move { Ok(1.into()) }.boxed()
+    }
+}
+
+struct S {
+    inner: Inner,
+}
 
 impl S {
     #[idempotent]
@@ -20,20 +30,14 @@ impl S {
     }
 
     #[idempotent]
-    fn send_static(&self, ext: &Extensions, n: u64) -> BoxFuture<'static, RpcResult<Replayable<u64>>> {
-        async move { Ok((n + 1).into()) }.boxed()
-    }
-
-    #[idempotent]
-    fn send_text<'a>(&'a self, ext: &'a Extensions, text: &str) -> BoxFuture<'a, RpcResult<Replayable<u64>>> {
-        let len = text.len() as u64;
-        async move { Ok(len.into()) }.boxed()
+    fn reborrow<'a>(&'a mut self, ext: &'a Extensions) -> BoxFuture<'a, RpcResult<Replayable<u64>>> {
+        self.inner.call()
     }
 }
 
 fn main() {
     let ext = Extensions::new();
-    let _ = S.send(&ext, 1);
-    let _ = S.send_static(&ext, 1);
-    let _ = S.send_text(&ext, "text");
+    let mut s = S { inner: Inner };
+    let _ = s.send(&ext, 1);
+    let _ = s.reborrow(&ext);
 }
