@@ -255,13 +255,19 @@ impl PostgresStore {
         let Ok(client) = self.client().await else {
             return Err(error);
         };
+        // Asked first: a COMMIT still running when its connection dropped (waiting on a
+        // synchronous standby, say) holds the claim as ours until it lands (helper-59).
+        if let Some(transaction) = storing {
+            match self.outcome_of(&client, transaction).await {
+                Some(true) => return Ok(()),
+                Some(false) => {} // rolled back: the claim says whether it was taken over
+                None => return Err(error),
+            }
+        }
         let ours = "SELECT 1 FROM idempotency_claims
                     WHERE message_id = $1 AND fence = $2 AND owner = $3";
         match query_opt(&client, ours, &[&key.as_str(), &fence, &self.owner]).await {
-            Ok(None) => match storing {
-                Some(transaction) if committed(&client, transaction).await => Ok(()),
-                _ => Err(StoreError::ClaimLost(key.to_string())),
-            },
+            Ok(None) => Err(StoreError::ClaimLost(key.to_string())),
             Ok(Some(_)) | Err(_) => Err(match error {
                 StoreError::Write(cause) => StoreError::Backend {
                     backend: "postgres",
@@ -269,6 +275,23 @@ impl PostgresStore {
                 },
                 other => other,
             }),
+        }
+    }
+
+    /// Whether PostgreSQL committed `transaction` (`txid_status`), once it has ended: asked
+    /// again while it is in progress, for at most a lease. `None` where it cannot say.
+    async fn outcome_of(&self, client: &impl GenericClient, transaction: i64) -> Option<bool> {
+        let deadline = tokio::time::Instant::now() + self.lease;
+        loop {
+            let status = query_one(client, "SELECT txid_status($1)", &[&transaction]).await;
+            match status.ok()?.get::<_, Option<String>>(0)?.as_str() {
+                "committed" => return Some(true),
+                "aborted" => return Some(false),
+                _ if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                _ => return None,
+            }
         }
     }
 
@@ -950,12 +973,6 @@ struct Stored {
     /// The id of the transaction that stored it (`txid_current()`), to ask PostgreSQL whether
     /// it committed when the answer to its `COMMIT` is lost.
     transaction: i64,
-}
-
-/// Whether PostgreSQL committed `transaction` (`txid_status`); `false` where it cannot say.
-async fn committed(client: &impl GenericClient, transaction: i64) -> bool {
-    let status = query_one(client, "SELECT txid_status($1)", &[&transaction]).await;
-    matches!(status.map(|row| row.get::<_, Option<String>>(0)), Ok(Some(s)) if s == "committed")
 }
 
 /// `error`, as the staged writes' failure where it is theirs: a statement refused because one

@@ -697,11 +697,11 @@ async fn a_table_locked_by_another_session_fails_the_call_instead_of_hanging_it(
     );
 }
 
-/// A store with a short lease (600 ms) on `fx`'s database through a [`StallingProxy`].
-async fn behind_a_proxy(fx: &Fixture) -> (StallingProxy, PostgresStore) {
+/// A store with a lease of `lease` on `fx`'s database through a [`StallingProxy`].
+async fn behind_a_proxy(fx: &Fixture, lease: Duration) -> (StallingProxy, PostgresStore) {
     let proxy = StallingProxy::start(fx.url.as_ref().unwrap()).await;
     let options = PostgresOptions::new(proxy.url.clone());
-    let config = leased(Duration::from_millis(600));
+    let config = leased(lease);
     let store = PostgresStore::connect_with(options, &config, fx.clock.clone());
     (proxy, store.await.unwrap())
 }
@@ -712,7 +712,7 @@ async fn behind_a_proxy(fx: &Fixture) -> (StallingProxy, PostgresStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_that_stops_answering_fails_the_call_in_bounded_time() {
     let Some(fx) = fixture().await else { return };
-    let (proxy, store) = behind_a_proxy(&fx).await;
+    let (proxy, store) = behind_a_proxy(&fx, Duration::from_millis(600)).await;
     let store = std::sync::Arc::new(store);
     let cache = IdempotencyCache::from_arc(store.clone());
     let hash = request_hash(b"{}").unwrap();
@@ -791,7 +791,7 @@ async fn a_database_that_stops_answering_fails_the_call_in_bounded_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_claim_of_an_earlier_attempt_never_replaces_a_retry_s() {
     let Some(fx) = fixture().await else { return };
-    let (proxy, store) = behind_a_proxy(&fx).await;
+    let (proxy, store) = behind_a_proxy(&fx, Duration::from_millis(600)).await;
     let hash = request_hash(b"{}").unwrap();
     // A claim and its end on the pool's connection: the claim's statement is prepared there,
     // so the next claim on it sends its INSERT at once.
@@ -980,28 +980,36 @@ async fn the_replica_closing_an_interrupted_stream_holds_it_in_the_stream_s_name
 }
 
 /// The connection lost after `COMMIT` reached the database, before its answer came back: the
-/// commit landed and ended the claim, and nobody took the key over. The call succeeds (its
+/// commit lands and ends the claim, and nobody takes the key over. The call succeeds (its
 /// after-commit work runs), where it was told `IDEMPOTENCY_CLAIM_LOST`, "nothing of it was
-/// stored" (found by helper-55). A takeover that stores the same bytes is no such proof:
+/// stored" (found by helper-55). So does one whose `COMMIT` still runs when its connection
+/// drops (here a deferred trigger makes it take a second, as a wait on a synchronous standby
+/// would), which was answered `IDEMPOTENCY_STORE_UNAVAILABLE` while the claim still held
+/// (found by helper-59). A takeover that stores the same bytes is no such proof:
 /// `a_commit_whose_session_was_ended_answers_for_what_happened`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_answer_is_lost_but_which_landed_is_the_call_s_success() {
     let Some(fx) = fixture().await else { return };
-    let proxy = StallingProxy::start(fx.url.as_ref().unwrap()).await;
-    let options = PostgresOptions::new(proxy.url.clone());
-    let config = config(86_400, 100).with(|c| c.claim_lease = Duration::from_secs(5));
-    let store = PostgresStore::connect_with(options, &config, fx.clock.clone());
-    let cache = IdempotencyCache::from_arc(std::sync::Arc::new(store.await.unwrap()));
+    let (proxy, store) = behind_a_proxy(&fx, Duration::from_secs(5)).await;
+    let cache = IdempotencyCache::from_arc(std::sync::Arc::new(store));
     fx.create_effects(cache.store()).await;
     let hash = request_hash(b"{}").unwrap();
-    let ticket = won(&cache, &key(1), "message/send", &hash).await;
-    proxy.cut_at_next_commit();
-    let put = ticket
-        .complete_with(response("first"), vec![fx.effect("e1")])
-        .await;
-    assert!(put.is_ok(), "{put:?}");
-    assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"first");
-    assert_eq!(fx.effects().await, ["e1"]);
+    let slow_commit = "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+            $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;
+        CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON effects
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()";
+    for n in [1, 2] {
+        if n == 2 {
+            fx.execute(slow_commit).await;
+        }
+        let ticket = won(&cache, &key(n), "message/send", &hash).await;
+        proxy.cut_at_next_commit();
+        let effect = fx.effect(&format!("e{n}"));
+        let put = ticket.complete_with(response("first"), vec![effect]).await;
+        assert!(put.is_ok(), "key {n}: {put:?}");
+        assert_eq!(cached_body(&cache, &key(n)).await.unwrap(), b"first");
+    }
+    assert_eq!(fx.effects().await, ["e1", "e2"]);
 }
 
 /// A staged write of plain SQL, for the tests below.

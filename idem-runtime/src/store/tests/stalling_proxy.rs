@@ -21,7 +21,7 @@ pub struct StallingProxy {
 struct Links {
     stall_new: bool,
     all: Vec<Arc<Link>>,
-    /// Cut the next link that sends `COMMIT`, once the server has answered it.
+    /// Cut the next link that sends `COMMIT`, once it has passed it on.
     cut_at_commit: Arc<AtomicBool>,
 }
 
@@ -93,7 +93,8 @@ impl StallingProxy {
     }
 
     /// The next `COMMIT` a client sends reaches the server, and its answer never comes
-    /// back: the link is closed once the server has answered it.
+    /// back: the client's side of the link is closed as soon as it is passed on, whether
+    /// the server has committed yet or not.
     pub fn cut_at_next_commit(&self) {
         self.links
             .lock()
@@ -145,9 +146,14 @@ async fn pass(
     cut_at_commit: Arc<AtomicBool>,
 ) {
     let mut buffer = vec![0; 16 * 1024];
-    while let Ok(n @ 1..) = from.read(&mut buffer).await {
+    loop {
+        let read = tokio::select! {
+            read = from.read(&mut buffer) => read,
+            () = cut(&link), if answers => return, // the answer is lost, the client's socket closed
+        };
+        let Ok(n @ 1..) = read else { return };
         if answers && link.cut.load(Ordering::SeqCst) {
-            return; // the answer is lost, and the client's socket closed
+            return; // an answer that came in first is lost all the same
         }
         const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
         if !answers
@@ -170,5 +176,12 @@ async fn pass(
         if to.write_all(&buffer[..n]).await.is_err() {
             return;
         }
+    }
+}
+
+/// Returns once `link` is cut.
+async fn cut(link: &Link) {
+    while !link.cut.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
