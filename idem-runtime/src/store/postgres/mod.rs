@@ -402,6 +402,23 @@ impl PostgresStore {
         Ok(evicted)
     }
 
+    /// [`store_entry`](Self::store_entry) in the transaction `tx`, and the LRU bound enforced
+    /// there if that insert passed it; the id of the transaction.
+    async fn store_in(
+        &self,
+        tx: &impl GenericClient,
+        entry: &Entry,
+        fence: i64,
+        ttl_seconds: u64,
+    ) -> Result<i64, StoreError> {
+        let stored = self.store_entry(tx, entry, fence, ttl_seconds).await?;
+        if stored.past_the_bound {
+            self.enforce_bound(tx, SWEEP_CHUNK, Some(&entry.message_id))
+                .await?;
+        }
+        Ok(stored.transaction)
+    }
+
     /// Stores `entry` and ends its claim in one statement, fenced: nothing is stored unless
     /// the claim still carries `fence` ([`StoreError::ClaimLost`]). Announces the end at commit.
     async fn store_entry(
@@ -670,12 +687,7 @@ impl Store for PostgresStore {
                 apply_writes(&tx, writes).await?;
                 // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
                 let (fence, ttl) = (lease.fence(), self.ttl_seconds);
-                let stored = self.store_entry(&tx, &entry, fence, ttl).await?;
-                transaction = Some(stored.transaction);
-                if stored.past_the_bound {
-                    self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
-                        .await?;
-                }
+                transaction = Some(self.store_in(&tx, &entry, fence, ttl).await?);
                 Ok(tx.commit().await?)
             };
             let fence = lease.fence();
@@ -840,12 +852,7 @@ impl Store for PostgresStore {
                 // 24 h's, and a retry 5 s later ran the stream again).
                 let started_with = record.and_then(|row| stored_ttl(row.get(0), row.get(1)));
                 let ttl = started_with.unwrap_or(self.ttl_seconds);
-                let stored = self.store_entry(&tx, &entry, lease.fence(), ttl).await?;
-                transaction = Some(stored.transaction);
-                if stored.past_the_bound {
-                    self.enforce_bound(&tx, SWEEP_CHUNK, Some(&entry.message_id))
-                        .await?;
-                }
+                transaction = Some(self.store_in(&tx, &entry, lease.fence(), ttl).await?);
                 Ok(tx.commit().await?)
             };
             match closed.await {
