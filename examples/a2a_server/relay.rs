@@ -127,7 +127,6 @@ pub fn spawn(store: TaskStore, push: PushConfigs, give_up: Duration) {
         workers: Arc::new(Semaphore::new(TASKS_AT_ONCE)),
         failing: Arc::new(Semaphore::new(FAILING_AT_ONCE)),
         store_failures: 0,
-        store_failed: false,
     };
     tokio::spawn(relay.run());
 }
@@ -142,8 +141,6 @@ struct Relay {
     /// failed delivery does (a store that fails for good, its file deleted say, is not asked
     /// ten times a second, each failure logged).
     store_failures: u32,
-    /// Whether the task store failed in this pass.
-    store_failed: bool,
 }
 
 /// What a worker holds while it delivers: its place, and, for a task whose last attempt
@@ -161,9 +158,9 @@ struct Delivery {
     /// How long an event's failed attempts may wait between them before it is given up.
     give_up: Duration,
     handed_out: Mutex<HandedOut>,
-    /// A worker's write to the task store failed (a delivered event's mark, a retry's
-    /// schedule) since the relay last looked: its event goes again at the next pass, so the
-    /// relay backs off as when its own reads fail.
+    /// The task store failed since the relay last looked: its own read or mark, or a worker's
+    /// write (a delivered event's mark, whose event then goes again at the next pass; a
+    /// retry's schedule; a give-up). The relay backs off while passes see it.
     store_failed: AtomicBool,
 }
 
@@ -215,7 +212,6 @@ impl Relay {
                 tokio::time::sleep(FOLLOW).await;
                 continue;
             }
-            self.store_failed = false;
             // Settled before this read began: the read sees it.
             self.delivery.handed_out().settled.clear();
             // More are waiting behind a full batch: an event read and marked delivered, or
@@ -228,14 +224,11 @@ impl Relay {
                 }
                 Err(error) => {
                     tracing::warn!(?error, "relay: the outbox could not be read");
-                    self.store_failed = true;
+                    self.delivery.note_store_failure();
                     false
                 }
             };
-            if self.delivery.store_failed.swap(false, Ordering::Relaxed) {
-                self.store_failed = true;
-            }
-            self.store_failures = match self.store_failed {
+            self.store_failures = match self.delivery.store_failed.swap(false, Ordering::Relaxed) {
                 true => self.store_failures.saturating_add(1),
                 false => 0,
             };
@@ -303,7 +296,7 @@ impl Relay {
     }
 
     /// Events of tasks without webhooks go nowhere: marked delivered together, in one write.
-    async fn mark_nowhere(&mut self, nowhere: Vec<Pending>) -> usize {
+    async fn mark_nowhere(&self, nowhere: Vec<Pending>) -> usize {
         let ids: Vec<i64> = nowhere.into_iter().map(|event| event.id).collect();
         let count = ids.len();
         if count == 0 {
@@ -313,7 +306,7 @@ impl Relay {
             Ok(()) => count,
             Err(error) => {
                 tracing::warn!(?error, "relay: events without webhooks not marked");
-                self.store_failed = true;
+                self.delivery.note_store_failure();
                 0
             }
         }
@@ -341,6 +334,11 @@ impl Delivery {
     /// task's first event); those tasks are now handed out.
     fn new_work(&self, pending: Vec<Pending>) -> Vec<Vec<Pending>> {
         self.handed_out().take(pending)
+    }
+
+    /// Notes that the task store failed, for the relay's next pass to back off.
+    fn note_store_failure(&self) {
+        self.store_failed.store(true, Ordering::Relaxed);
     }
 
     /// `task_id` was not handed to a worker after all.
@@ -374,7 +372,7 @@ impl Delivery {
                 // not overtake it (in order per task, at least once).
                 if let Err(error) = self.store.mark_delivered(vec![event.id]).await {
                     tracing::warn!(id = event.id, ?error, "relay: delivered, not marked");
-                    self.store_failed.store(true, Ordering::Relaxed);
+                    self.note_store_failure();
                     return false;
                 }
                 true
@@ -405,7 +403,7 @@ impl Delivery {
                 Ok(false) => {} // another relay delivered it meanwhile
                 Err(error) => {
                     tracing::warn!(id = event.id, ?error, "relay: not given up");
-                    self.store_failed.store(true, Ordering::Relaxed);
+                    self.note_store_failure();
                 }
             }
             return;
@@ -415,7 +413,7 @@ impl Delivery {
         let at = clock::now_ms() + wait.as_millis() as u64;
         if let Err(error) = self.store.retry_at(event.id, at).await {
             tracing::warn!(id = event.id, ?error, "relay: retry not scheduled");
-            self.store_failed.store(true, Ordering::Relaxed);
+            self.note_store_failure();
         }
     }
 
