@@ -15,6 +15,14 @@
 //! restore, a hand reset). Leases are timed by the database's clock, never a replica's; TTLs by
 //! the store's clock, as on SQLite. Entries are not kept in memory: another replica may evict
 //! or sweep one at any time, and an evicted entry is a miss everywhere.
+//!
+//! Here: the store and its [`Store`] methods. Beside it, in the order a call meets them:
+//! `pool.rs` (sessions and their bounds), `claims.rs` and `renewer.rs` (the claim's row and
+//! its lease), `staged_writes.rs` (the application's writes in the call's transaction),
+//! `entries.rs` (an entry read, or stored with the end of its claim), `lost_commit.rs` (a
+//! commit whose answer was lost), `listener.rs` (ends announced), `lru.rs` and `sweep.rs`
+//! (the bound and the sweep), `rows.rs` (statements and row decoding), `schema.rs` and
+//! `one_ttl.rs` (the tables, and one TTL per database).
 
 mod listener;
 mod one_ttl;
@@ -33,15 +41,18 @@ use crate::config::IdempotencyConfig;
 use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::postgres::claims::{end_claim, fenced, held, lease_ms, JustWon};
-use crate::store::postgres::listener::{Listener, CHANNEL};
+use crate::store::postgres::listener::Listener;
+use crate::store::postgres::lru::EVICTION_CHUNK;
 use crate::store::postgres::one_ttl::named;
 use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds};
 use crate::store::postgres::renewer::Renewer;
 use crate::store::postgres::rows::{
-    delete_events, execute, expires_at, query_one, query_opt, select_after_claim, select_entry,
-    select_open_stream, select_open_stream_alone, stored_ttl,
+    delete_events, execute, expires_at, query_opt, select_after_claim, select_open_stream,
+    select_open_stream_alone, stored_ttl,
 };
 use crate::store::postgres::schema::create_schema;
+use crate::store::postgres::staged_writes::{apply_writes, the_staged_writes};
+use crate::store::postgres::sweep::{delete_abandoned_streams, delete_stale_claims, SWEEP_CHUNK};
 use crate::store::{
     at_most, Acquired, Elsewhere, Entry, Found, Lease, OpenStream, ReadAt, ReadJob, Store,
     StoreError, StoreStats,
@@ -89,30 +100,22 @@ macro_rules! expires_by_ttl {
 }
 pub(crate) use expires_by_ttl;
 
-/// The advisory lock key under which one replica at a time enforces the LRU bound (the
-/// schema's is in `schema.rs`).
-const BOUND_LOCK: i64 = 0x1de3_0002;
-
-/// Most expired rows one sweep statement deletes: short transactions, no long-held locks.
-const SWEEP_CHUNK: i64 = 500;
-
-/// Most entries past the LRU bound one statement of the sweep evicts: well within the
-/// statement bound, and a table millions of rows past the bound drained in minutes.
-const EVICTION_CHUNK: i64 = 5_000;
-
-/// How long a lease may have been expired before the sweep deletes its row.
-const STALE_CLAIM_MS: i64 = 60_000;
-
 // After `now_ms!` and the `expire*!` SQL, which they use.
 mod claims;
+mod entries;
+mod lost_commit;
+mod lru;
 mod pool;
 mod renewer;
 mod rows;
 mod schema;
+mod staged_writes;
+mod sweep;
 #[cfg(test)]
 pub(crate) use schema::INDEX_LOCK;
 
 pub use pool::PostgresOptions;
+pub(crate) use sweep::delete_expired;
 
 /// The PostgreSQL store: several processes may serve one database.
 ///
@@ -232,251 +235,10 @@ impl PostgresStore {
         })
     }
 
-    /// What a call's transaction that failed with `error` answers. One whose connection was
-    /// cut off (the server ends the session of a replica frozen mid-commit, see [`pool_of`])
-    /// failed as neither a staged write nor the database did: the claim, read again on another
-    /// connection, tells whether another replica took the key over meanwhile
-    /// ([`StoreError::ClaimLost`]) or the database was out of reach. `storing`: the id of the
-    /// transaction that stored the call's entry, whose commit ends the claim too: where the
-    /// connection was lost after that `COMMIT` reached the database, PostgreSQL says it
-    /// committed, and the call succeeded (found by helper-55: it was told another replica had
-    /// taken its key; and by helper-57: an entry of the same bytes is no proof, a takeover
-    /// may answer alike).
-    async fn cut_off(
-        &self,
-        key: &MessageId,
-        fence: i64,
-        error: StoreError,
-        storing: Option<i64>,
-    ) -> Result<(), StoreError> {
-        if !connection_lost(&error) {
-            return Err(error);
-        }
-        let Ok(client) = self.client().await else {
-            return Err(error);
-        };
-        // Asked first: a COMMIT still running when its connection dropped (waiting on a
-        // synchronous standby, say) holds the claim as ours until it lands (helper-59).
-        if let Some(transaction) = storing {
-            match self.outcome_of(&client, transaction).await {
-                Some(true) => return Ok(()),
-                Some(false) => {} // rolled back: the claim says whether it was taken over
-                None => return Err(error),
-            }
-        }
-        let ours = "SELECT 1 FROM idempotency_claims
-                    WHERE message_id = $1 AND fence = $2 AND owner = $3";
-        match query_opt(&client, ours, &[&key.as_str(), &fence, &self.owner]).await {
-            Ok(None) => Err(StoreError::ClaimLost(key.to_string())),
-            Ok(Some(_)) | Err(_) => Err(match error {
-                StoreError::Write(cause) => StoreError::Backend {
-                    backend: "postgres",
-                    cause,
-                },
-                other => other,
-            }),
-        }
-    }
-
-    /// Whether PostgreSQL committed `transaction` (`txid_status`), once it has ended: asked
-    /// again while it is in progress, for at most a lease. `None` where it cannot say.
-    async fn outcome_of(&self, client: &impl GenericClient, transaction: i64) -> Option<bool> {
-        let deadline = tokio::time::Instant::now() + self.lease;
-        loop {
-            let status = query_one(client, "SELECT txid_status($1)", &[&transaction]).await;
-            match status.ok()?.get::<_, Option<String>>(0)?.as_str() {
-                "committed" => return Some(true),
-                "aborted" => return Some(false),
-                _ if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(20)).await
-                }
-                _ => return None,
-            }
-        }
-    }
-
-    /// Counts the rows, for the bound's estimate.
-    async fn count(&self) -> Result<u64, StoreError> {
-        let client = self.client().await?;
-        let n: i64 = query_one(&client, "SELECT COUNT(*) FROM idempotency_cache", &[])
-            .await?
-            .get(0);
-        self.rows.store(n.max(0) as u64, Ordering::Relaxed);
-        Ok(n.max(0) as u64)
-    }
-
     /// The time rows are read at, and this replica's TTL (for rows stored without an expiry).
     fn read_at(&self) -> ReadAt {
         let (now, ttl) = (self.clock.now_seconds(), self.ttl_seconds);
         ReadAt { now, ttl }
-    }
-
-    /// `entry`, live (as its select found it), noting the use for the LRU bound.
-    fn used(&self, entry: Option<Entry>) -> Option<Entry> {
-        let entry = entry?;
-        let mut touches = self.touches.lock().expect("touches lock");
-        touches.insert(entry.message_id.to_string(), self.clock.now_millis());
-        Some(entry)
-    }
-
-    async fn live_entry(
-        &self,
-        client: &impl GenericClient,
-        key: &MessageId,
-    ) -> Result<Option<Entry>, StoreError> {
-        Ok(self.used(select_entry(client, key, self.read_at()).await?))
-    }
-
-    /// Writes the uses noted since the last flush, in `tx`.
-    async fn flush_touches(&self, client: &impl GenericClient) -> Result<(), StoreError> {
-        let touches = std::mem::take(&mut *self.touches.lock().expect("touches lock"));
-        if touches.is_empty() {
-            return Ok(());
-        }
-        let (ids, used): (Vec<String>, Vec<i64>) =
-            touches.into_iter().map(|(k, v)| (k, v as i64)).unzip();
-        // SKIP LOCKED: a use is a hint, and a row another session is writing is being used or
-        // stored again anyway. Waiting for it, two replicas flushing the same keys in another
-        // order could deadlock, and fail the call whose commit flushed.
-        execute(
-            client,
-            "UPDATE idempotency_cache AS c SET last_used_at = GREATEST(c.last_used_at, t.used)
-             FROM unnest($1::text[], $2::bigint[]) AS t(id, used) WHERE c.message_id = t.id
-             AND c.message_id IN (SELECT message_id FROM idempotency_cache
-                                  WHERE message_id = ANY($1) FOR UPDATE SKIP LOCKED)",
-            &[&ids, &used],
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// Evicts the least recently used entries past the bound, `at_most` of them, if this
-    /// process is the one doing it now (the others skip: no convoy, no entry counted twice).
-    /// Chunked: a table far past its bound (the bound lowered on a restart) evicted in one
-    /// statement outran the sessions' statement bound, was cancelled, and failed every call
-    /// that tried it again; a call's commit evicts [`SWEEP_CHUNK`], the sweep chunk after chunk.
-    async fn enforce_bound(
-        &self,
-        client: &impl GenericClient,
-        at_most: i64,
-        stored: Option<&MessageId>,
-    ) -> Result<u64, StoreError> {
-        let locked: bool = query_one(
-            client,
-            "SELECT pg_try_advisory_xact_lock($1)",
-            &[&BOUND_LOCK],
-        )
-        .await?
-        .get(0);
-        if !locked {
-            return Ok(0);
-        }
-        self.flush_touches(client).await?;
-        let max = self.max_entries.min(i64::MAX as u64) as i64;
-        let evicted = execute(
-            client,
-            // SKIP LOCKED: a row another replica is writing (a key stored again past its TTL,
-            // a touch) is not the least recently used any more; deleted after it committed,
-            // the entry just answered would be gone. Nor is the entry this call just stored
-            // (SKIP LOCKED skips no row of its own transaction), whatever its stamp says: a
-            // replica's clock behind the others' would have it evicted as it commits, and its
-            // retry run again. `ANY(ARRAY(..))`, not `IN`: the rows are chosen once. A join
-            // may run an `IN` subquery again for each row, and each run skips the rows the
-            // statement already deleted and takes the next ones past the bound.
-            "DELETE FROM idempotency_cache WHERE message_id = ANY(ARRAY(
-               SELECT message_id FROM idempotency_cache
-               WHERE message_id IS DISTINCT FROM $3::text
-               ORDER BY last_used_at, message_id
-               LIMIT LEAST($2, GREATEST(0, (SELECT COUNT(*) FROM idempotency_cache) - $1))
-               FOR UPDATE SKIP LOCKED))",
-            &[&max, &at_most, &stored.map(MessageId::as_str)],
-        )
-        .await?;
-        crate::telemetry::evicted("lru", evicted);
-        // Saturating in one step: two evictions at once must not wrap the estimate around.
-        let _ = self
-            .rows
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |rows| {
-                Some(rows.saturating_sub(evicted))
-            });
-        Ok(evicted)
-    }
-
-    /// [`store_entry`](Self::store_entry) in the transaction `tx`, and the LRU bound enforced
-    /// there if that insert passed it; the id of the transaction.
-    async fn store_in(
-        &self,
-        tx: &impl GenericClient,
-        entry: &Entry,
-        fence: i64,
-        ttl_seconds: u64,
-    ) -> Result<i64, StoreError> {
-        let stored = self.store_entry(tx, entry, fence, ttl_seconds).await?;
-        if stored.past_the_bound {
-            self.enforce_bound(tx, SWEEP_CHUNK, Some(&entry.message_id))
-                .await?;
-        }
-        Ok(stored.transaction)
-    }
-
-    /// Stores `entry` and ends its claim in one statement, fenced: nothing is stored unless
-    /// the claim still carries `fence` ([`StoreError::ClaimLost`]). Announces the end at commit.
-    async fn store_entry(
-        &self,
-        client: &impl GenericClient,
-        entry: &Entry,
-        fence: i64,
-        ttl_seconds: u64,
-    ) -> Result<Stored, StoreError> {
-        let stored = query_one(
-            client,
-            "WITH claim AS (
-               DELETE FROM idempotency_claims
-               WHERE message_id = $1 AND fence = $2 AND owner = $11
-               RETURNING message_id
-             ), stored AS (
-               INSERT INTO idempotency_cache
-                 (message_id, request_hash, response_status, response_headers, response_body,
-                  inserted_at, method, last_used_at, expires_at)
-               SELECT message_id, $3, $4, $5, $6, $7, $8, $9, $12 FROM claim
-               ON CONFLICT (message_id) DO UPDATE SET request_hash = EXCLUDED.request_hash,
-                 response_status = EXCLUDED.response_status,
-                 response_headers = EXCLUDED.response_headers,
-                 response_body = EXCLUDED.response_body, inserted_at = EXCLUDED.inserted_at,
-                 method = EXCLUDED.method, last_used_at = EXCLUDED.last_used_at,
-                 expires_at = EXCLUDED.expires_at
-               RETURNING (xmax = 0) AS inserted
-             ), announced AS (
-               SELECT pg_notify($10, message_id) FROM claim
-             )
-             SELECT (SELECT inserted FROM stored), (SELECT COUNT(*) FROM announced),
-               txid_current()",
-            &[
-                &entry.message_id.as_str(),
-                &fence,
-                &entry.request_hash.as_str(),
-                &i32::from(entry.response.status),
-                &entry.response.headers_json(),
-                &entry.response.body,
-                &(entry.inserted_at as i64),
-                &entry.method,
-                &(self.clock.now_millis() as i64),
-                &CHANNEL,
-                &self.owner,
-                &expires_at(entry.inserted_at, ttl_seconds),
-            ],
-        )
-        .await?;
-        let inserted: Option<bool> = stored.get(0);
-        let past_the_bound = match inserted {
-            None => return Err(StoreError::ClaimLost(entry.message_id.to_string())),
-            Some(true) => self.rows.fetch_add(1, Ordering::Relaxed) + 1 > self.max_entries,
-            Some(false) => false,
-        };
-        Ok(Stored {
-            past_the_bound,
-            transaction: stored.get(2),
-        })
     }
 }
 
@@ -952,155 +714,4 @@ fn owner() -> String {
         .build_hasher()
         .finish();
     format!("pid {} ({nonce:016x})", std::process::id())
-}
-
-/// Whether `error` is a connection that closed, or a session the server ended, under a
-/// transaction: a staged write's error is the application's, and may be either.
-fn connection_lost(error: &StoreError) -> bool {
-    let source: &(dyn std::error::Error + 'static) = match error {
-        StoreError::Write(source) => source.as_ref(),
-        StoreError::Backend { cause, .. } => cause.as_ref(),
-        _ => return false,
-    };
-    let Some(error) = source.downcast_ref::<tokio_postgres::Error>() else {
-        return false;
-    };
-    let ended = [
-        tokio_postgres::error::SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
-        tokio_postgres::error::SqlState::ADMIN_SHUTDOWN,
-    ];
-    error.is_closed() || error.code().is_some_and(|code| ended.contains(code))
-}
-
-/// What storing an entry did.
-struct Stored {
-    /// This insert may have passed the LRU bound: [`PostgresStore::enforce_bound`] is due, in
-    /// a transaction.
-    past_the_bound: bool,
-    /// The id of the transaction that stored it (`txid_current()`), to ask PostgreSQL whether
-    /// it committed when the answer to its `COMMIT` is lost.
-    transaction: i64,
-}
-
-/// `error`, as the staged writes' failure where it is theirs: a statement refused because one
-/// of them swallowed its own error (the transaction aborted, 25P02), or a `COMMIT` that a
-/// deferred constraint of theirs refused (class 23). Otherwise the store's, as it was.
-fn the_staged_writes(error: StoreError) -> StoreError {
-    let StoreError::Backend { cause, backend } = error else {
-        return error;
-    };
-    let code = cause
-        .downcast_ref::<tokio_postgres::Error>()
-        .and_then(tokio_postgres::Error::code);
-    match code {
-        Some(code) if *code == tokio_postgres::error::SqlState::IN_FAILED_SQL_TRANSACTION => {
-            StoreError::Write(
-                format!(
-                    "a staged write's statement failed and the write went on without returning \
-                     its error, so the transaction was aborted ({})",
-                    crate::store::error::causes(cause.as_ref())
-                )
-                .into(),
-            )
-        }
-        Some(code) if code.code().starts_with("23") => StoreError::Write(cause),
-        _ => StoreError::Backend { backend, cause },
-    }
-}
-
-async fn apply_writes(
-    tx: &deadpool_postgres::Transaction<'_>,
-    writes: Vec<SqlWrite>,
-) -> Result<(), StoreError> {
-    for write in writes {
-        write.run_postgres(tx).await.map_err(StoreError::Write)?;
-    }
-    Ok(())
-}
-
-/// The entries expired at `at`, deleted in chunks of `chunk` rows; how many: the sweep's
-/// first step, and the operator's `purge --expired`. Each statement is prepared anew, so that
-/// PostgreSQL plans it for its bound (a cached one's generic plan read the whole table), and
-/// finds its rows by key (`IN` joined the whole table). SKIP LOCKED: replicas sweeping at
-/// once take disjoint rows, and none waits; a row a server is writing is a key stored again,
-/// live, which would be gone once that commits.
-pub(crate) async fn delete_expired(
-    client: &tokio_postgres::Client,
-    at: ReadAt,
-    chunk: i64,
-) -> Result<u64, StoreError> {
-    macro_rules! chunk_where {
-        ($expired:expr) => {
-            concat!(
-                "DELETE FROM idempotency_cache WHERE message_id = ANY(ARRAY(
-                   SELECT message_id FROM idempotency_cache WHERE ",
-                $expired,
-                " LIMIT $2 FOR UPDATE SKIP LOCKED))"
-            )
-        };
-    }
-    let passes = [
-        (
-            chunk_where!(expired_by_row!("inserted_at", "$1")),
-            at.now_param(),
-        ),
-        (
-            chunk_where!(expired_by_ttl!("inserted_at", "$1")),
-            at.before_param(),
-        ),
-    ];
-    let mut total = 0;
-    for (sql, bound) in passes {
-        loop {
-            let deleted = client.execute(sql, &[&bound, &chunk]).await?;
-            total += deleted;
-            if deleted < chunk as u64 {
-                break;
-            }
-        }
-    }
-    Ok(total)
-}
-
-/// The open streams expired at `at` that no live claim records any more (their replica
-/// died), with their events. An open stream whose claim is live is still running on
-/// some replica: never swept, so that its retries attach (or, after a crash, get its
-/// interrupted outcome). One statement: its record and events go together, or neither does.
-async fn delete_abandoned_streams(
-    client: &impl GenericClient,
-    at: ReadAt,
-) -> Result<(), StoreError> {
-    execute(
-        client,
-        concat!(
-            "WITH gone AS (
-               DELETE FROM idempotency_open_streams o WHERE ((",
-            expired_by_row!("started_at", "$2"),
-            ") OR (",
-            expired_by_ttl!("started_at", "$1"),
-            ")) AND NOT EXISTS (SELECT 1 FROM idempotency_claims c
-                               WHERE c.message_id = o.message_id AND c.lease_until > ",
-            now_ms!(),
-            ") RETURNING message_id)
-             DELETE FROM idempotency_stream_events e USING gone
-             WHERE e.message_id = gone.message_id"
-        ),
-        &[&at.before_param(), &at.now_param()],
-    )
-    .await?;
-    Ok(())
-}
-
-/// Claims whose lease ran out long ago ([`STALE_CLAIM_MS`]): their replicas are gone.
-async fn delete_stale_claims(client: &impl GenericClient) -> Result<(), StoreError> {
-    execute(
-        client,
-        concat!(
-            "DELETE FROM idempotency_claims WHERE lease_until + $1 < ",
-            now_ms!()
-        ),
-        &[&STALE_CLAIM_MS],
-    )
-    .await?;
-    Ok(())
 }

@@ -32,7 +32,7 @@ pub struct PostgresOptions {
     pub pool_size: usize,
 }
 
-/// Shown with the passwords masked ([`redacted_url`](crate::store::redacted_url)): options end
+/// Shown with the passwords masked ([`redacted_url`](fn@crate::store::redacted_url)): options end
 /// up in logs.
 impl std::fmt::Debug for PostgresOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

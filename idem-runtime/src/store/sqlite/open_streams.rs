@@ -11,7 +11,7 @@ use crate::message_id::MessageId;
 use crate::store::sqlite::lock;
 use crate::store::{OpenStream, OpenStreamRow, StoreError};
 
-/// The keys whose stream this process records (see [`SqliteStore`]'s field).
+/// The keys whose stream this process records (see [`SqliteStore`](super::SqliteStore)'s field).
 #[derive(Clone, Default)]
 pub(super) struct LiveStreams(Arc<Mutex<HashSet<MessageId, ByFingerprint>>>);
 
