@@ -13,8 +13,8 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::message_id::MessageId;
+use crate::store::sqlite::batch::{Batch, Change};
 use crate::store::sqlite::key_index::KeyIndex;
-use crate::store::sqlite::writer::{Batch, Change};
 use crate::store::{Entry, EntryRow, StoreError};
 
 /// Every entry's rowid and key, for the key index at open: a scan of the index on

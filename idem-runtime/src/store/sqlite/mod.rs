@@ -1,19 +1,23 @@
 //! The durable [`Store`] on SQLite: one file, WAL, `synchronous=FULL`, group commit.
 //!
-//! Writes go to one writer thread (`writer.rs`), which commits every queued write in
-//! one transaction; reads go to a few reader threads (`readers.rs`) with their own
-//! connections, which WAL lets run while the writer commits. No SQLite call ever runs on an
+//! Writes go to one writer thread (`writer.rs`), which commits every queued write (`job.rs`)
+//! in one transaction (`batch.rs`; only the writer's `COMMIT` commits, `commit_gate.rs`);
+//! reads go to a few reader threads (`readers.rs`) with their own connections, which WAL
+//! lets run while the writer commits. No SQLite call ever runs on an
 //! async worker thread, and the thread count does not grow with the load. An OS lock
 //! (`file_lock.rs`) keeps a second process off the file, which is what lets this process keep
 //! what the file holds in memory: the keys and their rows' rowids (`key_index.rs`: a fresh key
 //! reads nothing, a stored one is read by rowid, `entries.rs`) and the recent entries
 //! (`memory_tier.rs`: a replay reads nothing).
 
+mod batch;
 mod checkpointer;
+mod commit_gate;
 mod connection;
 mod entries;
 mod file_identity;
 pub(crate) mod file_lock;
+pub(crate) mod job;
 pub(crate) mod key_index;
 pub(crate) mod memory_tier;
 mod open_streams;
@@ -39,11 +43,14 @@ use crate::fingerprint::ByFingerprint;
 use crate::hash::{Glimpse, Spelling};
 use crate::message_id::MessageId;
 use crate::store::settings;
+use crate::store::sqlite::batch::{Batch, Change};
 use crate::store::sqlite::checkpointer::{Checkpointer, Restart};
+use crate::store::sqlite::commit_gate::CommitGate;
 pub(crate) use crate::store::sqlite::connection::connect;
 use crate::store::sqlite::connection::{create_private_file, SCHEMA};
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::file_lock::ServingLock;
+use crate::store::sqlite::job::{Call, Job};
 use crate::store::sqlite::key_index::{KeyIndex, StoredKeys};
 use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::sqlite::open_streams::{
@@ -52,9 +59,7 @@ use crate::store::sqlite::open_streams::{
 };
 use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::readers::Readers;
-use crate::store::sqlite::writer::{
-    ended_the_transaction, Batch, Call, Change, CommitGate, Job, Writer,
-};
+use crate::store::sqlite::writer::{ended_the_transaction, Writer};
 use crate::store::{
     after, at_most, expired_before, is_expired, Entry, Found, IfLate, Lease, OpenStream, ReadJob,
     Settling, Store, StoreError, StoreStats,

@@ -13,24 +13,24 @@
 //! transaction (disk full, I/O error) fails every write in the batch: nothing of any of them
 //! is stored.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use rusqlite::{params, Connection};
-use tokio::sync::oneshot;
 
 use crate::clock::Clock;
-use crate::fingerprint::{self, ByFingerprint};
-use crate::message_id::MessageId;
+use crate::store::sqlite::batch::{Batch, Change};
 use crate::store::sqlite::checkpointer::Restart;
+use crate::store::sqlite::commit_gate::CommitGate;
 use crate::store::sqlite::entries;
 use crate::store::sqlite::file_identity::FileIdentity;
-use crate::store::sqlite::key_index::{KeyIndex, StoredKeys};
+use crate::store::sqlite::job::Job;
+use crate::store::sqlite::key_index::KeyIndex;
 use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::sqlite::purge_watch;
-use crate::store::{Entry, StoreError};
+use crate::store::StoreError;
 
 /// Most writes committed in one transaction.
 pub(in crate::store) const MAX_BATCH: usize = 512;
@@ -38,189 +38,6 @@ pub(in crate::store) const MAX_BATCH: usize = 512;
 /// stream events: 512 answers of 10 MiB would otherwise be one 5 GiB transaction, its log as
 /// large, and every call in it waiting for all of it.
 pub(in crate::store) const MAX_BATCH_BYTES: usize = 32 * 1024 * 1024;
-
-/// What every write of one batch shares.
-pub(crate) struct Batch {
-    /// The batch's clock reading, in epoch milliseconds.
-    pub(crate) now_ms: u64,
-    /// Rows in `idempotency_cache`, as the writes so far left it.
-    pub(crate) rows: u64,
-    /// What the writes so far changed, in order: the memory tier and the key index learn it
-    /// once the batch has committed.
-    pub(crate) changes: Vec<Change>,
-    /// The key index as the batch began, and the keys this batch wrote a row of since (their
-    /// fingerprints, and the entries' rowids): together they know which keys cannot have a
-    /// row, and where the others may have one.
-    index: Arc<KeyIndex>,
-    written: HashSet<u64, ByFingerprint>,
-    entries_written: Vec<(u64, i64)>,
-    /// Set when the batch's transaction was rolled back ([`CommitGate`]).
-    rolled_back: Arc<AtomicBool>,
-}
-
-/// How far a batch had got: what a write that failed alone is rewound to.
-pub(crate) struct Mark {
-    rows: u64,
-    changes: usize,
-    entries_written: usize,
-}
-
-impl Batch {
-    /// Whether the batch's transaction has ended under the writes: rolled back (by SQLite, for
-    /// the write, or by a `ROLLBACK` of its own), even if a `BEGIN` or `SAVEPOINT` of the write
-    /// has opened another transaction since, which `conn` alone cannot tell from the batch's.
-    pub(crate) fn ended(&self, conn: &Connection) -> bool {
-        conn.is_autocommit() || self.rolled_back.load(Ordering::SeqCst)
-    }
-
-    /// `false` only when no row of `key` exists, neither an entry nor an open stream: a fresh
-    /// key's insert then needs no read first.
-    pub(crate) fn may_hold(&self, key: &MessageId) -> bool {
-        let fingerprint = key.fingerprint();
-        self.index.holds(fingerprint) || self.written.contains(&fingerprint)
-    }
-
-    /// The rowids that may hold `key`'s entry: the key index's, then this batch's.
-    pub(crate) fn entry_rows(&self, key: &MessageId) -> Vec<i64> {
-        let fingerprint = key.fingerprint();
-        let mut rows = self.index.rows_of(fingerprint);
-        let written = self
-            .entries_written
-            .iter()
-            .filter(|(f, _)| *f == fingerprint);
-        rows.extend(written.map(|(_, rowid)| *rowid));
-        rows
-    }
-
-    /// Whether two keys share a fingerprint (and so the key index's candidates).
-    pub(crate) fn same_fingerprint(&self, a: &str, b: &MessageId) -> bool {
-        fingerprint::of(a) == b.fingerprint()
-    }
-
-    /// `entry` was stored at `rowid`; `new` when no row of its key was there.
-    pub(crate) fn stored(&mut self, entry: Arc<Entry>, rowid: i64, new: bool) {
-        let fingerprint = self.wrote(&entry.message_id);
-        if new {
-            self.entries_written.push((fingerprint, rowid));
-        }
-        self.changes.push(Change::Stored { entry, rowid, new });
-    }
-
-    /// An open-stream row of `key` was written by this batch; `new` when none was there.
-    pub(crate) fn opened(&mut self, key: &MessageId, new: bool) {
-        self.wrote(key);
-        if new {
-            self.changes.push(Change::Opened(key.clone()));
-        }
-    }
-
-    fn wrote(&mut self, key: &MessageId) -> u64 {
-        let fingerprint = key.fingerprint();
-        self.written.insert(fingerprint);
-        fingerprint
-    }
-
-    fn mark(&self) -> Mark {
-        Mark {
-            rows: self.rows,
-            changes: self.changes.len(),
-            entries_written: self.entries_written.len(),
-        }
-    }
-
-    /// Forgets what the writes since `mark` did (they were rolled back). `written` may keep
-    /// their keys: it only ever makes a key be looked for.
-    fn rewind(&mut self, mark: Mark) {
-        self.rows = mark.rows;
-        self.changes.truncate(mark.changes);
-        self.entries_written.truncate(mark.entries_written);
-    }
-}
-
-/// One change to the rows of the store's own tables.
-pub(crate) enum Change {
-    /// An entry was stored at `rowid`; `new` when no row of its key was there before.
-    Stored {
-        entry: Arc<Entry>,
-        rowid: i64,
-        new: bool,
-    },
-    /// The entry of `key` at `rowid` was deleted (swept, evicted), or found gone.
-    Deleted { key: MessageId, rowid: i64 },
-    /// An open-stream row was added.
-    Opened(MessageId),
-    /// An open-stream row was deleted (the stream closed, or was swept).
-    Closed(MessageId),
-    /// The keys of every row, read after the changes before this one: the key index is
-    /// reloaded from them (rows deleted behind the writer's back leave it).
-    Reloaded(StoredKeys),
-}
-
-/// A write: applied inside the batch's transaction, then told whether the batch committed.
-pub(crate) trait Job: Send {
-    fn apply(&mut self, conn: &Connection, batch: &mut Batch) -> Result<(), StoreError>;
-    /// Whether `apply` may run again after its transaction was rolled back.
-    fn rerunnable(&self) -> bool;
-    /// The bytes of responses and events it writes (the application's own rows uncounted).
-    fn bytes(&self) -> usize;
-    fn finish(self: Box<Self>, outcome: Result<(), StoreError>);
-}
-
-/// A write whose caller awaits its value, delivered only once the batch has committed.
-pub(crate) struct Call<F, T> {
-    work: F,
-    rerunnable: bool,
-    bytes: usize,
-    value: Option<T>,
-    reply: oneshot::Sender<Result<T, StoreError>>,
-}
-
-impl<F, T> Call<F, T>
-where
-    F: FnMut(&Connection, &mut Batch) -> Result<T, StoreError> + Send,
-    T: Send,
-{
-    pub(crate) fn new(
-        rerunnable: bool,
-        bytes: usize,
-        work: F,
-    ) -> (Self, oneshot::Receiver<Result<T, StoreError>>) {
-        let (reply, done) = oneshot::channel();
-        let call = Self {
-            work,
-            rerunnable,
-            bytes,
-            value: None,
-            reply,
-        };
-        (call, done)
-    }
-}
-
-impl<F, T> Job for Call<F, T>
-where
-    F: FnMut(&Connection, &mut Batch) -> Result<T, StoreError> + Send,
-    T: Send,
-{
-    fn apply(&mut self, conn: &Connection, batch: &mut Batch) -> Result<(), StoreError> {
-        self.value = Some((self.work)(conn, batch)?);
-        Ok(())
-    }
-
-    fn rerunnable(&self) -> bool {
-        self.rerunnable
-    }
-
-    fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    fn finish(self: Box<Self>, outcome: Result<(), StoreError>) {
-        let Self { value, reply, .. } = *self;
-        let answer = outcome.map(|()| value.expect("an applied job has its value"));
-        let _ = reply.send(answer);
-    }
-}
 
 /// The writer thread's state.
 pub(crate) struct Writer {
@@ -246,53 +63,6 @@ pub(crate) struct Writer {
     pub(crate) gate: CommitGate,
     /// Set when the writer stops for a panic of its own: the store is then closed.
     pub(crate) stopped: Arc<AtomicBool>,
-}
-
-/// The writer's connection commits only where the writer says `COMMIT`. A staged write that
-/// had SQLite roll the batch's transaction back (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`)
-/// and went on, having swallowed the error, would otherwise commit each later statement on
-/// its own, its own and the next calls' writes and entries, while their calls are told the
-/// batch failed and run again; a `COMMIT` of its own would commit half a batch. Any commit
-/// but the writer's is turned into a rollback instead (the statement fails).
-///
-/// Every rollback is noted too: a write that rolled the batch back and then opened a
-/// transaction of its own (`ROLLBACK; BEGIN`) leaves the connection in a transaction, which
-/// the writer would otherwise take for the batch's, and commit the later calls' entries
-/// while the earlier ones' were gone (see [`Batch::ended`]).
-pub(crate) struct CommitGate {
-    open: Arc<AtomicBool>,
-    rolled_back: Arc<AtomicBool>,
-}
-
-impl CommitGate {
-    /// Installs the gate on the writer's connection, closed.
-    pub(crate) fn install(conn: &Connection) -> Self {
-        let open = Arc::new(AtomicBool::new(false));
-        let seen = open.clone();
-        // `true` turns the commit into a rollback.
-        conn.commit_hook(Some(move || !seen.load(Ordering::SeqCst)));
-        let rolled_back = Arc::new(AtomicBool::new(false));
-        let noted = rolled_back.clone();
-        conn.rollback_hook(Some(move || noted.store(true, Ordering::SeqCst)));
-        Self { open, rolled_back }
-    }
-
-    /// Begins the batch's transaction, with no rollback noted in it.
-    fn begin(&self, conn: &Connection) -> rusqlite::Result<()> {
-        // IMMEDIATE takes the write lock up front, waiting on busy_timeout if another
-        // connection holds it. A deferred transaction that reads first would fail at once
-        // with SQLITE_BUSY when it upgrades to write.
-        run(conn, "BEGIN IMMEDIATE")?;
-        self.rolled_back.store(false, Ordering::SeqCst);
-        Ok(())
-    }
-
-    fn commit(&self, conn: &Connection) -> rusqlite::Result<()> {
-        self.open.store(true, Ordering::SeqCst);
-        let committed = run(conn, "COMMIT");
-        self.open.store(false, Ordering::SeqCst);
-        committed
-    }
 }
 
 /// `first`, and the writes queued behind it, up to [`MAX_BATCH`] of them or until they carry
@@ -428,15 +198,8 @@ impl Writer {
     ) -> Result<Attempt, StoreError> {
         self.gate.begin(&self.conn)?;
         self.note_purges()?;
-        let mut batch = Batch {
-            now_ms: self.clock.now_millis(),
-            rows: self.rows,
-            changes: Vec::new(),
-            index: self.index.clone(),
-            written: HashSet::default(),
-            entries_written: Vec::new(),
-            rolled_back: self.gate.rolled_back.clone(),
-        };
+        let now_ms = self.clock.now_millis();
+        let mut batch = Batch::new(now_ms, self.rows, self.index.clone(), &self.gate);
         apply_touches(&self.conn, &self.index, touches)?;
         let mut outcomes = Vec::with_capacity(jobs.len());
         for (n, job) in jobs.iter_mut().enumerate() {
@@ -694,7 +457,7 @@ fn fails_a_deferred_foreign_key(error: &rusqlite::Error) -> bool {
 }
 
 /// A statement without results, prepared once: the writer runs these for every write.
-fn run(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+pub(super) fn run(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([])?;
     Ok(())
 }

@@ -165,7 +165,8 @@ async fn a_panic_of_the_writer_itself_closes_the_store() {
 /// answers commit in several transactions, never one as large as all of them.
 #[test]
 fn a_batch_closes_at_its_byte_bound() {
-    use crate::store::sqlite::writer::{gather, Call, Job, MAX_BATCH, MAX_BATCH_BYTES};
+    use crate::store::sqlite::job::{Call, Job};
+    use crate::store::sqlite::writer::{gather, MAX_BATCH, MAX_BATCH_BYTES};
     let job = |bytes: usize| -> Box<dyn Job> {
         let (call, _) = Call::new(true, bytes, |_, _| Ok(()));
         Box::new(call)
