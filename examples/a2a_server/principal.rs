@@ -23,12 +23,23 @@ pub fn layer(
     })
 }
 
-/// The caller a header's value names: none (the global keys) where it is absent, empty or not
-/// text.
+/// The caller a header's value names: none (the global keys) where it is absent or empty.
+/// Any other value is a caller of its own, whatever its bytes: a name in UTF-8 (`josé`) is
+/// that text, and one that is not UTF-8 (a proxy's Latin-1) is kept apart from every text
+/// name by a NUL, which no header value holds. Both used to fall into the global keys, where
+/// every such caller, and every anonymous one, replayed the others' entries (a review).
 fn caller(value: Option<&HeaderValue>) -> Caller {
-    let principal = value.and_then(|v| v.to_str().ok()).map(str::trim);
-    match principal {
-        Some(name) if !name.is_empty() => Caller::authenticated(name),
-        _ => Caller::Unauthenticated,
+    let Some(bytes) = value.map(|value| value.as_bytes().trim_ascii()) else {
+        return Caller::Unauthenticated;
+    };
+    if bytes.is_empty() {
+        return Caller::Unauthenticated;
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(name) => Caller::authenticated(name),
+        Err(_) => {
+            let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+            Caller::authenticated(format!("\0{hex}"))
+        }
     }
 }

@@ -421,6 +421,60 @@ async fn a_principal_header_scopes_keys_by_caller() {
     assert!(shown.contains(&task(&alice)), "{shown}");
 }
 
+/// A principal whose name is not ASCII is a caller of its own: `josé` and `zoë` in UTF-8, and
+/// `jos\xe9` in Latin-1, each get their own task, none replays another's entry or the global
+/// keys' (they all fell into the global keys, where each replayed the first one's: a review).
+#[tokio::test]
+async fn a_principal_that_is_not_ascii_is_a_caller_of_its_own() {
+    let server = ServerProcess::start_with(&["--principal-header", "X-Principal"], &[]);
+    let key = new_id();
+    let body = send_with(1, "message/send", &key, "scoped", json!({}));
+    let as_caller = |principal: Option<&[u8]>| {
+        let mut request = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Connection: close\r\nA2A-Extensions: {URI}\r\nContent-Length: {}\r\n",
+            body.len()
+        )
+        .into_bytes();
+        if let Some(name) = principal {
+            request.extend_from_slice(b"X-Principal: ");
+            request.extend_from_slice(name);
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(b"\r\n");
+        request.extend_from_slice(body.as_bytes());
+        request
+    };
+    let callers: [Option<&[u8]>; 4] = [
+        Some("josé".as_bytes()),
+        Some("zoë".as_bytes()),
+        Some(b"jos\xe9"),
+        None,
+    ];
+    let mut first = Vec::new();
+    for caller in callers {
+        let answer = exchange(&server.url, as_caller(caller)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let replayed = answer
+            .to_ascii_lowercase()
+            .contains("idempotent-replayed: true");
+        assert!(
+            !replayed,
+            "{caller:?} replayed another caller's entry: {answer}"
+        );
+        first.push(answer.split_once("\r\n\r\n").expect("a body").1.to_owned());
+    }
+    assert_eq!(tasks_naming(server.db(), &key), 4, "one task per caller");
+    for (caller, body) in callers.into_iter().zip(first) {
+        let answer = exchange(&server.url, as_caller(caller)).await;
+        let replayed = answer
+            .to_ascii_lowercase()
+            .contains("idempotent-replayed: true");
+        assert!(replayed, "{caller:?}: {answer}");
+        assert_eq!(answer.split_once("\r\n\r\n").expect("a body").1, body);
+    }
+}
+
 /// A body that is not UTF-8 is not JSON (RFC 8259 §8.1), wherever the bytes are: -32700 and
 /// HTTP 400, nothing run. jsonrpsee skips the members it does not read unchecked, so such a
 /// call ran (a review: a new task). The same call in UTF-8 then runs.
@@ -480,11 +534,11 @@ async fn a_body_whose_chunks_break_gets_400_not_500() {
 }
 
 /// Sends `request` as it is to the server at `url`; what it answers until it closes.
-async fn exchange(url: &str, request: &str) -> String {
+async fn exchange(url: &str, request: impl AsRef<[u8]>) -> String {
     use tokio::io::AsyncWriteExt;
     let address = url.trim_start_matches("http://").trim_end_matches('/');
     let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
-    socket.write_all(request.as_bytes()).await.unwrap();
+    socket.write_all(request.as_ref()).await.unwrap();
     answer_on(&mut socket).await
 }
 
