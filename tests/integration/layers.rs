@@ -831,6 +831,41 @@ async fn governed_calls_over_websocket_are_refused() {
     assert_eq!(get["result"], 0, "ungoverned methods are served");
 }
 
+/// Every spelling RFC 9110 allows of a JSON Content-Type in UTF-8 is served, and deduplicated,
+/// as `application/json` is (jsonrpsee answered 415 to `application/json ; charset=utf-8` and
+/// to a quoted charset: helper-62); another charset is still refused.
+#[tokio::test]
+async fn json_content_types_spelled_any_way_rfc_9110_allows_are_served() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let http = reqwest::Client::new();
+    let body = send(1, &new_id(), "spelled");
+    let as_type = |content_type: &'static str| {
+        http.post(&server.url)
+            .header("content-type", content_type)
+            .header("A2A-Extensions", URI)
+            .body(body.clone())
+    };
+    let spellings = [
+        "application/json ; charset=utf-8",
+        "application/json; charset=\"UTF-8\"",
+        "Application/JSON;  charset=utf-8",
+    ];
+    let mut answers = Vec::new();
+    for spelling in spellings {
+        let answer = as_type(spelling).send().await.unwrap();
+        assert_eq!(answer.status(), 200, "{spelling}");
+        let replayed = answer.headers().contains_key("idempotent-replayed");
+        answers.push((replayed, answer.bytes().await.unwrap()));
+    }
+    assert_eq!(server.executions(), 1, "one execution, then replays");
+    assert!(!answers[0].0 && answers[1].0 && answers[2].0);
+    assert!(answers.iter().all(|(_, bytes)| *bytes == answers[0].1));
+    let latin1 = as_type("application/json; charset=iso-8859-1").send().await;
+    assert_eq!(latin1.unwrap().status(), 415);
+    assert_eq!(server.executions(), 1);
+}
+
 /// jsonrpsee refuses a method other than POST (405) and a body that is not JSON (415) in plain
 /// text, before the extension sees the call: the refusals keep their status and become
 /// JSON-RPC errors, the 405 names the method allowed, and nothing runs.

@@ -27,8 +27,8 @@ use crate::error::{ErrorCode, IdempotencyError, EXTENSION_URI};
 use crate::guard::sse;
 use crate::hash::Sent;
 use crate::layers::activation::{is_activated, A2A_EXTENSIONS};
-use crate::layers::invalid_request;
 use crate::layers::scope::{HttpScope, Outcome, StreamSource, WebSocket};
+use crate::layers::{content_type, invalid_request};
 use crate::state::State;
 use crate::store::Entry;
 
@@ -126,6 +126,7 @@ where
                 async move { Ok(invalid_request::refusal_as_json_rpc(upgraded.await?)) },
             );
         }
+        content_type::spelled_for_jsonrpsee(request.headers_mut());
         let activated = activated(&self.state, request.headers());
         let cache = self.state.deduplicating().cloned().filter(|_| activated);
         let limit = self.state.config.max_request_body_bytes;

@@ -2,9 +2,9 @@
 //! HTTP layer (`http.rs`: activation, the whole-body resend fast path, the status and headers
 //! of the answer) and the RPC layer (`rpc.rs`: which calls are governed, the params' hash and
 //! key, the call's unit of work); `scope.rs` is what the first hands the second, `activation.rs`
-//! how a request activates the extension, `invalid_request.rs` the JSON-RPC 2.0 answers the
-//! HTTP layer gives where jsonrpsee's differ; `agent_card.rs` serves the AgentCard, in front.
-
+//! how a request activates the extension, `content_type.rs` which `Content-Type`s are JSON,
+//! `invalid_request.rs` the JSON-RPC 2.0 answers the HTTP layer gives where jsonrpsee's
+//! differ; `agent_card.rs` serves the AgentCard, in front.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,6 +22,7 @@
 
 pub(crate) mod activation;
 pub(crate) mod agent_card;
+pub(crate) mod content_type;
 pub(crate) mod http;
 pub(crate) mod invalid_request;
 pub(crate) mod rpc;
