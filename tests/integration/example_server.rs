@@ -155,6 +155,27 @@ fn an_unusable_db_exits_2_naming_it() {
     assert!(stderr.contains("/nonexistent/dir/x.db"), "{stderr}");
 }
 
+/// A file whose tables of the example's or the store's names are another schema's: exit 2,
+/// one line with SQLite's reason and no SQL (it printed 40 lines of the schema: helper-63).
+#[test]
+fn a_file_of_another_schema_exits_2_in_one_line() {
+    for foreign in [
+        "CREATE TABLE tasks (x INT)",
+        "CREATE TABLE idempotency_cache (message_id TEXT PRIMARY KEY, foo INT)",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("other.db");
+        let conn = rusqlite::Connection::open(&file).unwrap();
+        conn.execute_batch(foreign).unwrap();
+        drop(conn);
+        let stderr = refused(&["--db", file.to_str().unwrap()], &[]);
+        assert!(stderr.contains("no such column"), "{stderr}");
+        assert!(stderr.contains("other.db"), "{stderr}");
+        assert!(!stderr.contains("CREATE"), "{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+}
+
 #[tokio::test]
 async fn a_second_server_on_the_same_database_is_refused_naming_the_file_and_the_first() {
     let server = ServerProcess::start(&[]);

@@ -11,21 +11,33 @@ use super::{Change, EventRow, Failure, Loaded, Pending, PushRow, TaskRow};
 use crate::model::Task;
 
 pub async fn create(db: &Database) -> Result<(), String> {
-    let created = db.transact(|conn| {
-        conn.execute_batch(sql::SQLITE_SCHEMA)?;
-        for (column, definition) in sql::OUTBOX_ADDED_COLUMNS {
-            let has: i64 =
-                conn.query_row(&sqlite(sql::SQLITE_OUTBOX_HAS), [column], |row| row.get(0))?;
-            if has == 0 {
-                conn.execute_batch(&format!(
-                    "ALTER TABLE outbox ADD COLUMN {column} {definition}"
-                ))?;
-            }
-        }
-        conn.execute_batch(sql::HELD_INDEX)?;
-        Ok::<_, rusqlite::Error>(())
-    });
+    let created = db.transact(|conn| add_tables(conn).map_err(not_ours));
     created.await.map_err(|e| e.to_string())
+}
+
+/// The example's tables, in the writer's transaction: all of them, or none.
+fn add_tables(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(sql::SQLITE_SCHEMA)?;
+    for (column, definition) in sql::OUTBOX_ADDED_COLUMNS {
+        let has: i64 =
+            conn.query_row(&sqlite(sql::SQLITE_OUTBOX_HAS), [column], |row| row.get(0))?;
+        if has == 0 {
+            conn.execute_batch(&format!(
+                "ALTER TABLE outbox ADD COLUMN {column} {definition}"
+            ))?;
+        }
+    }
+    conn.execute_batch(sql::HELD_INDEX)
+}
+
+/// Why the tables could not be made: SQLite's reason alone, not the schema's 40 lines of SQL
+/// that its error quotes (helper-63), and what to do.
+fn not_ours(error: rusqlite::Error) -> String {
+    let reason = match error {
+        rusqlite::Error::SqlInputError { msg, .. } => msg,
+        other => other.to_string(),
+    };
+    format!("its tables are not this example's ({reason}): serve another file, or move them out")
 }
 
 pub fn stage_insert(unit: &UnitOfWork, row: TaskRow, events: Vec<EventRow>) -> RpcResult<()> {

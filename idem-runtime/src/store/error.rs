@@ -79,13 +79,14 @@ pub enum StoreError {
         pid: String,
     },
     #[error(
-        "database file {} is served by another process under another name (it was renamed or \
-         moved while served, and SQLite names the file's log after the name it was opened \
-         by); stop that process before serving the file again",
+        "database file {} is served by another process, which holds the file's own lock but \
+         not its lock file: that lock file was deleted, or the database was renamed or moved \
+         while served (SQLite names the file's log after the name it was opened by); stop \
+         that process before serving the file again",
         path.display()
     )]
-    /// Another live process serves the database file under the name it had (it holds the
-    /// file's own lock).
+    /// Another live process serves the database file, under the name it had or after its
+    /// lock file was deleted (it holds the file's own lock).
     ServedElsewhere {
         /// The database file.
         path: PathBuf,

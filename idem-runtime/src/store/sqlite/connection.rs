@@ -50,6 +50,33 @@ CREATE TABLE IF NOT EXISTS idempotency_stream_events (
 ) WITHOUT ROWID;
 ";
 
+/// Creates the store's tables in `path` in one transaction, before any connection switches
+/// the file to WAL: a file whose tables of these names are another schema's is refused as it
+/// was, with SQLite's reason alone. Run as it came, the schema added the tables it could,
+/// switched the file to WAL and printed its own 40 lines of SQL (helper-63).
+pub(super) fn create_tables(path: &Path) -> Result<(), StoreError> {
+    let mut conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let created = tx
+        .execute_batch(SCHEMA)
+        .and_then(|()| tx.execute_batch(crate::store::settings::TABLE));
+    if let Err(error) = created {
+        let reason = match &error {
+            rusqlite::Error::SqlInputError { msg, .. } => msg.clone(),
+            other => other.to_string(),
+        };
+        return Err(StoreError::NotServable {
+            path: path.to_path_buf(),
+            reason: format!(
+                "its tables named idempotency_* are not this store's ({reason}): serve another \
+                 file, or move those tables out of this one"
+            ),
+        });
+    }
+    Ok(tx.commit()?)
+}
+
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -75,10 +102,12 @@ pub(super) fn create_private_file(path: &Path) -> std::io::Result<()> {
     match options.open(path) {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        // Named: "No such file or directory" alone does not say which.
-        Err(e) => Err(std::io::Error::new(
-            e.kind(),
-            format!("{}: {e}", path.display()),
-        )),
+        Err(e) => Err(naming(path, e)),
     }
+}
+
+/// `error`, naming the file it is about: "No such file or directory" or "Permission denied"
+/// alone does not say which of the database, its log or its lock file.
+pub(super) fn naming(path: &Path, error: std::io::Error) -> std::io::Error {
+    std::io::Error::new(error.kind(), format!("{}: {error}", path.display()))
 }

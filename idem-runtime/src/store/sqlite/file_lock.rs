@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::store::sqlite::connection::naming;
 use crate::store::StoreError;
 
 /// Held while a store serves its database file; dropping it releases the lock. Dropped after
@@ -64,7 +65,7 @@ impl ServingLock {
         options.read(true).write(true).create(true).truncate(false);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut file = options.open(&path)?;
+        let mut file = options.open(&path).map_err(|e| naming(&path, e))?;
         // The admin's probe (`holder`) holds a shared lock for an instant: not a server.
         let mut attempts = PROBE_RETRIES;
         loop {

@@ -278,6 +278,20 @@ async fn a_served_file_renamed_is_refused_under_its_new_name() {
     SqliteStore::open(&renamed, &config(60, 10)).expect("free once the first closed");
 }
 
+/// A served file whose lock file was deleted is still refused, by the file's own lock, and the
+/// error says so (it spoke of a rename alone: helper-63).
+#[cfg(unix)]
+#[tokio::test]
+async fn a_served_file_whose_lock_file_was_deleted_is_refused_saying_so() {
+    let fx = Fixture::sqlite();
+    let first = SqliteStore::open(&fx.path, &config(60, 10)).unwrap();
+    std::fs::remove_file(format!("{}.lock", fx.path.display())).unwrap();
+    let refused = SqliteStore::open(&fx.path, &config(60, 10)).err();
+    let message = refused.expect("refused").to_string();
+    assert!(message.contains("lock file was deleted"), "{message}");
+    first.close();
+}
+
 /// This process's `fcntl` locks on `file`, as /proc/locks lists them (SQLite's).
 #[cfg(unix)]
 fn sqlite_locks_on(file: &std::path::Path) -> Vec<String> {
@@ -964,6 +978,60 @@ async fn a_file_with_the_primary_key_of_an_earlier_version_is_served() {
     put(&store, 2, "two, replaced").await;
     assert_eq!(body_of(&store, 2).await.unwrap(), b"two, replaced");
     assert_eq!(store.row_count().await.unwrap(), 2);
+}
+
+/// A lock file that cannot be opened is named in the error: the database file itself may be
+/// readable, and "Permission denied" alone pointed at it (helper-63).
+#[test]
+fn a_lock_file_that_cannot_be_opened_is_named() {
+    let fx = Fixture::sqlite();
+    let lock = format!("{}.lock", fx.path.display());
+    std::fs::create_dir(&lock).unwrap();
+    let refused = SqliteStore::open(&fx.path, &config(86_400, 100)).err();
+    let said = refused.expect("refused").to_string();
+    assert!(said.contains(&lock), "{said}");
+}
+
+/// A file whose `idempotency_cache` is another schema's (the spec's §4.4 table alone, or a
+/// table of the same name that is no cache) is refused in one line, SQLite's reason without
+/// the schema's SQL, and left as it was: no table added, not switched to WAL (helper-63).
+#[test]
+fn a_file_whose_cache_table_is_another_schemas_is_refused_unchanged() {
+    let spec_table = "CREATE TABLE idempotency_cache (
+        message_id TEXT NOT NULL PRIMARY KEY, request_hash TEXT NOT NULL,
+        response_status INTEGER NOT NULL, response_headers BLOB NOT NULL,
+        response_body BLOB NOT NULL, inserted_at INTEGER NOT NULL);
+        CREATE INDEX idx_idempotency_inserted_at ON idempotency_cache(inserted_at);";
+    let no_cache = "CREATE TABLE idempotency_cache (message_id TEXT PRIMARY KEY, foo INT)";
+    for (schema, missing) in [(spec_table, "last_used_at"), (no_cache, "inserted_at")] {
+        let fx = Fixture::sqlite();
+        let tables = |conn: &rusqlite::Connection| -> Vec<String> {
+            let mut names = conn
+                .prepare("SELECT name FROM sqlite_master ORDER BY name")
+                .unwrap();
+            let names = names.query_map([], |row| row.get(0)).unwrap();
+            names.map(Result::unwrap).collect()
+        };
+        let before = {
+            let conn = rusqlite::Connection::open(&fx.path).unwrap();
+            conn.execute_batch(schema).unwrap();
+            tables(&conn)
+        };
+        let refused = SqliteStore::open(&fx.path, &config(86_400, 100)).err();
+        let said = refused.expect("refused").to_string();
+        assert!(
+            said.contains(&format!("no such column: {missing}")),
+            "{said}"
+        );
+        assert!(!said.contains("CREATE"), "no SQL: {said}");
+        assert_eq!(said.lines().count(), 1, "{said}");
+        let conn = rusqlite::Connection::open(&fx.path).unwrap();
+        assert_eq!(tables(&conn), before, "no table added");
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(mode, "delete", "not switched to WAL");
+    }
 }
 
 /// Rows an operator's purge deleted were never counted out by the writer: the sweep counts
