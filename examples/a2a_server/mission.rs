@@ -423,11 +423,13 @@ impl Missions {
     /// ended (completed here, or canceled before), or -32001 if it is gone.
     async fn complete_until_done(&self, task_id: String) -> RpcResult<Task> {
         let mut pause = Duration::from_millis(250);
+        let mut failures = 0u32;
         loop {
             match self.complete(task_id.clone()).await {
                 // Logged once: the stream and the timer of a streamed task both complete it.
                 Ok((task, true)) => {
-                    tracing::info!(%task_id, state = task.state.name(), "mission ended");
+                    let state = task.state.name();
+                    tracing::info!(%task_id, state, failures, "mission ended");
                     return Ok(task);
                 }
                 Ok((task, false)) => return Ok(task),
@@ -435,8 +437,14 @@ impl Missions {
                     tracing::warn!(%task_id, "a mission's task is gone");
                     return Err(error);
                 }
+                // Said once, not at every attempt (a full disk: two lines a mission each time,
+                // helper-63); the store's own error is logged where it failed.
                 Err(error) => {
-                    tracing::warn!(%task_id, ?error, ?pause, "mission could not complete; trying again");
+                    failures += 1;
+                    if failures == 1 {
+                        let message = error.message();
+                        tracing::warn!(%task_id, message, "mission could not complete; trying again until it does");
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MAX_COMPLETION_PAUSE);
                 }

@@ -27,6 +27,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use crate::store::sqlite::purge_watch::PurgeWatch;
+use crate::store::sqlite::repeated_failure::RepeatedFailure;
 use crate::store::StoreError;
 
 /// How often the log is copied back (and another process's purges looked for).
@@ -67,18 +68,22 @@ impl Checkpointer {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("idem-sqlite-checkpoint".into())
-            .spawn(move || loop {
-                match stopped.recv_timeout(INTERVAL) {
-                    Err(RecvTimeoutError::Timeout) => {
-                        purges.look(&conn);
-                        if checkpoint(&conn, "PASSIVE") > RESTART_FRAMES {
-                            restart.0.store(true, Ordering::Relaxed);
+            .spawn(move || {
+                let mut failing = RepeatedFailure::new("SQLite checkpoint");
+                loop {
+                    match stopped.recv_timeout(INTERVAL) {
+                        Err(RecvTimeoutError::Timeout) => {
+                            purges.look(&conn);
+                            let log_pages = failing.note(try_checkpoint(&conn, "PASSIVE"));
+                            if log_pages.unwrap_or(0) > RESTART_FRAMES {
+                                restart.0.store(true, Ordering::Relaxed);
+                            }
                         }
-                    }
-                    // Closing: copy what is left, so the file alone holds everything.
-                    Ok(()) | Err(RecvTimeoutError::Disconnected) => {
-                        checkpoint(&conn, "TRUNCATE");
-                        return;
+                        // Closing: copy what is left, so the file alone holds everything.
+                        Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                            checkpoint(&conn, "TRUNCATE");
+                            return;
+                        }
                     }
                 }
             })?;
@@ -92,14 +97,16 @@ impl Checkpointer {
     }
 }
 
-/// Runs a checkpoint; returns how many pages the log holds (0 if it failed).
-fn checkpoint(conn: &Connection, mode: &str) -> i64 {
-    let sql = format!("PRAGMA wal_checkpoint({mode})");
-    match conn.query_row(&sql, [], |row| row.get::<_, i64>(1)) {
-        Ok(log_pages) => log_pages,
-        Err(e) => {
-            tracing::warn!(error = %e, "SQLite checkpoint failed; the log is copied back later");
-            0
-        }
+/// Runs a checkpoint, once (the writer's start over, the last one at closing); a failure is
+/// logged.
+fn checkpoint(conn: &Connection, mode: &str) {
+    if let Err(e) = try_checkpoint(conn, mode) {
+        tracing::warn!(error = %e, "SQLite checkpoint failed; the log is copied back later");
     }
+}
+
+/// Runs a checkpoint; how many pages the log holds.
+fn try_checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<i64> {
+    let sql = format!("PRAGMA wal_checkpoint({mode})");
+    conn.query_row(&sql, [], |row| row.get::<_, i64>(1))
 }

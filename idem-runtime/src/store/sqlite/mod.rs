@@ -23,6 +23,7 @@ pub(crate) mod memory_tier;
 mod open_streams;
 pub(crate) mod purge_watch;
 mod readers;
+mod repeated_failure;
 pub(crate) mod writer;
 
 use std::collections::HashMap;

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use rusqlite::{Connection, OptionalExtension};
 
 use crate::store::sqlite::memory_tier::MemoryTier;
+use crate::store::sqlite::repeated_failure::RepeatedFailure;
 
 const TABLE: &str = "CREATE TABLE IF NOT EXISTS idempotency_purges (
     id         INTEGER PRIMARY KEY CHECK (id = 1),
@@ -75,6 +76,9 @@ pub(crate) struct PurgeWatch {
     forgotten: Option<i64>,
     acknowledged: Option<i64>,
     tier: Arc<MemoryTier>,
+    /// Each look reads, and may write: on a failing disk, at every tick.
+    reading: RepeatedFailure,
+    acknowledging: RepeatedFailure,
 }
 
 impl PurgeWatch {
@@ -85,19 +89,20 @@ impl PurgeWatch {
             forgotten: generation(conn)?,
             acknowledged: None,
             tier,
+            reading: RepeatedFailure::new("reading idempotency_purges"),
+            acknowledging: RepeatedFailure::new("acknowledging an operator's purge"),
         })
     }
 
     /// Empties the tier if a purge committed since the last look, then says so to the admin.
     pub(crate) fn look(&mut self, conn: &Connection) {
-        match generation(conn) {
-            Ok(now) if now != self.forgotten => {
+        match self.reading.note(generation(conn)) {
+            Some(now) if now != self.forgotten => {
                 tracing::info!("an operator purged entries: the memory tier starts over");
                 self.tier.forget_all();
                 self.forgotten = now;
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot read idempotency_purges"),
+            _ => {}
         }
         if self.acknowledged != self.forgotten {
             self.acknowledge(conn);
@@ -110,12 +115,12 @@ impl PurgeWatch {
         let Some(generation) = self.forgotten else {
             return;
         };
-        match conn.execute(
+        let acknowledged = conn.execute(
             "UPDATE idempotency_purges SET seen = max(seen, ?1) WHERE id = 1",
             [generation],
-        ) {
-            Ok(_) => self.acknowledged = self.forgotten,
-            Err(e) => tracing::warn!(error = %e, "cannot acknowledge a purge; trying again"),
+        );
+        if self.acknowledging.note(acknowledged).is_some() {
+            self.acknowledged = self.forgotten;
         }
     }
 }
