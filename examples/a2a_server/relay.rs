@@ -1,7 +1,10 @@
 //! The outbox relay, the other half of the outbox pattern: the `mission.*` events commit with
 //! their task (and with the call's cache entry); this delivers each to the webhooks of its
 //! task, at least once unless it is given up (below), and marks it `delivered_at` only after
-//! every webhook answered 2xx, or once it is given up.
+//! every webhook answered 2xx, or once it is given up. An event goes to all of its task's
+//! webhooks at once; where one fails, those that took it are recorded (`outbox_deliveries`)
+//! and the retry posts to the others alone, and a webhook that failed an event gets none of
+//! its task's later ones before it.
 //!
 //! It reads what is undelivered from the outbox itself, so a restart resumes where the last
 //! process stopped; an event it was delivering when the process died is delivered again,
@@ -141,6 +144,16 @@ struct Relay {
     /// failed delivery does (a store that fails for good, its file deleted say, is not asked
     /// ten times a second, each failure logged).
     store_failures: u32,
+}
+
+/// What one attempt to deliver an event did.
+struct Attempt {
+    /// Every webhook of its task has it now.
+    complete: bool,
+    /// The webhooks (config ids) that took it in this attempt.
+    took: Vec<String>,
+    /// Why a post failed, if one did.
+    failure: Option<String>,
 }
 
 /// What a worker holds while it delivers: its place, and, for a task whose last attempt
@@ -346,8 +359,10 @@ impl Delivery {
         self.handed_out().tasks.remove(task_id);
     }
 
-    /// Delivers a task's events in order, while this relay holds the lock; the first that
-    /// fails holds the rest back (its backoff holds them in the outbox too).
+    /// Delivers a task's events in order, while this relay holds the lock. A webhook that
+    /// fails an event is posted none of the task's later events in this pass, so each webhook
+    /// gets them in order; the task's other webhooks go on (one dead webhook held them all
+    /// back, and had the event given up for them too: helper-65).
     async fn deliver_task(
         self: Arc<Self>,
         lock: Arc<RelayLock>,
@@ -355,35 +370,46 @@ impl Delivery {
         _places: Places,
     ) {
         let task_id = events[0].task_id.clone();
+        let mut behind = HashSet::new();
         for event in events {
-            if !lock.held().await || !self.settle(&event).await {
+            if !lock.held().await || !self.settle(&event, &mut behind).await {
                 break;
             }
         }
         self.give_back(&task_id);
     }
 
-    /// Delivers `event` and marks it delivered, or holds it back for a retry; `true` if it
-    /// was delivered.
-    async fn settle(&self, event: &Pending) -> bool {
-        let delivered = match self.deliver(event).await {
-            Ok(()) => {
-                // Not marked: the event goes again before the task's next one, which must
-                // not overtake it (in order per task, at least once).
-                if let Err(error) = self.store.mark_delivered(vec![event.id]).await {
-                    tracing::warn!(id = event.id, ?error, "relay: delivered, not marked");
-                    self.note_store_failure();
-                    return false;
+    /// Posts `event` to the webhooks of its task that have not taken it, except those
+    /// `behind` on the task's events; marks it delivered once all have taken it, records who
+    /// took it otherwise, and holds it back for a retry if a post failed. `false` if the task
+    /// store failed.
+    async fn settle(&self, event: &Pending, behind: &mut HashSet<String>) -> bool {
+        let stored = match self.attempt(event, behind).await {
+            Ok(attempt) if attempt.complete => self.store.mark_delivered(vec![event.id]).await,
+            Ok(attempt) => {
+                let recorded = match attempt.took.is_empty() {
+                    true => Ok(()),
+                    false => self.store.record_deliveries(event.id, attempt.took).await,
+                };
+                if let (Ok(()), Some(why)) = (&recorded, attempt.failure) {
+                    self.failed(event, &why).await;
                 }
-                true
+                recorded
             }
             Err(why) => {
                 self.failed(event, &why).await;
-                false
+                Ok(())
             }
         };
         self.handed_out().settled.insert(event.id);
-        delivered
+        // Not marked, or not recorded: the event goes again, to those webhooks too, before
+        // the task's next one, which must not overtake it (in order, at least once).
+        if let Err(error) = stored {
+            tracing::warn!(id = event.id, ?error, "relay: delivered, not marked");
+            self.note_store_failure();
+            return false;
+        }
+        true
     }
 
     /// An attempt to deliver `event` failed: it waits out its backoff, which its row keeps
@@ -417,16 +443,40 @@ impl Delivery {
         }
     }
 
-    /// Posts the event to every webhook of its task; `Err` unless each answered 2xx.
-    async fn deliver(&self, event: &Pending) -> Result<(), String> {
+    /// Posts the event, at once, to every webhook of its task that has not taken it and is
+    /// not `behind`; a webhook that fails is `behind` from then on. `Err` if the task store
+    /// could not say where to post it.
+    async fn attempt(
+        &self,
+        event: &Pending,
+        behind: &mut HashSet<String>,
+    ) -> Result<Attempt, String> {
         // The outbox row names an existing task: its configs, then the task itself, once.
         let configs = self
             .push
             .stored(&event.task_id)
             .await
             .map_err(|e| e.to_string())?;
-        if configs.is_empty() {
-            return Ok(());
+        let took_before = match event.reached_some {
+            true => self
+                .store
+                .delivered_to(event.id)
+                .await
+                .map_err(|e| e.to_string())?,
+            false => Vec::new(),
+        };
+        let id = |config: &PushConfig| config.id_for(&event.task_id);
+        let due: Vec<&PushConfig> = configs
+            .iter()
+            .filter(|config| !took_before.contains(&id(config)))
+            .collect();
+        let mut attempt = Attempt {
+            complete: true,
+            took: Vec::new(),
+            failure: None,
+        };
+        if due.is_empty() {
+            return Ok(attempt);
         }
         let task = self
             .store
@@ -434,10 +484,25 @@ impl Delivery {
             .await
             .map_err(|e| e.to_string())?;
         let body = Shape::V03.task(&task, None).to_string();
-        for config in &configs {
-            self.post(config, event, body.clone()).await?;
+        let (posted, held): (Vec<_>, Vec<_>) = due
+            .into_iter()
+            .partition(|config| !behind.contains(&id(config)));
+        attempt.complete = held.is_empty();
+        // At once: a webhook that takes its 5 s to fail holds back none of the others.
+        let posts = posted
+            .iter()
+            .map(|config| self.post(config, event, body.clone()));
+        for (config, posted) in posted.iter().zip(futures::future::join_all(posts).await) {
+            match posted {
+                Ok(()) => attempt.took.push(id(config)),
+                Err(why) => {
+                    behind.insert(id(config));
+                    attempt.complete = false;
+                    attempt.failure.get_or_insert(why);
+                }
+            }
         }
-        Ok(())
+        Ok(attempt)
     }
 
     async fn post(&self, config: &PushConfig, event: &Pending, body: String) -> Result<(), String> {
@@ -474,6 +539,7 @@ mod tests {
             has_webhooks: true,
             next_attempt_at: None,
             attempts: 0,
+            reached_some: false,
         }
     }
 

@@ -96,6 +96,8 @@ pub struct Pending {
     pub next_attempt_at: Option<i64>,
     /// How many attempts to deliver it failed.
     pub attempts: u32,
+    /// Whether some of its task's webhooks took it already (while another failed).
+    pub reached_some: bool,
 }
 
 impl Pending {
@@ -278,6 +280,25 @@ impl TaskStore {
         Ok(())
     }
 
+    /// The webhooks (config ids) that took outbox event `id` already.
+    pub async fn delivered_to(&self, id: i64) -> RpcResult<Vec<String>> {
+        let delivered = match &self.db {
+            Backend::Sqlite(db) => sqlite::delivered_to(db, id).await,
+            Backend::Postgres(pool) => postgres::delivered_to(pool, id).await,
+        };
+        Ok(delivered?)
+    }
+
+    /// Records that the webhooks `config_ids` took outbox event `id`, in one transaction.
+    pub async fn record_deliveries(&self, id: i64, config_ids: Vec<String>) -> RpcResult<()> {
+        let now = clock::now_ms() as i64;
+        let recorded = match &self.db {
+            Backend::Sqlite(db) => sqlite::record_deliveries(db, id, config_ids, now).await,
+            Backend::Postgres(pool) => postgres::record_deliveries(pool, id, config_ids, now).await,
+        };
+        Ok(recorded?)
+    }
+
     /// Holds outbox event `id` (and the later events of its task) back until `at_ms`.
     pub async fn retry_at(&self, id: i64, at_ms: u64) -> RpcResult<()> {
         self.mark(sql::RETRY_AT, vec![id], at_ms).await?;
@@ -290,11 +311,19 @@ impl TaskStore {
         Ok(self.mark(sql::ABANDON, vec![id], clock::now_ms()).await? > 0)
     }
 
-    /// Deletes the outbox events delivered before `before_ms`, in short transactions; how
-    /// many.
+    /// Deletes the outbox events delivered before `before_ms`, and what their webhooks took
+    /// of them, in short transactions; how many events.
     pub async fn prune_delivered(&self, before_ms: u64) -> RpcResult<u64> {
+        let events = self.prune(sql::PRUNE_DELIVERED, before_ms).await?;
+        self.prune(sql::PRUNE_DELIVERIES, before_ms).await?;
+        Ok(events)
+    }
+
+    /// Runs `sql` (a delete of `$2` rows at most, before `$1`) until it deletes fewer; how
+    /// many rows it deleted.
+    async fn prune(&self, sql: &'static str, before_ms: u64) -> RpcResult<u64> {
         const CHUNK: i64 = 1_000;
-        let (sql, before) = (sql::PRUNE_DELIVERED, before_ms as i64);
+        let before = before_ms as i64;
         let mut total = 0;
         loop {
             let deleted = match &self.db {

@@ -605,6 +605,58 @@ async fn events_of_a_webhook_that_never_comes_back_are_given_up() {
     );
 }
 
+/// A webhook that keeps failing holds back no other webhook of its task, whichever comes first:
+/// each healthy one gets every event once, in order, and the dead one's retries and give-ups
+/// are its own. Before, the relay stopped at the first failing webhook: the ones after it
+/// never got the event, which was then given up for all of them, and the ones before it got
+/// it again at every retry (helper-65).
+#[tokio::test]
+async fn a_dead_webhook_holds_back_none_of_its_tasks_other_webhooks() {
+    let dead = Receiver::start(usize::MAX).await;
+    let healthy = Receiver::start(0).await;
+    let server = ServerProcess::start_with(&["--outbox-give-up", "2"], &[]);
+    let (a, b) = (json!({"id": "a"}), json!({"id": "b"}));
+    let config = |id: &Value, receiver: &Receiver| json!({"id": id["id"], "url": receiver.url()});
+    let mut tasks = Vec::new();
+    for (first, second) in [(&dead, &healthy), (&healthy, &dead)] {
+        let task_id = send_with_webhook(&server, config(&a, first), 800).await;
+        let set = json!({"taskId": task_id, "pushNotificationConfig": config(&b, second)});
+        let set = call(&server.url, "tasks/pushNotificationConfig/set", set).await;
+        assert!(set["result"].is_object(), "{set}");
+        tasks.push(task_id);
+    }
+    let of_task = |deliveries: Vec<Delivery>, task_id: &str| -> Vec<String> {
+        let of_it = deliveries.into_iter().filter(|d| d.body["id"] == task_id);
+        of_it.map(|d| d.event_type).collect()
+    };
+    let both = ["mission.assigned", "mission.completed"];
+    healthy
+        .wait_until("both events of both tasks", |taken| {
+            tasks
+                .iter()
+                .all(|task| of_task(taken.to_vec(), task).len() == 2)
+        })
+        .await;
+    // Both events given up for the dead webhook (2 s of failing each), counted.
+    eventually(&server.url, "four events given up", |m| {
+        m.get(ABANDONED, &[]) == 4.0
+    })
+    .await;
+    for task_id in &tasks {
+        assert_eq!(
+            of_task(healthy.taken(), task_id),
+            both,
+            "once each, in order"
+        );
+        let failed = of_task(dead.taken(), task_id);
+        let last_assigned = failed.iter().rposition(|t| t == "mission.assigned");
+        let first_completed = failed.iter().position(|t| t == "mission.completed");
+        assert!(failed.len() > 4, "retried: {failed:?}");
+        assert!(last_assigned < first_completed, "in order: {failed:?}");
+    }
+    assert!(healthy.taken().iter().all(|d| d.status == 200));
+}
+
 /// The relay's read runs on every poll over every undelivered event: each event must cost index
 /// lookups only, the held-back events' in their own small index (a visit to every event of
 /// the task made the read connection 3.6x as busy under load).

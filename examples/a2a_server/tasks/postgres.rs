@@ -157,8 +157,30 @@ pub async fn undelivered(pool: &Pool, limit: i64, now: i64) -> Result<Vec<Pendin
         has_webhooks: row.get(3),
         next_attempt_at: row.get(4),
         attempts: row.get::<_, i32>(5) as u32,
+        reached_some: row.get(6),
     });
     Ok(pending.collect())
+}
+
+pub async fn delivered_to(pool: &Pool, id: i64) -> Result<Vec<String>, Failure> {
+    let client = pool.get().await?;
+    let rows = client.query(sql::DELIVERED_TO, &[&id]).await?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
+pub async fn record_deliveries(
+    pool: &Pool,
+    id: i64,
+    config_ids: Vec<String>,
+    now: i64,
+) -> Result<(), Failure> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let statement = tx.prepare_cached(sql::RECORD_DELIVERY).await?;
+    for config_id in &config_ids {
+        tx.execute(&statement, &[&id, config_id, &now]).await?;
+    }
+    Ok(tx.commit().await?)
 }
 
 /// Runs `sql` (`$1` an event id, `$2` a value) for each of `ids`, in one transaction; how

@@ -33,6 +33,13 @@ CREATE TABLE IF NOT EXISTS push_configs (
     created_at  INTEGER NOT NULL,  -- epoch ms
     PRIMARY KEY (task_id, config_id)
 );
+-- The webhooks that took an event while another of its task's failed: not posted it again.
+CREATE TABLE IF NOT EXISTS outbox_deliveries (
+    event_id     INTEGER NOT NULL,
+    config_id    TEXT NOT NULL,
+    delivered_at INTEGER NOT NULL, -- epoch ms
+    PRIMARY KEY (event_id, config_id)
+) WITHOUT ROWID;
 ";
 
 /// The same tables on PostgreSQL: BIGINT epoch milliseconds, an identity column.
@@ -77,6 +84,12 @@ CREATE TABLE IF NOT EXISTS push_configs (
     config_json TEXT NOT NULL,
     created_at  BIGINT NOT NULL,
     PRIMARY KEY (task_id, config_id)
+);
+CREATE TABLE IF NOT EXISTS outbox_deliveries (
+    event_id     BIGINT NOT NULL,
+    config_id    TEXT NOT NULL,
+    delivered_at BIGINT NOT NULL,
+    PRIMARY KEY (event_id, config_id)
 );
 -- Indexes are made only where missing: CREATE INDEX IF NOT EXISTS takes its table's SHARE lock
 -- before it looks, which holds every replica's writes to the table back at each start.
@@ -144,8 +157,8 @@ pub const DELETE_PUSH_CONFIG: &str =
     "DELETE FROM push_configs WHERE task_id = $1 AND config_id = $2";
 
 /// `$1` how many, `$2` now: the oldest events to deliver now, whether their task has
-/// webhooks, when they were due again if an attempt of theirs failed (in any process), and
-/// how many attempts failed.
+/// webhooks, when they were due again if an attempt of theirs failed (in any process), how
+/// many attempts failed, and whether some of its webhooks took it already.
 /// An event whose last attempt failed waits out its backoff, and so do the later events of
 /// its task (they are delivered in order), while every other event is read past it.
 /// The held events are looked for in [`HELD_INDEX`] (implied by `next_attempt_at > $2`), so
@@ -161,7 +174,7 @@ pub const DELETE_PUSH_CONFIG: &str =
 /// tried.
 pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
     EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = due.task_id), next_attempt_at,
-    attempts
+    attempts, EXISTS (SELECT 1 FROM outbox_deliveries d WHERE d.event_id = due.id)
     FROM (
       SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts
         FROM outbox
@@ -192,6 +205,19 @@ pub const MARK_DELIVERED: &str = "UPDATE outbox SET delivered_at = $2 WHERE id =
 /// join may pick again is past `$1` as well: at most more of them go, never another.
 pub const PRUNE_DELIVERED: &str = "DELETE FROM outbox WHERE id IN (
     SELECT id FROM outbox WHERE delivered_at < $1 ORDER BY id LIMIT $2)";
+
+/// `$1` event id: the webhooks (config ids) that took it already.
+pub const DELIVERED_TO: &str = "SELECT config_id FROM outbox_deliveries WHERE event_id = $1";
+
+/// `$1` event id, `$2` config id, `$3` now: that webhook took it.
+pub const RECORD_DELIVERY: &str = "INSERT INTO outbox_deliveries (event_id, config_id,
+    delivered_at) VALUES ($1, $2, $3) ON CONFLICT (event_id, config_id) DO NOTHING";
+
+/// Deletes at most `$2` webhooks' deliveries of events delivered (or given up) before `$1`,
+/// or deleted: as [`PRUNE_DELIVERED`] does their events.
+pub const PRUNE_DELIVERIES: &str = "DELETE FROM outbox_deliveries WHERE event_id IN (
+    SELECT d.event_id FROM outbox_deliveries d LEFT JOIN outbox o ON o.id = d.event_id
+    WHERE o.id IS NULL OR o.delivered_at < $1 LIMIT $2)";
 
 /// `$1` event id, `$2` when to try again (epoch ms): one more attempt failed. Not over an
 /// event another relay delivered meanwhile (two may overlap, see `relay.rs`).

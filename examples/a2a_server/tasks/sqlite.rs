@@ -122,11 +122,37 @@ pub async fn undelivered(db: &Database, limit: i64, now: i64) -> Result<Vec<Pend
                 has_webhooks: row.get(3)?,
                 next_attempt_at: row.get(4)?,
                 attempts: row.get(5)?,
+                reached_some: row.get(6)?,
             })
         })?;
         rows.collect::<rusqlite::Result<Vec<_>>>()
     });
     Ok(read.await?)
+}
+
+pub async fn delivered_to(db: &Database, id: i64) -> Result<Vec<String>, Failure> {
+    let read = db.read(move |conn| {
+        let mut statement = conn.prepare_cached(&sqlite(sql::DELIVERED_TO))?;
+        let rows = statement.query_map([id], |row| row.get(0))?;
+        rows.collect::<rusqlite::Result<Vec<String>>>()
+    });
+    Ok(read.await?)
+}
+
+pub async fn record_deliveries(
+    db: &Database,
+    id: i64,
+    config_ids: Vec<String>,
+    now: i64,
+) -> Result<(), Failure> {
+    let recorded = db.transact(move |conn| {
+        let mut statement = conn.prepare_cached(&sqlite(sql::RECORD_DELIVERY))?;
+        for config_id in &config_ids {
+            statement.execute(params![id, config_id, now])?;
+        }
+        Ok::<_, rusqlite::Error>(())
+    });
+    Ok(recorded.await?)
 }
 
 /// Runs `sql` (`$1` an event id, `$2` a value) for each of `ids`, in one transaction; how
