@@ -28,7 +28,7 @@ use futures::future::{join_all, BoxFuture};
 use serde_json::{json, Value};
 
 use client::{CardEntry, Client, Reply, EXTENSION_URI};
-use request::{new_message_id, send, send_with_id_field};
+use request::{new_message_id, new_message_id_v7, send, send_with_id_field};
 use request_hash::request_hash;
 pub use side_effects::Db;
 use side_effects::SideEffects;
@@ -249,14 +249,12 @@ pub fn agent_card(card: &CardEntry) -> Result<(), String> {
 }
 
 /// AC-1 (§6.1): an identical retry, also with other key order and whitespace, is the cached
-/// response byte for byte with `Idempotent-Replayed: true`, and adds no side effect.
+/// response byte for byte with `Idempotent-Replayed: true`, and adds no side effect. Its key is
+/// a UUIDv7, the form §7.2 recommends; a retry under another JSON-RPC id is the same result
+/// under that id (JSON-RPC 2.0 §5: a response carries its request's id).
 pub async fn ac1(target: &Target) -> Result<(), String> {
-    let body = send(
-        1,
-        &new_message_id(),
-        "idempotency-v1-ac1",
-        request::jcs_probe(),
-    );
+    let message_id = new_message_id_v7();
+    let body = send(1, &message_id, "idempotency-v1-ac1", request::jcs_probe());
     let before = target.side_effects.snapshot()?;
     let first = target.post(&body).await?;
     expect_fresh(&first, "first send")?;
@@ -284,13 +282,17 @@ pub async fn ac1(target: &Target) -> Result<(), String> {
         &respelled,
         "retry with numbers and strings spelled otherwise",
     )?;
+    let other_id = send(2, &message_id, "idempotency-v1-ac1", request::jcs_probe());
+    let under_its_id = target.post(&other_id).await?;
+    expect_replay_under_id(&first, &under_its_id, 2)?;
     target
         .side_effects
-        .expect_added(before, 1, "the send and its two replays")
+        .expect_added(before, 1, "the send and its replays")
 }
 
 /// AC-2 (§6.2): another payload under the same messageId is a 422 naming both hashes, and the
-/// original entry survives it.
+/// original entry survives it; so is a payload with any one member changed (§5), and one that
+/// arrives while the original still runs.
 pub async fn ac2(target: &Target) -> Result<(), String> {
     let message_id = new_message_id();
     // Metadata whose canonical form a naive canonicalizer gets wrong: both hashes of the 422
@@ -305,9 +307,43 @@ pub async fn ac2(target: &Target) -> Result<(), String> {
     expect_collision(&collision, &message_id, &original, &changed)?;
     let retry = target.post(&original).await?;
     expect_replay_of(&first, &retry, "retry of the original after the collision")?;
-    target
-        .side_effects
-        .expect_added(before, 1, "the send, the collision and the retry")
+    // §5: every member of params is hashed; each changed alone is another payload.
+    for member in request::payload_variants() {
+        let message_id = new_message_id();
+        let original = request::send_full(&message_id, None);
+        let changed = request::send_full(&message_id, Some(member));
+        // Whatever it answers (an error is cached too, §4.3.2): the key is now the original's.
+        target.post(&original).await?;
+        let collision = target.post(&changed).await?;
+        expect_collision(&collision, &message_id, &original, &changed)
+            .map_err(|e| format!("{member} changed: {e}"))?;
+    }
+    collision_in_flight(target).await?;
+    let variants = request::payload_variants().count() as i64;
+    let sent = "the sends, the collisions and the retry";
+    target.side_effects.expect_added(before, 2 + variants, sent)
+}
+
+/// §4.3.2, §7.3: another payload that arrives while the original still runs never gets the
+/// original's answer: a 422, or a 409 that says it is in progress.
+async fn collision_in_flight(target: &Target) -> Result<(), String> {
+    let message_id = new_message_id();
+    let slow = json!({"delayMs": IN_FLIGHT_DELAY_MS});
+    let original = send(1, &message_id, "in flight", slow.clone());
+    let changed = send(1, &message_id, "in flight, changed", slow);
+    let later = async {
+        tokio::time::sleep(Duration::from_millis(IN_FLIGHT_DELAY_MS / 5)).await;
+        target.post(&changed).await
+    };
+    let (first, collision) = futures::join!(target.post(&original), later);
+    expect_fresh(&first?, "a send still in flight")?;
+    let collision = collision?;
+    let what = "another payload while the original is in flight";
+    match collision.status {
+        409 => expect_refused(&collision, 409).map_err(|e| format!("{what}: {e}")),
+        _ => expect_collision(&collision, &message_id, &original, &changed)
+            .map_err(|e| format!("{what}: {e}")),
+    }
 }
 
 /// AC-3 (§6.3): past `ttl_seconds` the same request is new: executed again, not replayed, and
@@ -323,6 +359,13 @@ pub async fn ac3(target: &Target, ttl_seconds: u64) -> Result<(), String> {
     expect_fresh(&first, "first send")?;
     let replay = target.post(&body).await?;
     expect_replay_of(&first, &replay, "retry within the TTL")?;
+    // Still replayed near the TTL's end, not only at once (entries that expire early).
+    let ttl = Duration::from_secs(ttl_seconds);
+    if let Some(before_the_end) = ttl.checked_sub(AC3_MARGIN) {
+        tokio::time::sleep_until((cached_at + before_the_end).into()).await;
+        let late = target.post(&body).await?;
+        expect_replay_of(&first, &late, "retry 1.5 s before the TTL ends")?;
+    }
 
     tokio::time::sleep_until((cached_at + Duration::from_secs(ttl_seconds) + AC3_MARGIN).into())
         .await;
@@ -358,6 +401,8 @@ pub async fn ac4(target: &Target, ttl_seconds: u64, restart: Restart<'_>) -> Res
 /// §7.1: malformed messageIds are refused with 400 and a JSON-RPC error, and never executed.
 /// The spec names the status only: the error's codes are the server's (this one's are -32400,
 /// `IDEMPOTENCY_KEY_MALFORMED`).
+/// Well-formed ones are served: a UUIDv7, and a UUID in upper case (RFC 9562 §4: UUIDs are
+/// case-insensitive on input).
 pub async fn malformed_message_id(target: &Target) -> Result<(), String> {
     let before = target.side_effects.snapshot()?;
     for (label, message_id) in malformed_message_ids() {
@@ -367,7 +412,20 @@ pub async fn malformed_message_id(target: &Target) -> Result<(), String> {
     }
     target
         .side_effects
-        .expect_added(before, 0, "the malformed requests")
+        .expect_added(before, 0, "the malformed requests")?;
+    let well_formed = [
+        ("a UUIDv7", new_message_id_v7()),
+        ("a UUID in upper case", new_message_id().to_uppercase()),
+    ];
+    for (label, message_id) in well_formed {
+        let reply = target
+            .post(&send(1, &message_id, "well formed", json!({})))
+            .await?;
+        expect_fresh(&reply, &format!("messageId {label}"))?;
+    }
+    target
+        .side_effects
+        .expect_added(before, 2, "the well-formed requests")
 }
 
 /// The malformed messageIds (§7.1), each with how failure messages name it; `None` is missing.
@@ -499,18 +557,7 @@ fn expect_fresh(reply: &Reply, what: &str) -> Result<(), String> {
 
 /// A replay of `original`: same status, same bytes, `Idempotent-Replayed: true` (§6.1).
 fn expect_replay_of(original: &Reply, replay: &Reply, what: &str) -> Result<(), String> {
-    ensure(replay.try_replayed()?, || {
-        format!(
-            "{what}: expected Idempotent-Replayed: true, got {}",
-            replay.describe()
-        )
-    })?;
-    ensure(replay.status == original.status, || {
-        format!(
-            "{what}: status {} differs from the original {}",
-            replay.status, original.status
-        )
-    })?;
+    expect_replayed_as(original, replay, what)?;
     ensure(replay.body == original.body, || {
         format!(
             "{what}: the body is not byte-identical to the original.\n  original: {}\n  replay:   {}",
@@ -528,6 +575,41 @@ fn expect_replay_of(original: &Reply, replay: &Reply, what: &str) -> Result<(), 
         )
     })?;
     expect_echo(replay, what)
+}
+
+/// A replay of `original`'s request sent under the JSON-RPC id `id`: `Idempotent-Replayed`,
+/// the same status and result, and `id` as its id.
+fn expect_replay_under_id(original: &Reply, replay: &Reply, id: u64) -> Result<(), String> {
+    let what = format!("retry under the JSON-RPC id {id}");
+    expect_replayed_as(original, replay, &what)?;
+    let (first, again) = (original.try_json()?, replay.try_json()?);
+    ensure(
+        again["id"] == id && again["result"] == first["result"],
+        || {
+            format!(
+            "{what}: expected the original's result under id {id}.\n  original: {}\n  replay:   {}",
+            original.describe(),
+            replay.describe()
+        )
+        },
+    )?;
+    expect_echo(replay, &what)
+}
+
+/// `Idempotent-Replayed: true`, and `original`'s status.
+fn expect_replayed_as(original: &Reply, replay: &Reply, what: &str) -> Result<(), String> {
+    ensure(replay.try_replayed()?, || {
+        format!(
+            "{what}: expected Idempotent-Replayed: true, got {}",
+            replay.describe()
+        )
+    })?;
+    ensure(replay.status == original.status, || {
+        format!(
+            "{what}: status {} differs from the original {}",
+            replay.status, original.status
+        )
+    })
 }
 
 /// The 422 of §4.5, with both hashes checked against our own computation.

@@ -9,6 +9,74 @@ pub fn new_message_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// A fresh message id of the form the spec recommends (§7.2): a UUIDv7.
+pub fn new_message_id_v7() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// A `message/send` request with every optional member of a payload A2A 0.3 defines: spec §5
+/// hashes them all, so each one changed is another payload ([`payload_variants`]).
+pub fn send_full(message_id: &str, changed: Option<&str>) -> String {
+    let mut body = json!({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {
+            "message": {
+                "kind": "message",
+                "role": "user",
+                "messageId": message_id,
+                "parts": [{"kind": "text", "text": "every member"}],
+                "contextId": "0b7e3c52-5d6a-4e0f-9a51-6f2d9c8e1a40",
+                "referenceTaskIds": [],
+                "extensions": [],
+                "metadata": {"m": 1},
+            },
+            "configuration": {
+                "acceptedOutputModes": ["text/plain"],
+                "historyLength": 2,
+                "blocking": false,
+            },
+            "metadata": {"p": 1},
+        },
+    });
+    if let Some(member) = changed {
+        let (pointer, value) = PAYLOAD_MEMBERS
+            .iter()
+            .find(|(pointer, _)| *pointer == member)
+            .map(|(pointer, value)| (*pointer, value()))
+            .expect("a member send_full changes");
+        *body.pointer_mut(pointer).expect("send_full has it") = value;
+    }
+    body.to_string()
+}
+
+/// The members of [`send_full`] a client may change, each with another value.
+type Changed = fn() -> Value;
+const PAYLOAD_MEMBERS: [(&str, Changed); 8] = [
+    ("/params/metadata", || json!({"p": 2})),
+    ("/params/message/metadata", || json!({"m": 2})),
+    ("/params/message/contextId", || {
+        json!("5f1c9a7e-2b3d-4c8e-8f60-1a2b3c4d5e6f")
+    }),
+    ("/params/message/referenceTaskIds", || {
+        json!(["7d2f4e6a-8b1c-4d3e-9f50-2a4b6c8d0e1f"])
+    }),
+    ("/params/message/extensions", || {
+        json!(["https://example.invalid/another-extension/v1"])
+    }),
+    ("/params/configuration/historyLength", || json!(3)),
+    ("/params/configuration/blocking", || json!(true)),
+    ("/params/configuration/acceptedOutputModes", || {
+        json!(["application/json"])
+    }),
+];
+
+/// The members AC-2 changes one at a time, as JSON pointers into [`send_full`]'s body.
+pub fn payload_variants() -> impl Iterator<Item = &'static str> {
+    PAYLOAD_MEMBERS.iter().map(|(pointer, _)| *pointer)
+}
+
 /// A `message/send` request with a well-formed `messageId`.
 pub fn send(jsonrpc_id: u64, message_id: &str, text: &str, metadata: Value) -> String {
     send_with_id_field(jsonrpc_id, Some(json!(message_id)), text, metadata)

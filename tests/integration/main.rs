@@ -6,6 +6,7 @@ mod conformance;
 mod crash;
 mod example_server;
 mod faults;
+mod harness_mutants;
 mod http_files;
 mod layers;
 mod misuse;

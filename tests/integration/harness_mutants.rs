@@ -1,0 +1,215 @@
+//! The conformance harness fails broken servers: each test puts the example server behind a
+//! proxy that breaks it in one way a real implementation might be broken, and runs the
+//! scenario that must catch it. helper-66 found the harness passing each of these (a server
+//! that hashed part of params, that answered another payload in flight with the original's
+//! result, whose entries expired early, that refused UUIDv7 keys, that answered a retry under
+//! another JSON-RPC id with the first one's id).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem_conformance::server_process::ServerProcess;
+use idem_conformance::Target;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// How the proxy breaks the server: it rewrites each request's JSON before passing it on.
+type Breakage = Arc<dyn Fn(&mut Value) + Send + Sync>;
+
+/// The example server behind a proxy on 127.0.0.1 that breaks it.
+struct Mutant {
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+    _server: ServerProcess,
+}
+
+impl Mutant {
+    async fn start(env: &[(&str, &str)], breakage: Breakage) -> Self {
+        let server = ServerProcess::start(env);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = server.url.clone();
+        let task = tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                let (client, upstream, breakage) =
+                    (client.clone(), upstream.clone(), breakage.clone());
+                tokio::spawn(async move {
+                    let _ = pass_on(socket, &client, &upstream, &*breakage).await;
+                });
+            }
+        });
+        Self {
+            url,
+            task,
+            _server: server,
+        }
+    }
+
+    /// The harness's view of it, without a database: what is checked is the answers.
+    fn target(&self) -> Target {
+        Target::new(&self.url, None)
+    }
+}
+
+impl Drop for Mutant {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Reads one HTTP/1.1 POST, breaks its JSON body, passes it on with its headers, and writes
+/// the answer back, closing the connection.
+async fn pass_on(
+    socket: tokio::net::TcpStream,
+    client: &reqwest::Client,
+    upstream: &str,
+    breakage: &(dyn Fn(&mut Value) + Send + Sync),
+) -> std::io::Result<()> {
+    let mut reader = BufReader::new(socket);
+    let mut headers = Vec::new();
+    let mut line = String::new();
+    reader.read_line(&mut line).await?; // the request line: a POST to `/`
+    loop {
+        line.clear();
+        reader.read_line(&mut line).await?;
+        match line.trim().split_once(':') {
+            Some((name, value)) => headers.push((name.to_owned(), value.trim().to_owned())),
+            None => break,
+        }
+    }
+    let length = headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).await?;
+    if let Ok(mut json) = serde_json::from_slice::<Value>(&body) {
+        breakage(&mut json);
+        body = json.to_string().into_bytes();
+    }
+    let mut request = client.post(format!("{upstream}/")).body(body);
+    let hop_by_hop = ["host", "content-length", "connection"];
+    for (name, value) in &headers {
+        if !hop_by_hop.contains(&name.to_ascii_lowercase().as_str()) {
+            request = request.header(name, value);
+        }
+    }
+    let response = request.send().await.expect("the example server answers");
+    let mut head = format!("HTTP/1.1 {} X\r\n", response.status().as_u16());
+    for (name, value) in response.headers() {
+        if !["content-length", "connection", "transfer-encoding"].contains(&name.as_str()) {
+            head += &format!("{name}: {}\r\n", value.to_str().unwrap());
+        }
+    }
+    let answer = response.bytes().await.expect("its answer");
+    head += &format!(
+        "content-length: {}\r\nconnection: close\r\n\r\n",
+        answer.len()
+    );
+    let socket = reader.get_mut();
+    socket.write_all(head.as_bytes()).await?;
+    socket.write_all(&answer).await
+}
+
+/// The message of a request, where it has one.
+fn message(json: &mut Value) -> Option<&mut serde_json::Map<String, Value>> {
+    json.pointer_mut("/params/message")?.as_object_mut()
+}
+
+#[tokio::test]
+async fn a_server_that_hashes_part_of_the_params_fails_ac2() {
+    let only_text = Arc::new(|json: &mut Value| {
+        if let Some(params) = json["params"].as_object_mut() {
+            params.remove("configuration");
+        }
+        if let Some(message) = message(json) {
+            for member in ["contextId", "referenceTaskIds", "extensions", "metadata"] {
+                message.remove(member);
+            }
+        }
+    });
+    let mutant = Mutant::start(&[], only_text).await;
+    let failed = idem_conformance::ac2(&mutant.target()).await.unwrap_err();
+    assert!(failed.contains("changed: "), "{failed}");
+}
+
+#[tokio::test]
+async fn a_server_that_answers_another_payload_in_flight_with_the_original_fails_ac2() {
+    // The changed payload reaches the server as the original: it attaches to the running call.
+    let same_as_the_original = Arc::new(|json: &mut Value| {
+        if let Some(text) = json.pointer_mut("/params/message/parts/0/text") {
+            if text == "in flight, changed" {
+                *text = "in flight".into();
+            }
+        }
+    });
+    let mutant = Mutant::start(&[], same_as_the_original).await;
+    let failed = idem_conformance::ac2(&mutant.target()).await.unwrap_err();
+    assert!(
+        failed.contains("while the original is in flight"),
+        "{failed}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_whose_entries_expire_early_fails_ac3() {
+    // Past half the TTL of 4 s a retry is sent under a new key: executed again.
+    let first_seen: Mutex<Vec<(String, Instant)>> = Mutex::default();
+    let forgets_early = Arc::new(move |json: &mut Value| {
+        let Some(message) = message(json) else { return };
+        let Some(id) = message.get("messageId").and_then(Value::as_str) else {
+            return;
+        };
+        let mut seen = first_seen.lock().unwrap();
+        let first = match seen.iter().find(|(key, _)| key == id) {
+            Some((_, at)) => *at,
+            None => {
+                seen.push((id.to_owned(), Instant::now()));
+                return;
+            }
+        };
+        if first.elapsed() > Duration::from_secs(2) {
+            message.insert("messageId".into(), uuid::Uuid::new_v4().to_string().into());
+        }
+    });
+    let mutant = Mutant::start(&[("AIWG_IDEMPOTENCY_TTL", "4")], forgets_early).await;
+    let failed = idem_conformance::ac3(&mutant.target(), 4)
+        .await
+        .unwrap_err();
+    assert!(
+        failed.contains("retry 1.5 s before the TTL ends"),
+        "{failed}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_uuidv7_keys_fails_the_malformed_id_scenario() {
+    let refuses_v7 = Arc::new(|json: &mut Value| {
+        let Some(message) = message(json) else { return };
+        let v7 = message
+            .get("messageId")
+            .and_then(Value::as_str)
+            .is_some_and(|id| id.as_bytes().get(14) == Some(&b'7'));
+        if v7 {
+            message.insert("messageId".into(), "not-a-uuid".into());
+        }
+    });
+    let mutant = Mutant::start(&[], refuses_v7).await;
+    let target = mutant.target();
+    let failed = idem_conformance::malformed_message_id(&target)
+        .await
+        .unwrap_err();
+    assert!(failed.contains("messageId a UUIDv7"), "{failed}");
+    let failed = idem_conformance::ac1(&target).await.unwrap_err();
+    assert!(failed.contains("first send"), "{failed}");
+}
+
+#[tokio::test]
+async fn a_server_that_replays_under_the_first_json_rpc_id_fails_ac1() {
+    let first_id_always = Arc::new(|json: &mut Value| json["id"] = 1.into());
+    let mutant = Mutant::start(&[], first_id_always).await;
+    let failed = idem_conformance::ac1(&mutant.target()).await.unwrap_err();
+    assert!(failed.contains("retry under the JSON-RPC id 2"), "{failed}");
+}
