@@ -11,7 +11,8 @@
 //! acceptance scenario (AC-3, AC-4, spec §6) was not run, or side effects were not counted
 //! (no `--db`): no verdict of conformance. AC-3 runs when the AgentCard's
 //! `ttl_seconds` is at most 5 (e.g. `AIWG_IDEMPOTENCY_TTL=2`), AC-4 and stream-restart only with
-//! `--restart-cmd` (run with `sh -c`; the harness then waits until the URL answers again), the
+//! `--restart-cmd` (run with `sh -c`; the harness then waits until the URL answers again, and
+//! fails the scenario if a connection opened before the command is still answered), the
 //! stream scenarios only when the AgentCard declares `capabilities.streaming: true` (the 1.0 one
 //! also needs a JSON-RPC 1.0 interface), side effects are counted only with `--db` (our example
 //! server's SQLite file).
@@ -20,6 +21,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use crate::client::Client;
+use crate::restarted::Witness;
 use crate::{check, Db, Outcome, Restart, Scenario, Target};
 use futures::FutureExt;
 
@@ -130,6 +132,7 @@ fn restart_hook(args: &Args) -> Option<Restart<'_>> {
 }
 
 async fn restart(command: &str, url: &str) -> Result<String, String> {
+    let witness = Witness::open(url).await?;
     let status = tokio::process::Command::new("sh")
         .args(["-c", command])
         .status()
@@ -139,6 +142,13 @@ async fn restart(command: &str, url: &str) -> Result<String, String> {
         return Err(format!("sh -c {command:?} exited with {status}"));
     }
     wait_until_answering(url).await?;
+    if witness.still_answered().await {
+        return Err(format!(
+            "sh -c {command:?} did not restart the server: a connection opened before it is \
+             still answered (give a command that stops the server and starts it again, and \
+             the server's own URL, not a proxy's)"
+        ));
+    }
     Ok(url.to_owned())
 }
 

@@ -12,7 +12,7 @@ use super::sse::SseReply;
 pub const EXTENSION_URI: &str = "https://agentic-sandbox.aiwg.io/extensions/idempotency/v1";
 
 /// Where A2A serves the AgentCard.
-const AGENT_CARD_PATH: &str = "/.well-known/agent-card.json";
+pub(crate) const AGENT_CARD_PATH: &str = "/.well-known/agent-card.json";
 
 /// A hung server must fail a scenario, not hang the harness.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);

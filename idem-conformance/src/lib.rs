@@ -17,6 +17,7 @@ pub mod client;
 pub mod postgres;
 pub mod request;
 pub mod request_hash;
+mod restarted;
 pub mod server_process;
 pub mod side_effects;
 pub mod sse;

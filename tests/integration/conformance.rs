@@ -340,6 +340,111 @@ fn cli_reports_each_scenario_and_exits_3_while_required_ones_are_not_run() {
     );
 }
 
+/// The CLI end to end with everything it can check: a short TTL, `--db`, and a
+/// `--restart-cmd` that kills the server with SIGKILL and starts it again on its file. Every
+/// scenario passes, and the run is a verdict: exit 0.
+#[test]
+fn cli_passes_every_scenario_across_real_restarts_and_exits_0() {
+    let served = ScriptedServer::start();
+    let output = run_cli(&[
+        "--url",
+        &served.url,
+        "--db",
+        &served.db(),
+        "--restart-cmd",
+        &served.restart_command(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let log = || std::fs::read_to_string(served.dir.path().join("log")).unwrap_or_default();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        tail(&log(), 30)
+    );
+    let all = Scenario::ALL.len();
+    assert!(
+        stdout.ends_with(&format!("{all} passed, 0 failed\n")),
+        "{stdout}"
+    );
+}
+
+/// A restart command that restarts nothing: AC-4 and the stream restart fail, saying so.
+/// Before, they passed on the process that had kept everything in memory.
+#[test]
+fn cli_fails_ac4_when_the_restart_command_restarts_nothing() {
+    let server = ServerProcess::start(&[]);
+    let db = server.db().to_str().unwrap().to_owned();
+    let output = run_cli(&["--url", &server.url, "--db", &db, "--restart-cmd", "true"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    for scenario in [Scenario::Ac4, Scenario::StreamRestart] {
+        let failed = format!("FAIL {}: ", scenario.name());
+        let line = stdout.lines().find(|line| line.starts_with(&failed));
+        let line = line.unwrap_or_else(|| panic!("{failed} in:\n{stdout}"));
+        assert!(line.contains("did not restart the server"), "{line}");
+    }
+}
+
+/// The example server, started by a shell script that the CLI's `--restart-cmd` runs again:
+/// SIGKILL to the running one, then a new one on the same port and file (the pid in a file).
+struct ScriptedServer {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl ScriptedServer {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let script = format!(
+            "if [ -f {dir}/pid ]; then kill -9 $(cat {dir}/pid); \
+               while kill -0 $(cat {dir}/pid) 2>/dev/null; do sleep 0.05; done; fi\n\
+             AIWG_IDEMPOTENCY_TTL=2 {bin} --listen 127.0.0.1:{port} --db {dir}/a2a.db \
+               >>{dir}/log 2>&1 </dev/null &\n\
+             echo $! > {dir}/pid\n",
+            dir = dir.path().display(),
+            bin = example_binary("a2a_server").display(),
+        );
+        std::fs::write(dir.path().join("restart.sh"), script).unwrap();
+        let served = Self {
+            url: format!("http://127.0.0.1:{port}"),
+            dir,
+        };
+        let started = Command::new("sh").arg(served.script()).status().unwrap();
+        assert!(started.success());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server never listened"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        served
+    }
+
+    fn script(&self) -> std::path::PathBuf {
+        self.dir.path().join("restart.sh")
+    }
+
+    fn restart_command(&self) -> String {
+        format!("sh {}", self.script().display())
+    }
+
+    fn db(&self) -> String {
+        self.dir.path().join("a2a.db").display().to_string()
+    }
+}
+
+impl Drop for ScriptedServer {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.path().join("pid")) {
+            let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+        }
+    }
+}
+
 #[test]
 fn cli_exits_non_zero_when_scenarios_fail() {
     // Nothing answers on it: every scenario fails on the AgentCard.
