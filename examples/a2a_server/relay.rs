@@ -146,6 +146,15 @@ struct Relay {
     store_failures: u32,
 }
 
+/// What a pass over one task's events knows of those before the one it is at.
+#[derive(Default)]
+struct Pass {
+    /// The webhooks (config ids) that failed an earlier event: posted none of the later ones.
+    behind: HashSet<String>,
+    /// An earlier event is still undelivered: a later one holds no retry of its own.
+    undelivered_before: bool,
+}
+
 /// What one attempt to deliver an event did.
 struct Attempt {
     /// Every webhook of its task has it now.
@@ -370,34 +379,44 @@ impl Delivery {
         _places: Places,
     ) {
         let task_id = events[0].task_id.clone();
-        let mut behind = HashSet::new();
+        let mut pass = Pass::default();
         for event in events {
-            if !lock.held().await || !self.settle(&event, &mut behind).await {
+            if !lock.held().await || !self.settle(&event, &mut pass).await {
                 break;
             }
         }
         self.give_back(&task_id);
     }
 
-    /// Posts `event` to the webhooks of its task that have not taken it, except those
-    /// `behind` on the task's events; marks it delivered once all have taken it, records who
-    /// took it otherwise, and holds it back for a retry if a post failed. `false` if the task
-    /// store failed.
-    async fn settle(&self, event: &Pending, behind: &mut HashSet<String>) -> bool {
-        let stored = match self.attempt(event, behind).await {
+    /// Posts `event` to the webhooks of its task that have not taken it, except those behind
+    /// on the task's events; marks it delivered once all have taken it, records who took it
+    /// otherwise, and holds it back for a retry if a post failed. `false` if the task store
+    /// failed.
+    ///
+    /// Only a task's first undelivered event holds a retry (its backoff, its give-up): a later
+    /// one that failed is tried again with it, after it. With a retry time of its own, a later
+    /// event was read alone once its backoff ran out, and posted to the webhook that still
+    /// failed the earlier one (helper-67).
+    async fn settle(&self, event: &Pending, pass: &mut Pass) -> bool {
+        let first = !pass.undelivered_before;
+        let stored = match self.attempt(event, &mut pass.behind).await {
             Ok(attempt) if attempt.complete => self.store.mark_delivered(vec![event.id]).await,
             Ok(attempt) => {
+                pass.undelivered_before = true;
                 let recorded = match attempt.took.is_empty() {
                     true => Ok(()),
                     false => self.store.record_deliveries(event.id, attempt.took).await,
                 };
-                if let (Ok(()), Some(why)) = (&recorded, attempt.failure) {
+                if let (Ok(()), Some(why), true) = (&recorded, attempt.failure, first) {
                     self.failed(event, &why).await;
                 }
                 recorded
             }
             Err(why) => {
-                self.failed(event, &why).await;
+                pass.undelivered_before = true;
+                if first {
+                    self.failed(event, &why).await;
+                }
                 Ok(())
             }
         };

@@ -34,20 +34,27 @@ struct Delivery {
     status: u16,
 }
 
-/// A webhook receiver: answers 500 to the first `failures` requests, then 200.
+/// A webhook receiver: answers 500 to the first `failures` requests (of events of type
+/// `failing`, where it names one), then 200.
 struct Receiver {
     port: u16,
     deliveries: Arc<Mutex<Vec<Delivery>>>,
     failures: Arc<AtomicUsize>,
+    failing: Option<&'static str>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Receiver {
     async fn start(failures: usize) -> Self {
+        Self::failing(None, failures).await
+    }
+
+    async fn failing(failing: Option<&'static str>, failures: usize) -> Self {
         let mut receiver = Self {
             port: 0,
             deliveries: Arc::default(),
             failures: Arc::new(AtomicUsize::new(failures)),
+            failing,
             task: None,
         };
         receiver.listen().await;
@@ -65,11 +72,12 @@ impl Receiver {
             .expect("bind the receiver");
         self.port = listener.local_addr().unwrap().port();
         let (deliveries, failures) = (self.deliveries.clone(), self.failures.clone());
+        let failing = self.failing;
         self.task = Some(tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 let (deliveries, failures) = (deliveries.clone(), failures.clone());
                 tokio::spawn(async move {
-                    let _ = answer(socket, &deliveries, &failures).await;
+                    let _ = answer(socket, &deliveries, &failures, failing).await;
                 });
             }
         }));
@@ -117,6 +125,7 @@ async fn answer(
     socket: tokio::net::TcpStream,
     deliveries: &Mutex<Vec<Delivery>>,
     failures: &AtomicUsize,
+    failing: Option<&str>,
 ) -> std::io::Result<()> {
     let mut reader = BufReader::new(socket);
     let mut headers = Vec::new();
@@ -138,15 +147,17 @@ async fn answer(
         .unwrap_or(0);
     let mut body = vec![0; length];
     reader.read_exact(&mut body).await?;
-    let failed = failures
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok();
+    let event_type = header("x-a2a-event-type").unwrap_or_default();
+    let failed = failing.is_none_or(|failing| failing == event_type)
+        && failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
     let status = if failed { 500 } else { 200 };
     deliveries.lock().unwrap().push(Delivery {
         event_id: header("x-a2a-event-id")
             .and_then(|id| id.parse().ok())
             .unwrap_or(-1),
-        event_type: header("x-a2a-event-type").unwrap_or_default(),
+        event_type,
         token: header("x-a2a-notification-token"),
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         status,
@@ -655,6 +666,39 @@ async fn a_dead_webhook_holds_back_none_of_its_tasks_other_webhooks() {
         assert!(last_assigned < first_completed, "in order: {failed:?}");
     }
     assert!(healthy.taken().iter().all(|d| d.status == 200));
+}
+
+/// A webhook gets a task's events in order even while another webhook of the task fails the
+/// later one: B fails `mission.assigned` six times, C fails `mission.completed` once. Before,
+/// the later event got a retry time of its own when C failed it, was read alone once that ran
+/// out, and reached B before the event B still failed (helper-67: 4.7 s before).
+#[tokio::test]
+async fn a_webhook_gets_its_tasks_events_in_order_while_another_fails_the_later_one() {
+    let b = Receiver::failing(Some("mission.assigned"), 6).await;
+    let c = Receiver::failing(Some("mission.completed"), 1).await;
+    let server = ServerProcess::start(&[]);
+    let task_id = send_with_webhook(&server, json!({"id": "b", "url": b.url()}), 1500).await;
+    let set = json!({"taskId": task_id, "pushNotificationConfig": {"id": "c", "url": c.url()}});
+    let set = call(&server.url, "tasks/pushNotificationConfig/set", set).await;
+    assert!(set["result"].is_object(), "{set}");
+    for receiver in [&b, &c] {
+        receiver.wait_for("mission.completed").await;
+        let taken = receiver.taken();
+        let first_assigned = taken
+            .iter()
+            .position(|d| d.event_type == "mission.assigned" && d.status == 200);
+        let first_completed = taken
+            .iter()
+            .position(|d| d.event_type == "mission.completed");
+        assert!(
+            first_assigned.is_some() && first_assigned < first_completed,
+            "in order: {:?}",
+            taken
+                .iter()
+                .map(|d| (&d.event_type, d.status))
+                .collect::<Vec<_>>()
+        );
+    }
 }
 
 /// The relay's read runs on every poll over every undelivered event: each event must cost index

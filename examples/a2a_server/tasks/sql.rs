@@ -170,8 +170,8 @@ pub const DELETE_PUSH_CONFIG: &str =
 /// later events with its retry. Due events of failing tasks alone would fill the third (a
 /// review: 600 of them, and no healthy task's event was read for a minute): the first always
 /// reaches the tasks whose webhooks answer, the second every failing task in turn. A due retry
-/// needs no check for a held event before it: only a task's first undelivered event is ever
-/// tried.
+/// needs no check for a held event before it: only a task's first undelivered event ever holds
+/// a retry (`relay.rs`, `settle`; later events of its task are tried with it, after it).
 pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
     EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = due.task_id), next_attempt_at,
     attempts, EXISTS (SELECT 1 FROM outbox_deliveries d WHERE d.event_id = due.id)
