@@ -2,8 +2,8 @@
 //! proxy that breaks it in one way a real implementation might be broken, and runs the
 //! scenario that must catch it. helper-66 found the harness passing each of these (a server
 //! that hashed part of params, that answered another payload in flight with the original's
-//! result, whose entries expired early, that refused UUIDv7 keys, that answered a retry under
-//! another JSON-RPC id with the first one's id).
+//! result, whose entries expired early, that refused UUIDv7 keys), and one more: a server
+//! that keyed on the JSON-RPC id.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -206,10 +206,17 @@ async fn a_server_that_refuses_uuidv7_keys_fails_the_malformed_id_scenario() {
     assert!(failed.contains("first send"), "{failed}");
 }
 
+/// The JSON-RPC id is not part of the payload (§5): a server that keys on it takes a retry
+/// under another id for another payload.
 #[tokio::test]
-async fn a_server_that_replays_under_the_first_json_rpc_id_fails_ac1() {
-    let first_id_always = Arc::new(|json: &mut Value| json["id"] = 1.into());
-    let mutant = Mutant::start(&[], first_id_always).await;
+async fn a_server_that_hashes_the_json_rpc_id_fails_ac1() {
+    let hashes_the_id = Arc::new(|json: &mut Value| {
+        let id = json["id"].clone();
+        if let Some(metadata) = json.pointer_mut("/params/metadata") {
+            metadata["jsonrpcId"] = id;
+        }
+    });
+    let mutant = Mutant::start(&[], hashes_the_id).await;
     let failed = idem_conformance::ac1(&mutant.target()).await.unwrap_err();
     assert!(failed.contains("retry under the JSON-RPC id 2"), "{failed}");
 }
