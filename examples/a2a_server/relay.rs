@@ -149,10 +149,27 @@ struct Relay {
 /// What a pass over one task's events knows of those before the one it is at.
 #[derive(Default)]
 struct Pass {
-    /// The webhooks (config ids) that failed an earlier event: posted none of the later ones.
+    /// The webhooks (config ids) that failed an earlier event, or were set after the pass's
+    /// first event was posted: posted none of the later ones.
     behind: HashSet<String>,
+    /// The webhooks the pass's first event went to.
+    webhooks: Option<HashSet<String>>,
     /// An earlier event is still undelivered: a later one holds no retry of its own.
     undelivered_before: bool,
+}
+
+impl Pass {
+    /// The task's webhooks as an event of the pass reads them. One set since its first event
+    /// is behind: it has not been posted that event yet (it got a later event first: helper-68).
+    fn note_webhooks(&mut self, ids: impl Iterator<Item = String>) {
+        match &self.webhooks {
+            None => self.webhooks = Some(ids.collect()),
+            Some(known) => {
+                let new: Vec<String> = ids.filter(|id| !known.contains(id)).collect();
+                self.behind.extend(new);
+            }
+        }
+    }
 }
 
 /// What one attempt to deliver an event did.
@@ -399,7 +416,7 @@ impl Delivery {
     /// failed the earlier one (helper-67).
     async fn settle(&self, event: &Pending, pass: &mut Pass) -> bool {
         let first = !pass.undelivered_before;
-        let stored = match self.attempt(event, &mut pass.behind).await {
+        let stored = match self.attempt(event, pass).await {
             Ok(attempt) if attempt.complete => self.store.mark_delivered(vec![event.id]).await,
             Ok(attempt) => {
                 pass.undelivered_before = true;
@@ -412,12 +429,14 @@ impl Delivery {
                 }
                 recorded
             }
+            // Nobody was posted it, and whom it would have gone to is not known: the pass
+            // ends here, or the task's next event would reach them first (helper-68).
             Err(why) => {
-                pass.undelivered_before = true;
                 if first {
                     self.failed(event, &why).await;
                 }
-                Ok(())
+                self.handed_out().settled.insert(event.id);
+                return false;
             }
         };
         self.handed_out().settled.insert(event.id);
@@ -465,17 +484,16 @@ impl Delivery {
     /// Posts the event, at once, to every webhook of its task that has not taken it and is
     /// not `behind`; a webhook that fails is `behind` from then on. `Err` if the task store
     /// could not say where to post it.
-    async fn attempt(
-        &self,
-        event: &Pending,
-        behind: &mut HashSet<String>,
-    ) -> Result<Attempt, String> {
+    async fn attempt(&self, event: &Pending, pass: &mut Pass) -> Result<Attempt, String> {
         // The outbox row names an existing task: its configs, then the task itself, once.
         let configs = self
             .push
             .stored(&event.task_id)
             .await
             .map_err(|e| e.to_string())?;
+        let id = |config: &PushConfig| config.id_for(&event.task_id);
+        pass.note_webhooks(configs.iter().map(id));
+        let behind = &mut pass.behind;
         let took_before = match event.reached_some {
             true => self
                 .store
@@ -484,7 +502,6 @@ impl Delivery {
                 .map_err(|e| e.to_string())?,
             false => Vec::new(),
         };
-        let id = |config: &PushConfig| config.id_for(&event.task_id);
         let due: Vec<&PushConfig> = configs
             .iter()
             .filter(|config| !took_before.contains(&id(config)))

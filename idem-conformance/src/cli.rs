@@ -10,7 +10,8 @@
 //! the server's own reasons, 1 one failed, 2 a usage error, 3 none failed but a required
 //! acceptance scenario (AC-3, AC-4, spec §6) was not run, or side effects were not counted
 //! (no `--db`): no verdict of conformance. AC-3 runs when the AgentCard's
-//! `ttl_seconds` is at most 5 (e.g. `AIWG_IDEMPOTENCY_TTL=2`), AC-4 and stream-restart only with
+//! `ttl_seconds` is at most 5 (e.g. `AIWG_IDEMPOTENCY_TTL=5`: AC-4 wants its replay within the
+//! TTL, and a restart takes seconds on a busy machine), AC-4 and stream-restart only with
 //! `--restart-cmd` (run with `sh -c`; the harness then waits until the URL answers again, and
 //! fails the scenario if a connection opened before the command is still answered), the
 //! stream scenarios only when the AgentCard declares `capabilities.streaming: true` (the 1.0 one

@@ -326,8 +326,9 @@ pub async fn ac2(target: &Target) -> Result<(), String> {
     target.side_effects.expect_added(before, executed, sent)
 }
 
-/// §4.3.2, §7.3: another payload that arrives while the original still runs never gets the
-/// original's answer: a 422, or a 409 that says it is in progress.
+/// §7.3: another payload that arrives while the original still runs never gets the original's
+/// answer: a 422, a 409 that says it is in progress, or (§4.3 has it a miss while nothing is
+/// stored yet) an execution of its own, never the original's response replayed.
 async fn collision_in_flight(target: &Target) -> Result<(), String> {
     let message_id = new_message_id();
     let slow = json!({"delayMs": IN_FLIGHT_DELAY_MS});
@@ -347,10 +348,19 @@ async fn collision_in_flight(target: &Target) -> Result<(), String> {
     };
     expect_fresh(&ran.0, "a send still in flight")?;
     let what = "another payload while the original is in flight";
-    match collided.0.status {
-        409 => expect_refused(&collided.0, 409).map_err(|e| format!("{what}: {e}")),
-        _ => expect_collision(&collided.0, &message_id, ran.1, collided.1)
-            .map_err(|e| format!("{what}: {e}")),
+    let (other, reply) = (collided.1, &collided.0);
+    match reply.status {
+        409 => expect_refused(reply, 409).map_err(|e| format!("{what}: {e}")),
+        422 => {
+            expect_collision(reply, &message_id, ran.1, other).map_err(|e| format!("{what}: {e}"))
+        }
+        _ => ensure(!reply.try_replayed()? && reply.body != ran.0.body, || {
+            format!(
+                "{what}: got the original's response.\n  original: {}\n  this one: {}",
+                ran.0.describe(),
+                reply.describe()
+            )
+        }),
     }
 }
 

@@ -18,19 +18,26 @@ pub struct Witness {
 }
 
 impl Witness {
-    /// Opens a connection to the server at `url` (`http://host:port`) and has it answered once.
+    /// Opens a connection to the server at `url` (`http://host[:port][/path]`) and has it
+    /// answered once.
     pub async fn open(url: &str) -> Result<Self, String> {
-        let authority = url
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("{url}: not an http:// URL"))?
-            .trim_end_matches('/');
-        let stream = TcpStream::connect(authority)
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        let request = format!(
-            "GET {} HTTP/1.1\r\nHost: {authority}\r\nConnection: keep-alive\r\n\r\n",
+        let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url}: {e}"))?;
+        let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+            return Err(format!("{url}: no host and port to connect to"));
+        };
+        let connected = tokio::time::timeout(ANSWER_WITHIN, TcpStream::connect((host, port)));
+        let stream = match connected.await {
+            Ok(stream) => stream.map_err(|e| format!("{url}: {e}"))?,
+            Err(_) => return Err(format!("{url}: no connection within {ANSWER_WITHIN:?}")),
+        };
+        // The card as the harness's client asks for it: under the URL's path.
+        let path = format!(
+            "{}{}",
+            parsed.path().trim_end_matches('/'),
             crate::client::AGENT_CARD_PATH
         );
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: keep-alive\r\n\r\n");
         let mut witness = Self { stream, request };
         match witness.answered().await {
             true => Ok(witness),
@@ -84,5 +91,55 @@ async fn read_response(stream: &mut TcpStream) -> std::io::Result<bool> {
         }
         read.extend_from_slice(&buffer[..n]);
     }
-    Ok(head.starts_with("http/1.1 "))
+    Ok(head.starts_with("http/1."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    /// A server that answers each request of a connection in HTTP/1.0, `answers` times, then
+    /// closes it; the request lines it read.
+    async fn server(answers: usize) -> (String, tokio::task::JoinHandle<Vec<String>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/base/", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut reader = BufReader::new(socket);
+            let mut request_lines = Vec::new();
+            for _ in 0..answers {
+                let mut line = String::new();
+                reader.read_line(&mut line).await.unwrap();
+                request_lines.push(line.trim().to_owned());
+                // The headers, up to the empty line.
+                while !line.trim().is_empty() {
+                    line.clear();
+                    reader.read_line(&mut line).await.unwrap();
+                }
+                let answer = "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+                reader.get_mut().write_all(answer.as_bytes()).await.unwrap();
+            }
+            request_lines
+        });
+        (url, task)
+    }
+
+    #[tokio::test]
+    async fn a_connection_answered_again_is_a_server_that_did_not_restart() {
+        let (url, server) = server(2).await;
+        let witness = Witness::open(&url).await.unwrap();
+        assert!(witness.still_answered().await, "HTTP/1.0 answers count");
+        let lines = server.await.unwrap();
+        let expected = "GET /base/.well-known/agent-card.json HTTP/1.1";
+        assert_eq!(lines, [expected, expected], "the card under the URL's path");
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_is_a_server_that_restarted() {
+        let (url, server) = server(1).await;
+        let witness = Witness::open(&url).await.unwrap();
+        server.await.unwrap(); // the connection closes with the task
+        assert!(!witness.still_answered().await);
+    }
 }

@@ -701,6 +701,30 @@ async fn a_webhook_gets_its_tasks_events_in_order_while_another_fails_the_later_
     }
 }
 
+/// A webhook set while a pass over its task's events runs gets none of them before the ones it
+/// has not been posted: A never answers (each attempt takes the relay's 5 s), and C is set
+/// while the pass that holds both events waits on A for the first. Before, the pass posted C
+/// the second event at once, 5 s before the first (helper-68).
+#[tokio::test]
+async fn a_webhook_set_during_a_pass_gets_its_tasks_events_in_order() {
+    let a = Silent::start().await;
+    let c = Receiver::start(0).await;
+    let server = ServerProcess::start(&[]);
+    let task_id = send_with_webhook(&server, json!({"id": "a", "url": a.url()}), 300).await;
+    // The second attempt at the first event: its pass holds the second event too.
+    a.until(|a| a.accepted.load(Ordering::SeqCst) >= 2).await;
+    let set = json!({"taskId": task_id, "pushNotificationConfig": {"id": "c", "url": c.url()}});
+    let set = call(&server.url, "tasks/pushNotificationConfig/set", set).await;
+    assert!(set["result"].is_object(), "{set}");
+    c.wait_for("mission.completed").await;
+    let types: Vec<String> = c.taken().into_iter().map(|d| d.event_type).collect();
+    assert_eq!(
+        types,
+        ["mission.assigned", "mission.completed"],
+        "in order, once each"
+    );
+}
+
 /// The relay's read runs on every poll over every undelivered event: each event must cost index
 /// lookups only, the held-back events' in their own small index (a visit to every event of
 /// the task made the read connection 3.6x as busy under load).
