@@ -4,7 +4,8 @@
 //! every webhook answered 2xx, or once it is given up. An event goes to all of its task's
 //! webhooks at once; where one fails, those that took it are recorded (`outbox_deliveries`)
 //! and the retry posts to the others alone, and a webhook that failed an event gets none of
-//! its task's later ones before it.
+//! its task's later ones before it. Only a task's first undelivered event holds a retry time
+//! (`Pass`, `settle`): the reads below rely on it.
 //!
 //! It reads what is undelivered from the outbox itself, so a restart resumes where the last
 //! process stopped; an event it was delivering when the process died is delivered again,
