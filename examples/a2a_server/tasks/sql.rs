@@ -169,9 +169,12 @@ pub const DELETE_PUSH_CONFIG: &str =
 /// failed events alone); and the oldest due events of any kind, which bring a failing task's
 /// later events with its retry. Due events of failing tasks alone would fill the third (a
 /// review: 600 of them, and no healthy task's event was read for a minute): the first always
-/// reaches the tasks whose webhooks answer, the second every failing task in turn. A due retry
-/// needs no check for a held event before it: only a task's first undelivered event ever holds
-/// a retry (`relay.rs`, `settle`; later events of its task are tried with it, after it).
+/// reaches the tasks whose webhooks answer, the second every failing task in turn, with the
+/// later events of its task (the task's other webhooks get them at that retry: read by the
+/// third alone, they waited behind 512 older due events, until the retry was given up:
+/// helper-69). A due retry needs no check for a held event before it: only a task's first
+/// undelivered event ever holds a retry (`relay.rs`, `settle`; later events of its task are
+/// tried with it, after it).
 pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
     EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = due.task_id), next_attempt_at,
     attempts, EXISTS (SELECT 1 FROM outbox_deliveries d WHERE d.event_id = due.id)
@@ -184,10 +187,12 @@ pub const UNDELIVERED: &str = "SELECT id, task_id, event_type,
               AND failed.delivered_at IS NULL AND failed.next_attempt_at IS NOT NULL)
         ORDER BY id LIMIT $1) first_attempts
       UNION
-      SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts
-        FROM outbox
-        WHERE delivered_at IS NULL AND next_attempt_at IS NOT NULL AND next_attempt_at <= $2
-        ORDER BY next_attempt_at LIMIT $1) retries
+      SELECT later.id, later.task_id, later.event_type, later.next_attempt_at, later.attempts
+        FROM (SELECT id, task_id FROM outbox
+          WHERE delivered_at IS NULL AND next_attempt_at IS NOT NULL AND next_attempt_at <= $2
+          ORDER BY next_attempt_at LIMIT $1) retries
+        JOIN outbox later ON later.task_id = retries.task_id AND later.id >= retries.id
+          AND later.delivered_at IS NULL
       UNION
       SELECT * FROM (SELECT id, task_id, event_type, next_attempt_at, attempts
         FROM outbox WHERE delivered_at IS NULL
