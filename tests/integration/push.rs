@@ -725,6 +725,32 @@ async fn a_webhook_set_during_a_pass_gets_its_tasks_events_in_order() {
     );
 }
 
+/// A webhook set again under its id, to another URL, is another webhook: the new URL gets the
+/// task's undelivered events, in order, including one the old URL took while another webhook
+/// still failed it. Before, the old URL's record under the id had the new one skip it
+/// (helper-69).
+#[tokio::test]
+async fn a_webhook_set_again_under_its_id_gets_what_the_old_url_took() {
+    let b = Receiver::failing(Some("mission.assigned"), 6).await;
+    let (old, new) = (Receiver::start(0).await, Receiver::start(0).await);
+    let server = ServerProcess::start(&[]);
+    let task_id = send_with_webhook(&server, json!({"id": "b", "url": b.url()}), 1500).await;
+    let set_c = |url: String| {
+        let config = json!({"taskId": task_id, "pushNotificationConfig": {"id": "c", "url": url}});
+        call(&server.url, "tasks/pushNotificationConfig/set", config)
+    };
+    assert!(set_c(old.url()).await["result"].is_object());
+    old.wait_for("mission.assigned").await;
+    assert!(set_c(new.url()).await["result"].is_object());
+    new.wait_for("mission.completed").await;
+    let types: Vec<String> = new.taken().into_iter().map(|d| d.event_type).collect();
+    assert_eq!(
+        types,
+        ["mission.assigned", "mission.completed"],
+        "in order, once each"
+    );
+}
+
 /// The relay's read runs on every poll over every undelivered event: each event must cost index
 /// lookups only, the held-back events' in their own small index (a visit to every event of
 /// the task made the read connection 3.6x as busy under load).

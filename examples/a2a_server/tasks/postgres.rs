@@ -91,11 +91,16 @@ fn push_params(row: &PushRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 4]
 }
 
 pub async fn set_push_config(pool: &Pool, row: PushRow) -> Result<(), Failure> {
-    let client = pool.get().await?;
-    client
-        .execute(sql::UPSERT_PUSH_CONFIG, &push_params(&row))
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.execute(sql::UPSERT_PUSH_CONFIG, &push_params(&row))
         .await?;
-    Ok(())
+    let webhook = [
+        &row.task_id as &(dyn tokio_postgres::types::ToSql + Sync),
+        &row.config_id,
+    ];
+    tx.execute(sql::FORGET_DELIVERIES, &webhook).await?;
+    Ok(tx.commit().await?)
 }
 
 pub async fn push_configs(pool: &Pool, task_id: String) -> Result<Vec<String>, Failure> {
@@ -109,10 +114,15 @@ pub async fn delete_push_config(
     task_id: String,
     config_id: String,
 ) -> Result<bool, Failure> {
-    let client = pool.get().await?;
-    let deleted = client
-        .execute(sql::DELETE_PUSH_CONFIG, &[&task_id, &config_id])
-        .await?;
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let webhook = [
+        &task_id as &(dyn tokio_postgres::types::ToSql + Sync),
+        &config_id,
+    ];
+    let deleted = tx.execute(sql::DELETE_PUSH_CONFIG, &webhook).await?;
+    tx.execute(sql::FORGET_DELIVERIES, &webhook).await?;
+    tx.commit().await?;
     Ok(deleted > 0)
 }
 

@@ -156,6 +156,12 @@ pub const PUSH_CONFIGS: &str =
 pub const DELETE_PUSH_CONFIG: &str =
     "DELETE FROM push_configs WHERE task_id = $1 AND config_id = $2";
 
+/// `$1` task id, `$2` config id: what the webhook of that id took of the task's events, run
+/// where the id is set again or deleted. A config re-pointed under its id is another webhook:
+/// kept, its records had the new URL skip the events the old one took (helper-69).
+pub const FORGET_DELIVERIES: &str = "DELETE FROM outbox_deliveries WHERE config_id = $2
+    AND event_id IN (SELECT id FROM outbox WHERE task_id = $1)";
+
 /// `$1` how many, `$2` now: the oldest events to deliver now, whether their task has
 /// webhooks, when they were due again if an attempt of theirs failed (in any process), how
 /// many attempts failed, and whether some of its webhooks took it already.

@@ -87,6 +87,12 @@ fn upsert_push_config(conn: &Connection, row: &PushRow) -> rusqlite::Result<()> 
             row.config_json,
             row.now
         ])?;
+    forget_deliveries(conn, &row.task_id, &row.config_id)
+}
+
+fn forget_deliveries(conn: &Connection, task_id: &str, config_id: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(&sqlite(sql::FORGET_DELIVERIES))?
+        .execute([task_id, config_id])?;
     Ok(())
 }
 
@@ -106,7 +112,9 @@ pub async fn delete_push_config(
 ) -> Result<bool, Failure> {
     let deleted = db.transact(move |conn| {
         let mut statement = conn.prepare_cached(&sqlite(sql::DELETE_PUSH_CONFIG))?;
-        statement.execute([task_id, config_id])
+        let deleted = statement.execute([&task_id, &config_id])?;
+        forget_deliveries(conn, &task_id, &config_id)?;
+        Ok::<_, rusqlite::Error>(deleted)
     });
     Ok(deleted.await? > 0)
 }
