@@ -165,22 +165,26 @@ impl Pass {
     fn note_webhooks(&mut self, ids: impl Iterator<Item = String>) {
         match &self.webhooks {
             None => self.webhooks = Some(ids.collect()),
-            Some(known) => {
-                let new: Vec<String> = ids.filter(|id| !known.contains(id)).collect();
-                self.behind.extend(new);
-            }
+            Some(known) => self.behind.extend(ids.filter(|id| !known.contains(id))),
         }
     }
 }
 
 /// What one attempt to deliver an event did.
 struct Attempt {
-    /// Every webhook of its task has it now.
-    complete: bool,
     /// The webhooks (config ids) that took it in this attempt.
     took: Vec<String>,
+    /// A webhook of its task was behind, and not posted it.
+    held_back: bool,
     /// Why a post failed, if one did.
     failure: Option<String>,
+}
+
+impl Attempt {
+    /// Every webhook of its task has it now.
+    fn complete(&self) -> bool {
+        !self.held_back && self.failure.is_none()
+    }
 }
 
 /// What a worker holds while it delivers: its place, and, for a task whose last attempt
@@ -417,8 +421,10 @@ impl Delivery {
     /// failed the earlier one (helper-67).
     async fn settle(&self, event: &Pending, pass: &mut Pass) -> bool {
         let first = !pass.undelivered_before;
-        let stored = match self.attempt(event, pass).await {
-            Ok(attempt) if attempt.complete => self.store.mark_delivered(vec![event.id]).await,
+        let (stored, go_on) = match self.attempt(event, pass).await {
+            Ok(attempt) if attempt.complete() => {
+                (self.store.mark_delivered(vec![event.id]).await, true)
+            }
             Ok(attempt) => {
                 pass.undelivered_before = true;
                 let recorded = match attempt.took.is_empty() {
@@ -428,7 +434,7 @@ impl Delivery {
                 if let (Ok(()), Some(why), true) = (&recorded, attempt.failure, first) {
                     self.failed(event, &why).await;
                 }
-                recorded
+                (recorded, true)
             }
             // Nobody was posted it, and whom it would have gone to is not known: the pass
             // ends here, or the task's next event would reach them first (helper-68).
@@ -436,8 +442,7 @@ impl Delivery {
                 if first {
                     self.failed(event, &why).await;
                 }
-                self.handed_out().settled.insert(event.id);
-                return false;
+                (Ok(()), false)
             }
         };
         self.handed_out().settled.insert(event.id);
@@ -448,7 +453,7 @@ impl Delivery {
             self.note_store_failure();
             return false;
         }
-        true
+        go_on
     }
 
     /// An attempt to deliver `event` failed: it waits out its backoff, which its row keeps
@@ -492,9 +497,11 @@ impl Delivery {
             .stored(&event.task_id)
             .await
             .map_err(|e| e.to_string())?;
-        let id = |config: &PushConfig| config.id_for(&event.task_id);
-        pass.note_webhooks(configs.iter().map(id));
-        let behind = &mut pass.behind;
+        let webhooks: Vec<(String, &PushConfig)> = configs
+            .iter()
+            .map(|config| (config.id_for(&event.task_id), config))
+            .collect();
+        pass.note_webhooks(webhooks.iter().map(|(id, _)| id.clone()));
         let took_before = match event.reached_some {
             true => self
                 .store
@@ -503,13 +510,13 @@ impl Delivery {
                 .map_err(|e| e.to_string())?,
             false => Vec::new(),
         };
-        let due: Vec<&PushConfig> = configs
-            .iter()
-            .filter(|config| !took_before.contains(&id(config)))
-            .collect();
+        let (behind, due): (Vec<_>, Vec<_>) = webhooks
+            .into_iter()
+            .filter(|(id, _)| !took_before.contains(id))
+            .partition(|(id, _)| pass.behind.contains(id));
         let mut attempt = Attempt {
-            complete: true,
             took: Vec::new(),
+            held_back: !behind.is_empty(),
             failure: None,
         };
         if due.is_empty() {
@@ -521,20 +528,16 @@ impl Delivery {
             .await
             .map_err(|e| e.to_string())?;
         let body = Shape::V03.task(&task, None).to_string();
-        let (posted, held): (Vec<_>, Vec<_>) = due
-            .into_iter()
-            .partition(|config| !behind.contains(&id(config)));
-        attempt.complete = held.is_empty();
         // At once: a webhook that takes its 5 s to fail holds back none of the others.
-        let posts = posted
+        let posts = due
             .iter()
-            .map(|config| self.post(config, event, body.clone()));
-        for (config, posted) in posted.iter().zip(futures::future::join_all(posts).await) {
+            .map(|(_, config)| self.post(config, event, body.clone()));
+        let posted = futures::future::join_all(posts).await;
+        for ((id, _), posted) in due.into_iter().zip(posted) {
             match posted {
-                Ok(()) => attempt.took.push(id(config)),
+                Ok(()) => attempt.took.push(id),
                 Err(why) => {
-                    behind.insert(id(config));
-                    attempt.complete = false;
+                    pass.behind.insert(id);
                     attempt.failure.get_or_insert(why);
                 }
             }
