@@ -104,8 +104,17 @@ pub async fn set_push_config(pool: &Pool, row: PushRow) -> Result<(), Failure> {
 }
 
 pub async fn push_configs(pool: &Pool, task_id: String) -> Result<Vec<String>, Failure> {
+    texts(pool, sql::PUSH_CONFIGS, &task_id).await
+}
+
+/// The first column of the rows `sql` reads for `param` (its `$1`), as text.
+async fn texts(
+    pool: &Pool,
+    sql: &str,
+    param: &(dyn tokio_postgres::types::ToSql + Sync),
+) -> Result<Vec<String>, Failure> {
     let client = pool.get().await?;
-    let rows = client.query(sql::PUSH_CONFIGS, &[&task_id]).await?;
+    let rows = client.query(sql, &[param]).await?;
     Ok(rows.iter().map(|row| row.get(0)).collect())
 }
 
@@ -173,9 +182,7 @@ pub async fn undelivered(pool: &Pool, limit: i64, now: i64) -> Result<Vec<Pendin
 }
 
 pub async fn delivered_to(pool: &Pool, id: i64) -> Result<Vec<String>, Failure> {
-    let client = pool.get().await?;
-    let rows = client.query(sql::DELIVERED_TO, &[&id]).await?;
-    Ok(rows.iter().map(|row| row.get(0)).collect())
+    texts(pool, sql::DELIVERED_TO, &id).await
 }
 
 pub async fn record_deliveries(

@@ -97,9 +97,18 @@ fn forget_deliveries(conn: &Connection, task_id: &str, config_id: &str) -> rusql
 }
 
 pub async fn push_configs(db: &Database, task_id: String) -> Result<Vec<String>, Failure> {
+    texts(db, sql::PUSH_CONFIGS, task_id).await
+}
+
+/// The first column of the rows `sql` reads for `param` (its `$1`), as text.
+async fn texts(
+    db: &Database,
+    sql: &'static str,
+    param: impl rusqlite::ToSql + Send + 'static,
+) -> Result<Vec<String>, Failure> {
     let read = db.read(move |conn| {
-        let mut statement = conn.prepare_cached(&sqlite(sql::PUSH_CONFIGS))?;
-        let rows = statement.query_map([task_id], |row| row.get(0))?;
+        let mut statement = conn.prepare_cached(&sqlite(sql))?;
+        let rows = statement.query_map([param], |row| row.get(0))?;
         rows.collect::<rusqlite::Result<Vec<String>>>()
     });
     Ok(read.await?)
@@ -139,12 +148,7 @@ pub async fn undelivered(db: &Database, limit: i64, now: i64) -> Result<Vec<Pend
 }
 
 pub async fn delivered_to(db: &Database, id: i64) -> Result<Vec<String>, Failure> {
-    let read = db.read(move |conn| {
-        let mut statement = conn.prepare_cached(&sqlite(sql::DELIVERED_TO))?;
-        let rows = statement.query_map([id], |row| row.get(0))?;
-        rows.collect::<rusqlite::Result<Vec<String>>>()
-    });
-    Ok(read.await?)
+    texts(db, sql::DELIVERED_TO, id).await
 }
 
 pub async fn record_deliveries(
