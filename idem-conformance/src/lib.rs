@@ -310,10 +310,10 @@ pub async fn ac2(target: &Target) -> Result<(), String> {
     expect_replay_of(&first, &retry, "retry of the original after the collision")?;
     // §5: every member of params is hashed; each changed alone is another payload.
     let mut executed = 2; // the first send, and the one in flight below
-    for member in request::payload_variants() {
+    for (member, value) in request::payload_variants() {
         let message_id = new_message_id();
         let original = request::send_full(&message_id, None);
-        let changed = request::send_full(&message_id, Some(member));
+        let changed = request::send_full(&message_id, Some((member, value)));
         // Whatever it answers (an error is cached too, §4.3.2): the key is now the original's.
         let answered = target.post(&original).await?;
         executed += i64::from(answered.try_json()?.get("result").is_some());
@@ -342,26 +342,23 @@ async fn collision_in_flight(target: &Target) -> Result<(), String> {
     let (first, second) = (first?, second?);
     // Sent 100 ms apart, they may still arrive the other way round on a busy machine: the
     // one that ran is the original, the other the collision.
-    let (ran, collided) = match first.try_json()?.get("result") {
+    let ((ran, ran_body), (reply, other)) = match first.try_json()?.get("result") {
         Some(_) => ((first, &original), (second, &changed)),
         None => ((second, &changed), (first, &original)),
     };
-    expect_fresh(&ran.0, "a send still in flight")?;
-    let what = "another payload while the original is in flight";
-    let (other, reply) = (collided.1, &collided.0);
-    match reply.status {
-        409 => expect_refused(reply, 409).map_err(|e| format!("{what}: {e}")),
-        422 => {
-            expect_collision(reply, &message_id, ran.1, other).map_err(|e| format!("{what}: {e}"))
-        }
-        _ => ensure(!reply.try_replayed()? && reply.body != ran.0.body, || {
+    expect_fresh(&ran, "a send still in flight")?;
+    let checked = match reply.status {
+        409 => expect_refused(&reply, 409),
+        422 => expect_collision(&reply, &message_id, ran_body, other),
+        _ => ensure(!reply.try_replayed()? && reply.body != ran.body, || {
             format!(
-                "{what}: got the original's response.\n  original: {}\n  this one: {}",
-                ran.0.describe(),
+                "got the original's response.\n  original: {}\n  this one: {}",
+                ran.describe(),
                 reply.describe()
             )
         }),
-    }
+    };
+    checked.map_err(|e| format!("another payload while the original is in flight: {e}"))
 }
 
 /// AC-3 (§6.3): past `ttl_seconds` the same request is new: executed again, not replayed, and

@@ -15,8 +15,9 @@ pub fn new_message_id_v7() -> String {
 }
 
 /// A `message/send` request with every optional member of a payload A2A 0.3 defines: spec §5
-/// hashes them all, so each one changed is another payload ([`payload_variants`]).
-pub fn send_full(message_id: &str, changed: Option<&str>) -> String {
+/// hashes them all, so each one changed is another payload ([`payload_variants`]). `changed`:
+/// a JSON pointer into the body, and the value it takes there.
+pub fn send_full(message_id: &str, changed: Option<(&str, Value)>) -> String {
     let mut body = json!({
         "jsonrpc": "2.0",
         "id": 1,
@@ -40,41 +41,37 @@ pub fn send_full(message_id: &str, changed: Option<&str>) -> String {
             "metadata": {"p": 1},
         },
     });
-    if let Some(member) = changed {
-        let (pointer, value) = PAYLOAD_MEMBERS
-            .iter()
-            .find(|(pointer, _)| *pointer == member)
-            .map(|(pointer, value)| (*pointer, value()))
-            .expect("a member send_full changes");
-        *body.pointer_mut(pointer).expect("send_full has it") = value;
+    if let Some((pointer, value)) = changed {
+        *body.pointer_mut(pointer).expect("a member send_full has") = value;
     }
     body.to_string()
 }
 
-/// The members of [`send_full`] a client may change, each with another value.
-type Changed = fn() -> Value;
-const PAYLOAD_MEMBERS: [(&str, Changed); 8] = [
-    ("/params/metadata", || json!({"p": 2})),
-    ("/params/message/metadata", || json!({"m": 2})),
-    ("/params/message/contextId", || {
-        json!("5f1c9a7e-2b3d-4c8e-8f60-1a2b3c4d5e6f")
-    }),
-    ("/params/message/referenceTaskIds", || {
-        json!(["7d2f4e6a-8b1c-4d3e-9f50-2a4b6c8d0e1f"])
-    }),
-    ("/params/message/extensions", || {
-        json!(["https://example.invalid/another-extension/v1"])
-    }),
-    ("/params/configuration/historyLength", || json!(3)),
-    ("/params/configuration/blocking", || json!(true)),
-    ("/params/configuration/acceptedOutputModes", || {
-        json!(["application/json"])
-    }),
-];
-
-/// The members AC-2 changes one at a time, as JSON pointers into [`send_full`]'s body.
-pub fn payload_variants() -> impl Iterator<Item = &'static str> {
-    PAYLOAD_MEMBERS.iter().map(|(pointer, _)| *pointer)
+/// The members of [`send_full`] AC-2 changes one at a time, as JSON pointers into its body,
+/// each with another value.
+pub fn payload_variants() -> [(&'static str, Value); 8] {
+    [
+        ("/params/metadata", json!({"p": 2})),
+        ("/params/message/metadata", json!({"m": 2})),
+        (
+            "/params/message/contextId",
+            json!("5f1c9a7e-2b3d-4c8e-8f60-1a2b3c4d5e6f"),
+        ),
+        (
+            "/params/message/referenceTaskIds",
+            json!(["7d2f4e6a-8b1c-4d3e-9f50-2a4b6c8d0e1f"]),
+        ),
+        (
+            "/params/message/extensions",
+            json!(["https://example.invalid/another-extension/v1"]),
+        ),
+        ("/params/configuration/historyLength", json!(3)),
+        ("/params/configuration/blocking", json!(true)),
+        (
+            "/params/configuration/acceptedOutputModes",
+            json!(["application/json"]),
+        ),
+    ]
 }
 
 /// A `message/send` request with a well-formed `messageId`.

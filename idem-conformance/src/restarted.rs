@@ -67,16 +67,13 @@ impl Witness {
 /// the connection closed first.
 async fn read_response(stream: &mut TcpStream) -> std::io::Result<bool> {
     let mut read = Vec::new();
-    let mut buffer = [0; 4096];
     let head_end = loop {
         if let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") {
             break end + 4;
         }
-        let n = stream.read(&mut buffer).await?;
-        if n == 0 {
+        if !read_more(stream, &mut read).await? {
             return Ok(false);
         }
-        read.extend_from_slice(&buffer[..n]);
     };
     let head = String::from_utf8_lossy(&read[..head_end]).to_ascii_lowercase();
     let length: usize = head
@@ -85,13 +82,19 @@ async fn read_response(stream: &mut TcpStream) -> std::io::Result<bool> {
         .and_then(|value| value.trim().parse().ok())
         .unwrap_or(0);
     while read.len() < head_end + length {
-        let n = stream.read(&mut buffer).await?;
-        if n == 0 {
+        if !read_more(stream, &mut read).await? {
             return Ok(false);
         }
-        read.extend_from_slice(&buffer[..n]);
     }
     Ok(head.starts_with("http/1."))
+}
+
+/// Reads what `stream` has next onto `read`; `false` if the connection closed.
+async fn read_more(stream: &mut TcpStream, read: &mut Vec<u8>) -> std::io::Result<bool> {
+    let mut buffer = [0; 4096];
+    let n = stream.read(&mut buffer).await?;
+    read.extend_from_slice(&buffer[..n]);
+    Ok(n > 0)
 }
 
 #[cfg(test)]
