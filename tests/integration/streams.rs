@@ -1,6 +1,8 @@
 //! `message/stream` over SSE through a real jsonrpsee server: recorded, replayed byte-for-byte,
 //! attached to while running, and safe to retry after a disconnect.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem::IdempotencyConfig;
@@ -455,6 +457,10 @@ mod live {
     impl FollowServer for Follower {
         async fn follow(&self, ext: &Extensions, id: String) -> RpcResult<EventStream<Value>> {
             let produced = self.produced.clone();
+            // One that takes a moment to set its stream up.
+            if id == "slow" {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
             let events = futures::stream::unfold(0u32, move |n| {
                 let produced = produced.clone();
                 let id = id.clone();
@@ -469,13 +475,8 @@ mod live {
     }
 }
 
-/// A live stream whose client hangs up stops producing: nothing replays it, so events no one
-/// reads are not made (a follower left open to a long task's end before).
-#[tokio::test]
-async fn a_live_stream_stops_once_its_client_hangs_up() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
+/// A server of [`live::Follower`], and the count of the events it made.
+async fn follower_server() -> (Db, TestServer, Arc<AtomicUsize>) {
     use live::FollowServer;
 
     let db = Db::new();
@@ -483,26 +484,54 @@ async fn a_live_stream_stops_once_its_client_hangs_up() {
     let follower = live::Follower {
         produced: produced.clone(),
     };
-    let server = TestServer::serve(
-        &db.path,
-        config(),
-        db.clock.clone(),
-        follower.into_rpc(),
-        produced.clone(),
-    )
-    .await;
+    let rpc = follower.into_rpc();
+    let server = TestServer::serve(&db.path, config(), db.clock.clone(), rpc, produced.clone());
+    let server = server.await;
+    (db, server, produced)
+}
+
+/// Fails if `produced` still grows after `settle`: events made for no one.
+async fn assert_stopped(produced: &AtomicUsize, settle: Duration) {
+    tokio::time::sleep(settle).await;
+    let after_hang_up = produced.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later = produced.load(Ordering::SeqCst);
+    assert_eq!(later, after_hang_up, "still producing for no one");
+}
+
+/// A live stream whose client hangs up stops producing: nothing replays it, so events no one
+/// reads are not made (a follower left open to a long task's end before).
+#[tokio::test]
+async fn a_live_stream_stops_once_its_client_hangs_up() {
+    let (_db, server, produced) = follower_server().await;
     let body =
         json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/resubscribe", "params": {"id": "t"}});
     let mut stream = SseReply::open(&server.url, body.to_string(), &[]).await;
     assert_eq!(stream.next_event().await.unwrap()["result"]["n"], 0);
     assert_eq!(stream.next_event().await.unwrap()["result"]["n"], 1);
     drop(stream); // the client hangs up
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after_hang_up = produced.load(Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        produced.load(Ordering::SeqCst),
-        after_hang_up,
-        "still producing for no one"
+    assert_stopped(&produced, Duration::from_millis(500)).await;
+}
+
+/// The same for a client that hangs up before its answer's head was sent, while the method
+/// still set its stream up: the stream waited for a reader for as long as it ran (helper-71).
+#[tokio::test]
+async fn a_live_stream_stops_when_its_client_hung_up_before_the_answer_began() {
+    use tokio::io::AsyncWriteExt;
+
+    let (_db, server, produced) = follower_server().await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/resubscribe",
+        "params": {"id": "slow"}});
+    let body = body.to_string();
+    let addr = server.url.strip_prefix("http://").unwrap();
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST / HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
     );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(socket); // while the method waits its 400 ms before it streams
+    assert_stopped(&produced, Duration::from_millis(1000)).await;
 }

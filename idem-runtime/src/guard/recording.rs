@@ -129,6 +129,14 @@ impl Recording {
         self.changed.closed().await;
     }
 
+    /// No reader will ever come: the client hung up before its answer was sent. A stream
+    /// waiting on [`abandoned`](Self::abandoned) stops, as if a reader had come and gone (it
+    /// waited for a first reader for as long as the stream ran: helper-71).
+    pub(crate) fn never_read(&self) {
+        self.read.store(true, Ordering::SeqCst);
+        self.first_reader.notify_one();
+    }
+
     /// The frames from the first, then live ones as they come, until the recording finishes.
     pub(crate) fn reader(self: std::sync::Arc<Self>) -> impl Stream<Item = Bytes> + Send + 'static {
         let changes = self.changed.subscribe();
@@ -248,6 +256,20 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), abandoned)
             .await
             .expect("abandoned once the reader went")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_recording_no_reader_will_read_is_abandoned() {
+        let rec = Arc::new(Recording::live());
+        let abandoned = tokio::spawn({
+            let rec = rec.clone();
+            async move { rec.abandoned().await }
+        });
+        rec.never_read();
+        tokio::time::timeout(std::time::Duration::from_secs(5), abandoned)
+            .await
+            .expect("abandoned once no reader will come")
             .unwrap();
     }
 }

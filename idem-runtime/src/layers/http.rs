@@ -184,6 +184,7 @@ where
         body = Some(bytes);
     }
     let scope = HttpScope::new(activated, caller, sent);
+    let _answering = Answering(scope.clone());
     request.extensions_mut().insert(scope.clone());
     // In a task of its own: a client that hangs up must not cut a governed call off
     // mid-execution (its retry would run it again); the call runs to its end, stored.
@@ -193,6 +194,18 @@ where
     }
     response = invalid_request::refusal_as_json_rpc(response);
     Ok(answered(&scope, response))
+}
+
+/// Held while a request is being answered. Dropped, by then its response took the call's
+/// stream, or its client hung up first (hyper dropped the answer's future), and a stream the
+/// call leaves is read by no one: a live one then stops, where it waited for a reader for as
+/// long as it ran (helper-71).
+struct Answering(HttpScope);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.hang_up();
+    }
 }
 
 /// The body from its first non-whitespace byte: jsonrpsee looks for the `{` or `[` that starts

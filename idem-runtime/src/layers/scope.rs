@@ -55,6 +55,8 @@ struct ScopeState {
     batch: Option<usize>,
     outcomes: Vec<Outcome>,
     stream: Option<StreamSource>,
+    /// The HTTP layer will not answer: its client hung up while the call ran.
+    hung_up: bool,
 }
 
 /// Events that replace jsonrpsee's JSON response with an SSE one.
@@ -127,11 +129,28 @@ impl HttpScope {
         self.lock().batch.is_some()
     }
 
+    /// The events that answer the request; where its client has hung up, no one reads them.
     pub(crate) fn set_stream(&self, recording: Arc<Recording>, reframe_for: Option<Id<'static>>) {
-        self.lock().stream = Some(StreamSource {
-            recording,
-            reframe_for,
-        });
+        let mut state = self.lock();
+        match state.hung_up {
+            true => recording.never_read(),
+            false => {
+                state.stream = Some(StreamSource {
+                    recording,
+                    reframe_for,
+                })
+            }
+        }
+    }
+
+    /// The client hung up before its answer was sent: a stream the call leaves, now or later
+    /// (it runs on in a task of its own), is read by no one.
+    pub(crate) fn hang_up(&self) {
+        let mut state = self.lock();
+        state.hung_up = true;
+        if let Some(stream) = state.stream.take() {
+            stream.recording.never_read();
+        }
     }
 
     pub(crate) fn take_stream(&self) -> Option<StreamSource> {
