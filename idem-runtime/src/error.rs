@@ -53,7 +53,8 @@ pub enum ErrorCode {
     /// The method's result, or one of its stream's events, does not serialize to JSON.
     ResultNotSerializable,
     /// The event stream is not there to serve (taken twice, or the stored entry of a stream
-    /// is not one): an internal inconsistency, reported rather than hidden.
+    /// is not one): an internal inconsistency, reported rather than hidden. Also what a
+    /// governed method that calls `EventStream::live` gets (`data.reason` says what to return).
     StreamUnavailable,
     /// The request body is larger than `IdempotencyConfig::max_request_body_bytes` (HTTP 413;
     /// `data.limit_bytes` names the limit).

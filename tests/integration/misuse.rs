@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use idem::{idempotent, Replayable, UnitOfWork};
+use idem::{idempotent, EventStream, Replayable, UnitOfWork};
 use jsonrpsee::core::{async_trait, RpcResult};
 use jsonrpsee::proc_macros::rpc;
 use jsonrpsee::types::ErrorObjectOwned;
@@ -29,6 +29,11 @@ pub trait Careless {
     /// `#[idempotent]`, but not among the methods the handle governs.
     #[method(name = "tasks/cancel", with_extensions)]
     async fn cancel(&self, id: String) -> RpcResult<Replayable<Value>>;
+
+    /// `#[idempotent]` and governed, but serving its events as `EventStream::live` does for
+    /// a method outside the extension.
+    #[method(name = "message/stream", with_extensions)]
+    async fn stream(&self, message: Value) -> RpcResult<EventStream<Value>>;
 
     /// Not governed, as it should be: an error whose `data` is `null`.
     #[method(name = "tasks/get")]
@@ -69,6 +74,13 @@ impl CarelessServer for CarelessAgent {
         Ok(json!({"id": id, "status": {"state": "canceled"}}).into())
     }
 
+    #[idempotent]
+    async fn stream(&self, ext: &Extensions, _message: Value) -> RpcResult<EventStream<Value>> {
+        self.executions.fetch_add(1, Ordering::SeqCst);
+        let events = futures::stream::iter([Ok(json!({"kind": "task", "id": "t-3"}))]);
+        EventStream::live(ext, events)
+    }
+
     async fn get(&self, id: String) -> RpcResult<Value> {
         let data = Some(Value::Null);
         Err(ErrorObjectOwned::owned(
@@ -80,11 +92,14 @@ impl CarelessServer for CarelessAgent {
 }
 
 async fn careless_server(db: &Db) -> TestServer {
+    careless_server_with(db, idem::IdempotencyConfig::default()).await
+}
+
+async fn careless_server_with(db: &Db, config: idem::IdempotencyConfig) -> TestServer {
     let executions = Arc::new(AtomicUsize::new(0));
     let agent = CarelessAgent {
         executions: executions.clone(),
     };
-    let config = idem::IdempotencyConfig::default();
     TestServer::serve(
         &db.path,
         config,
@@ -324,4 +339,40 @@ async fn a_result_that_panics_as_it_is_serialized_is_cached_as_the_call_s_panic(
     assert!(replay.replayed());
     assert_eq!(replay.raw(), first.raw());
     assert_eq!(server.executions(), 2, "each executed once");
+}
+
+/// `EventStream::live` in a governed method would send events the guard never saw: refused
+/// with an error that says what to return instead, as the call's outcome (it ran, so a retry
+/// replays it), where it read as if the layers were missing.
+#[tokio::test]
+async fn a_governed_stream_served_live_is_refused_naming_what_to_return() {
+    let db = Db::new();
+    let server = careless_server(&db).await;
+    let body = stream_request(1, &new_id(), "go", json!({}));
+    let first = post_activated(&server.url, body.clone()).await;
+    assert!(first
+        .header("content-type")
+        .unwrap()
+        .starts_with("application/json"));
+    assert_eq!(first.data_code(), "IDEMPOTENCY_STREAM_UNAVAILABLE");
+    let reason = first.json()["error"]["data"]["reason"].clone();
+    assert!(
+        reason.as_str().unwrap().contains("EventStream::new"),
+        "{reason}"
+    );
+    let retry = post_activated(&server.url, body.clone()).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body, "the outcome, replayed");
+    assert_eq!(server.executions(), 1);
+    server.stop().await;
+    // Not deduplicated (optional, not activated), the same refusal.
+    let optional = idem::IdempotencyConfig::default().with(|c| c.required = false);
+    let server = careless_server_with(&db, optional).await;
+    let alone = post(
+        &server.url,
+        stream_request(2, &new_id(), "go", json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(alone.data_code(), "IDEMPOTENCY_STREAM_UNAVAILABLE");
 }

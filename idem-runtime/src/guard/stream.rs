@@ -29,7 +29,7 @@ use crate::guard::{
     decide, key_failure, layer_missing, not_serializable, replay_json, run_catching, store_failure,
     store_json, undeduplicated_failure, CallContext, Decision, Guarded,
 };
-use crate::layers::scope::{CallId, GovernedCall, HttpScope, Outcome};
+use crate::layers::scope::{CallId, GovernedCall, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, OpenStream, StoreError, StoredResponse};
 use crate::unit_of_work::{Sealed, SqlWrite, UnitOfWork};
 use crate::wire::{response_bytes, Payload};
@@ -87,6 +87,9 @@ impl<T> EventStream<T> {
         T: Serialize + Send + 'static,
         S: Stream<Item = Result<T, ErrorObjectOwned>> + Send + 'static,
     {
+        if ext.get::<GovernedCall>().is_some() || ext.get::<Undeduplicated>().is_some() {
+            return Err(live_in_governed());
+        }
         let (Some(scope), Some(CallId(id))) = (ext.get::<HttpScope>(), ext.get::<CallId>()) else {
             return Err(layer_missing(false));
         };
@@ -587,6 +590,17 @@ fn too_large() -> ErrorObjectOwned {
 }
 
 /// An internal inconsistency (a stream taken twice, a JSON entry where a stream was expected).
+/// `EventStream::live` called by a governed method: its events would bypass the guard, so
+/// the method is told what to return instead (it read as if the layers were missing).
+fn live_in_governed() -> ErrorObjectOwned {
+    let reason = "EventStream::live serves a method outside the extension: a governed method \
+                  returns EventStream::new(events) from its #[idempotent] implementation";
+    tracing::error!(reason, "EventStream::live refused");
+    IdempotencyError::new(ErrorCode::StreamUnavailable)
+        .with_detail("reason", reason)
+        .into()
+}
+
 fn consumed() -> ErrorObjectOwned {
     IdempotencyError::new(ErrorCode::StreamUnavailable).into()
 }
