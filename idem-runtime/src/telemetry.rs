@@ -16,7 +16,8 @@
 //! assert!(idem_runtime::telemetry::METRICS.iter().any(|m| m.name == "idempotency_calls_total"));
 //! ```
 
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram, SharedString};
 
@@ -153,6 +154,21 @@ const OUTCOMES: [&str; 7] = [
     "undeduplicated",
 ];
 
+/// The codes a governed call is refused with ([`REJECTIONS`]): the series rendered at zero.
+/// The others are answered as a call's outcome (`executed`), or as `store_error`, never as a
+/// refusal: their series would sit at zero forever, and an alert on them never fire.
+const REJECTION_CODES: [ErrorCode; 9] = [
+    ErrorCode::KeyReusedWithDifferentPayload,
+    ErrorCode::KeyMalformed,
+    ErrorCode::RequestInProgress,
+    ErrorCode::PayloadNotCanonicalizable,
+    ErrorCode::ExtensionSupportRequired,
+    ErrorCode::LayerMissing,
+    ErrorCode::HttpOnly,
+    ErrorCode::StreamInBatch,
+    ErrorCode::NotGuarded,
+];
+
 /// The results of [`WAITS`] (`Waited::label`).
 const WAIT_RESULTS: [&str; 4] = ["done", "attached", "released", "still_running"];
 
@@ -179,7 +195,7 @@ fn counters_at_zero() {
         for result in WAIT_RESULTS {
             counter!(WAITS, "method" => method, "result" => result).increment(0);
         }
-        for code in ErrorCode::ALL {
+        for code in REJECTION_CODES {
             counter!(REJECTIONS, "method" => method, "code" => code.name()).increment(0);
         }
     }
@@ -245,9 +261,13 @@ pub(crate) fn claimed(method: &str, took: Duration) {
     histogram!(CLAIM_SECONDS, "method" => method_label(method)).record(took);
 }
 
-/// Records the time a commit of a call of `method` took.
-pub(crate) fn committed(method: &str, took: Duration) {
-    histogram!(COMMIT_SECONDS, "method" => method_label(method)).record(took);
+/// Runs `commit`, a commit of a call of `method` (its outcome or a stream's start, with the
+/// call's staged writes), and records the time it took.
+pub(crate) async fn committed<T>(method: &str, commit: impl Future<Output = T>) -> T {
+    let started = Instant::now();
+    let done = commit.await;
+    histogram!(COMMIT_SECONDS, "method" => method_label(method)).record(started.elapsed());
+    done
 }
 
 /// Counts entries deleted for `reason` (`ttl` or `lru`).

@@ -42,6 +42,16 @@ enum Command {
     PurgeExpired { yes: bool },
 }
 
+/// `eprintln!` with the tool's name before the line, that never panics: a stderr that cannot
+/// be written (a closed pipe, a full disk) is no reason to exit 101, and the exit status
+/// still says how the command went.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        let line = format!($($arg)*);
+        let _ = writeln!(std::io::stderr().lock(), "idem-admin: {line}");
+    }};
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Result<Vec<String>, _> = std::env::args_os()
@@ -77,7 +87,7 @@ async fn main() -> ExitCode {
         (None, _) => warn_of_another_ttl(&admin, &config),
         (Some(error), (_, false)) => return fail(&error.to_string()),
         (Some(error), (ttl, true)) => {
-            eprintln!("idem-admin: {error}; the TTL the servers recorded, {ttl} s, counts")
+            note!("{error}; the TTL the servers recorded, {ttl} s, counts")
         }
     }
     match run(&admin, &db, command).await {
@@ -92,8 +102,8 @@ fn warn_of_another_ttl(admin: &Admin, config: &IdempotencyConfig) {
     let (ttl, recorded) = admin.ttl_seconds();
     let set_here = std::env::var_os(TTL_ENV).is_some();
     if recorded && set_here && config.ttl_seconds != ttl {
-        eprintln!(
-            "idem-admin: {TTL_ENV} here is {} s, but the servers of this database keep \
+        note!(
+            "{TTL_ENV} here is {} s, but the servers of this database keep \
              entries {ttl} s: expired means past {ttl} s",
             config.ttl_seconds
         );
@@ -101,7 +111,7 @@ fn warn_of_another_ttl(admin: &Admin, config: &IdempotencyConfig) {
 }
 
 fn fail(message: &str) -> ExitCode {
-    eprintln!("idem-admin: {message}");
+    note!("{message}");
     ExitCode::from(2)
 }
 
@@ -149,8 +159,8 @@ fn parse(args: &[String]) -> Result<(String, Command), String> {
     // Named exactly, as the runtime keys it; a server may have trimmed it from a header (the
     // example does), so spaces at its ends are most likely a slip.
     if let Some(name) = principal.filter(|p| p.trim() != *p) {
-        eprintln!(
-            "idem-admin: note: --principal {name:?} has spaces at its ends, and names exactly \
+        note!(
+            "note: --principal {name:?} has spaces at its ends, and names exactly \
              that principal"
         );
     }
@@ -247,8 +257,8 @@ fn nothing_for(key: &MessageId) -> Result<ExitCode, String> {
         true => "; where the servers scope keys by principal, name whose with --principal",
         false => "",
     };
-    eprintln!(
-        "idem-admin: nothing is stored for {key}{scoped} (a call still running on SQLite \
+    note!(
+        "nothing is stored for {key}{scoped} (a call still running on SQLite \
          shows once it stored its outcome)"
     );
     Ok(ExitCode::from(1))
@@ -257,8 +267,8 @@ fn nothing_for(key: &MessageId) -> Result<ExitCode, String> {
 /// A stream's recording is not an entry: what it ends with is stored, or, if its process
 /// died, the next claim of the key closes it as interrupted.
 fn still_streaming(key: &MessageId, events: u64) -> Result<ExitCode, String> {
-    eprintln!(
-        "idem-admin: {key} has no entry to purge: a stream is being recorded under it \
+    note!(
+        "{key} has no entry to purge: a stream is being recorded under it \
          ({events} events so far); its outcome is stored when it ends, or, if the process \
          recording it died, the next call of the key closes it as interrupted"
     );
@@ -267,8 +277,8 @@ fn still_streaming(key: &MessageId, events: u64) -> Result<ExitCode, String> {
 
 /// A call in flight has stored nothing yet; what it ends with is stored.
 fn still_running(key: &MessageId) -> Result<ExitCode, String> {
-    eprintln!(
-        "idem-admin: {key} has no entry to purge: a call holds it on a replica and is still \
+    note!(
+        "{key} has no entry to purge: a call holds it on a replica and is still \
          running; its outcome is stored when it ends (purge it then)"
     );
     Ok(ExitCode::from(1))
@@ -284,8 +294,10 @@ fn confirmed(yes: bool, what: &str) -> Result<bool, String> {
             "{what}: pass --yes to confirm (stdin is not a terminal)"
         ));
     }
-    print!("{what}? [y/N] ");
-    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    let mut stdout = std::io::stdout().lock();
+    write!(stdout, "{what}? [y/N] ")
+        .and_then(|()| stdout.flush())
+        .map_err(|e| e.to_string())?;
     let mut answer = String::new();
     std::io::stdin()
         .lock()

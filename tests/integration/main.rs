@@ -3,6 +3,7 @@
 mod a2a_sdk;
 mod callers;
 mod conformance;
+mod counted;
 mod crash;
 mod example_server;
 mod faults;

@@ -17,6 +17,11 @@ use idem_conformance::server_process::ServerProcess;
 pub(crate) struct Metrics(String);
 
 impl Metrics {
+    /// Prometheus text rendered in this process.
+    pub(crate) fn of(text: String) -> Self {
+        Self(text)
+    }
+
     pub(crate) async fn scrape(url: &str) -> Self {
         let response = reqwest::get(format!("{url}/metrics"))
             .await
@@ -696,7 +701,7 @@ fn the_admin_tool_gives_up_on_a_database_that_never_answers() {
 
 /// The tool's output to a reader that went away, or to a full disk, is no panic: a closed
 /// pipe (`| head`) is the reader's choice, a full disk is said; an argument that is not UTF-8
-/// is a usage error.
+/// is a usage error; an error said to a stderr that cannot take it still exits 2.
 #[test]
 fn the_admin_tool_writes_to_a_closed_pipe_or_a_full_disk_without_panicking() {
     let (reader, writer) = std::io::pipe().unwrap();
@@ -724,6 +729,25 @@ fn the_admin_tool_writes_to_a_closed_pipe_or_a_full_disk_without_panicking() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     assert!(String::from_utf8_lossy(&output.stderr).contains("UTF-8"));
+    // Its errors to a stderr that cannot take them: the exit status still tells (found by
+    // helper-74: 101, a panic).
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let missing = ["--db", "/nonexistent/admin.db", "stats"];
+    let closed = Command::new(env!("CARGO_BIN_EXE_idem-admin"))
+        .args(missing)
+        .stderr(writer)
+        .output()
+        .unwrap();
+    let full = Command::new(env!("CARGO_BIN_EXE_idem-admin"))
+        .args(missing)
+        .stderr(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(
+        (closed.status.code(), full.status.code()),
+        (Some(2), Some(2))
+    );
 }
 
 #[tokio::test]

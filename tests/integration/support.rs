@@ -244,17 +244,21 @@ pub struct TestServer {
     handle: ServerHandle,
 }
 
-/// The extension on `db`, once a server stopped just before has let the file go: jsonrpsee's
-/// `stopped()` does not wait for the connection tasks, which hold the layers, and with them
-/// the store, until they see the stop (at most 5 s here).
-async fn open_when_released(
+/// The extension on `db`, governing `governed` besides the default methods, once a server
+/// stopped just before has let the file go: jsonrpsee's `stopped()` does not wait for the
+/// connection tasks, which hold the layers, and with them the store, until they see the stop
+/// (at most 5 s here).
+pub async fn open_when_released(
     db: &Path,
     config: IdempotencyConfig,
     clock: Arc<ManualClock>,
+    governed: &[&str],
 ) -> Idempotency {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let builder = Idempotency::builder(config.clone());
+        let builder = governed
+            .iter()
+            .fold(Idempotency::builder(config.clone()), |b, m| b.govern(m));
         match builder.store(|config| SqliteStore::open_with_clock(db, config, clock.clone())) {
             Err(StoreError::InUse { .. }) if std::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(10)).await
@@ -280,7 +284,16 @@ impl TestServer {
         methods: jsonrpsee::RpcModule<C>,
         executions: Arc<AtomicUsize>,
     ) -> Self {
-        let idem = open_when_released(db, config, clock).await;
+        let idem = open_when_released(db, config, clock, &[]).await;
+        Self::serve_on(idem, methods, executions).await
+    }
+
+    /// Serves `methods` under `idem` (see [`open_when_released`]).
+    pub async fn serve_on<C: Send + Sync + 'static>(
+        idem: Idempotency,
+        methods: jsonrpsee::RpcModule<C>,
+        executions: Arc<AtomicUsize>,
+    ) -> Self {
         let database = idem.database().expect("a store");
         database
             .transact(|db| db.execute_batch(EFFECTS))

@@ -256,9 +256,8 @@ pub(crate) async fn store_json(
         }
         None => Vec::new(),
     };
-    let started = Instant::now();
-    let completed = ticket.complete_with(response, writes).await;
-    telemetry::committed(&call.method, started.elapsed());
+    let completed = ticket.complete_with(response, writes);
+    let completed = telemetry::committed(&call.method, completed).await;
     match completed {
         // The stored bytes were serialized from this very payload: answering with it is
         // answering with what is stored. Its bytes are spelled if a retry comes

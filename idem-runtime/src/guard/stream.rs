@@ -264,11 +264,11 @@ where
         Next::Event(first) => open(call, ticket, events, first, writes, &recording).await,
         Next::Last(last) => {
             drop_caught(events);
-            store_whole(ticket, Some(last), Vec::new(), &recording).await
+            store_whole(call, ticket, Some(last), Vec::new(), &recording).await
         }
         Next::End => {
             drop_caught(events);
-            store_whole(ticket, None, writes, &recording).await
+            store_whole(call, ticket, None, writes, &recording).await
         }
     };
     stored.map_err(|e| store_failure(call, e))?;
@@ -288,9 +288,8 @@ async fn open<T: Serialize + Send + 'static>(
     recording: &Arc<Recording>,
 ) -> Result<(), StoreError> {
     let id = serde_json::to_string(&call.id).expect("a JSON-RPC id serializes");
-    let started = std::time::Instant::now();
-    let opened = ticket.open_stream(id, first.clone(), writes).await;
-    crate::telemetry::committed(&call.method, started.elapsed());
+    let opened = ticket.open_stream(id, first.clone(), writes);
+    let opened = crate::telemetry::committed(&call.method, opened).await;
     if let Err(error) = opened {
         drop_caught(events);
         return Err(error);
@@ -305,13 +304,15 @@ async fn open<T: Serialize + Send + 'static>(
 
 /// Stores a stream that ended with its first item (`last`, if it sent one) with `writes`.
 async fn store_whole(
+    call: &GovernedCall,
     ticket: Ticket,
     last: Option<Bytes>,
     writes: Vec<SqlWrite>,
     recording: &Recording,
 ) -> Result<(), StoreError> {
     let body = last.as_deref().map(<[u8]>::to_vec).unwrap_or_default();
-    ticket.complete_with(event_stream(body), writes).await?;
+    let completed = ticket.complete_with(event_stream(body), writes);
+    crate::telemetry::committed(&call.method, completed).await?;
     if let Some(last) = last {
         recording.push(last);
     }

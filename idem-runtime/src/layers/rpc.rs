@@ -182,7 +182,11 @@ impl<S> RpcService<S> {
             }
             return Ok(None);
         }
+        // No HTTP request, no scope to record in: counted here, as the scope counts.
+        let refused =
+            |code| crate::telemetry::outcome(request.method_name(), Outcome::Rejected(code));
         if request.extensions().get::<WebSocket>().is_some() {
+            refused(ErrorCode::HttpOnly);
             return Err(IdempotencyError::new(ErrorCode::HttpOnly).to_error_object());
         }
         let Some(scope) = request.extensions().get::<HttpScope>().cloned() else {
@@ -190,6 +194,7 @@ impl<S> RpcService<S> {
                 method = request.method_name(),
                 "idempotency RPC layer installed without its HTTP layer: refusing the governed call"
             );
+            refused(ErrorCode::LayerMissing);
             let error = IdempotencyError::new(ErrorCode::LayerMissing).with_detail(
                 "reason",
                 "the HTTP layer is not installed: Idempotency::http_layer in set_http_middleware",
@@ -375,7 +380,7 @@ impl<'a> Unguarded<'a> {
             };
         }
         let extensions = response.extensions().clone();
-        let error = self.error();
+        let error = self.error(governed.as_ref());
         MethodResponse::error(self.id, error).with_extensions(extensions)
     }
 
@@ -396,8 +401,8 @@ impl<'a> Unguarded<'a> {
             let mistake = unguarded.iter().find(|(at, ..)| *at == place);
             let code = answer.error.as_ref().map(|e| e.code);
             let one = match mistake {
-                Some((_, (_, call), _)) if !refused_before_the_body(code) => {
-                    MethodResponse::error(answer.id, call.error())
+                Some((_, (_, call), governed)) if !refused_before_the_body(code) => {
+                    MethodResponse::error(answer.id, call.error(governed.as_ref()))
                 }
                 Some((_, _, Some(governed))) => {
                     let refusal = answer.error.as_ref().map(AnswerError::to_error_object);
@@ -420,7 +425,12 @@ impl<'a> Unguarded<'a> {
         MethodResponse::from_batch(rebuilt.finish()).with_extensions(extensions)
     }
 
-    fn error(&self) -> ErrorObjectOwned {
+    /// The answer in place of the method's; counted as a refusal where the call was
+    /// deduplicated (one that was not was counted as it was passed down).
+    fn error(&self, governed: Option<&GovernedCall>) -> ErrorObjectOwned {
+        if let Some(call) = governed {
+            call.record(Outcome::Rejected(ErrorCode::NotGuarded));
+        }
         tracing::error!(
             method = %self.method,
             "a governed method answered without its guard: put #[idempotent] on its \
