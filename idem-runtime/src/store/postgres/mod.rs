@@ -47,8 +47,8 @@ use crate::store::postgres::one_ttl::named;
 use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds};
 use crate::store::postgres::renewer::Renewer;
 use crate::store::postgres::rows::{
-    delete_events, execute, expires_at, query_opt, select_after_claim, select_open_stream,
-    select_open_stream_alone, stored_ttl,
+    delete_events, execute, expires_at, query_one, query_opt, select_after_claim,
+    select_open_stream, select_open_stream_alone, stored_ttl,
 };
 use crate::store::postgres::schema::create_schema;
 use crate::store::postgres::staged_writes::{apply_writes, the_staged_writes};
@@ -456,6 +456,9 @@ impl Store for PostgresStore {
             match committed.await.map_err(the_staged_writes) {
                 Ok(()) => Ok(()),
                 Err(error) => {
+                    // Its slot back first: asking on another connection must not wait for
+                    // the very one it holds (a full pool reported a landed commit as failed).
+                    drop(client);
                     let key = &entry.message_id;
                     self.cut_off(key, fence, error, transaction).await
                 }
@@ -473,6 +476,7 @@ impl Store for PostgresStore {
     ) -> Result<(), StoreError> {
         self.in_time(async {
             let mut client = self.client().await?;
+            let mut transaction = None;
             let opened = async {
                 let tx = client.transaction().await?;
                 apply_writes(&tx, writes).await?;
@@ -500,20 +504,24 @@ impl Store for PostgresStore {
                 .await?;
                 // Events of an earlier recording under this key (one past its TTL) are not this one's.
                 delete_events(&tx, id).await?;
-                execute(
+                let first = query_one(
                     &tx,
-                    "INSERT INTO idempotency_stream_events (message_id, seq, event) VALUES ($1, 0, $2)",
+                    "INSERT INTO idempotency_stream_events (message_id, seq, event) VALUES ($1, 0, $2)
+                     RETURNING txid_current()",
                     &[&id, &first_event.as_ref()],
                 )
                 .await?;
+                transaction = Some(first.get(0));
                 Ok(tx.commit().await?)
             };
             match opened.await.map_err(the_staged_writes) {
                 Ok(()) => Ok(()),
-                // The claim outlives the stream's start: gone, it was taken over.
+                // The claim outlives the stream's start: gone, it was taken over. Asked as
+                // `put` asks (a start that landed was reported as the store's failure).
                 Err(error) => {
+                    drop(client);
                     let key = &stream.message_id;
-                    self.cut_off(key, lease.fence(), error, None).await
+                    self.cut_off(key, lease.fence(), error, transaction).await
                 }
             }
         })
@@ -620,6 +628,7 @@ impl Store for PostgresStore {
             match closed.await {
                 Ok(()) => Ok(()),
                 Err(error) => {
+                    drop(client);
                     let key = &entry.message_id;
                     self.cut_off(key, lease.fence(), error, transaction).await
                 }

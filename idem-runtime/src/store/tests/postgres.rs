@@ -699,8 +699,18 @@ async fn a_table_locked_by_another_session_fails_the_call_instead_of_hanging_it(
 
 /// A store with a lease of `lease` on `fx`'s database through a [`StallingProxy`].
 async fn behind_a_proxy(fx: &Fixture, lease: Duration) -> (StallingProxy, PostgresStore) {
+    behind_a_proxy_of(fx, lease, PostgresOptions::new(String::new()).pool_size).await
+}
+
+/// The same, with a pool of `pool_size` connections.
+async fn behind_a_proxy_of(
+    fx: &Fixture,
+    lease: Duration,
+    pool_size: usize,
+) -> (StallingProxy, PostgresStore) {
     let proxy = StallingProxy::start(fx.url.as_ref().unwrap()).await;
-    let options = PostgresOptions::new(proxy.url.clone());
+    let mut options = PostgresOptions::new(proxy.url.clone());
+    options.pool_size = pool_size;
     let config = leased(lease);
     let store = PostgresStore::connect_with(options, &config, fx.clock.clone());
     (proxy, store.await.unwrap())
@@ -1010,6 +1020,47 @@ async fn a_commit_whose_answer_is_lost_but_which_landed_is_the_call_s_success() 
         assert_eq!(cached_body(&cache, &key(n)).await.unwrap(), b"first");
     }
     assert_eq!(fx.effects().await, ["e1", "e2"]);
+}
+
+/// The same with every pooled connection taken: the question went to a second connection
+/// while the call still held its dead one, waited out the pool's 5 s, and the landed commit
+/// was reported as the store's failure (found by helper-73).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_commit_is_the_call_s_success_when_its_pool_is_full() {
+    let Some(fx) = fixture().await else { return };
+    let (proxy, store) = behind_a_proxy_of(&fx, Duration::from_secs(5), 1).await;
+    let cache = IdempotencyCache::from_arc(std::sync::Arc::new(store));
+    fx.create_effects(cache.store()).await;
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&cache, &key(1), "message/send", &hash).await;
+    proxy.cut_at_next_commit();
+    let put = ticket
+        .complete_with(response("first"), vec![fx.effect("e1")])
+        .await;
+    assert!(put.is_ok(), "{put:?}");
+    assert_eq!(cached_body(&cache, &key(1)).await.unwrap(), b"first");
+    assert_eq!(fx.effects().await, ["e1"]);
+}
+
+/// A stream's start whose answer is lost but which landed is its success, as a call's
+/// commit is: it was reported as the store's failure, with its staged writes committed and
+/// their after-commit work dropped (found by helper-73).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_start_whose_answer_is_lost_but_which_landed_is_its_success() {
+    let Some(fx) = fixture().await else { return };
+    let (proxy, store) = behind_a_proxy(&fx, Duration::from_secs(5)).await;
+    let cache = IdempotencyCache::from_arc(std::sync::Arc::new(store));
+    fx.create_effects(cache.store()).await;
+    let hash = request_hash(b"{}").unwrap();
+    let mut ticket = won(&cache, &key(1), "message/stream", &hash).await;
+    proxy.cut_at_next_commit();
+    let first = bytes::Bytes::from_static(b"data: first\n\n");
+    let effect = fx.effect("task created");
+    let opened = ticket.open_stream("1".into(), first, vec![effect]).await;
+    assert!(opened.is_ok(), "{opened:?}");
+    assert_eq!(fx.effects().await, ["task created"]);
+    let open = "SELECT COUNT(*) FROM idempotency_open_streams";
+    assert_eq!(fx.count(open).await, 1);
 }
 
 /// A staged write of plain SQL, for the tests below.
