@@ -213,6 +213,12 @@ pub(crate) fn not_utf8(error: &std::str::Utf8Error) -> HttpResponse {
     refused(StatusCode::BAD_REQUEST, PARSE, reason)
 }
 
+/// The answer to a body led by a form feed, which jsonrpsee would skip: not JSON.
+pub(crate) fn form_feed_first() -> HttpResponse {
+    let reason = "the body starts with a form feed, which is not whitespace in JSON (RFC 8259 §2)";
+    refused(StatusCode::BAD_REQUEST, PARSE, reason.to_owned())
+}
+
 /// The answer to a body whose framing broke as it was read (a bad chunk, fewer bytes than its
 /// `Content-Length`): the client's error, -32600, HTTP 400.
 pub(crate) fn unreadable_body(error: &dyn std::fmt::Display) -> HttpResponse {

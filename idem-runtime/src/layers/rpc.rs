@@ -88,11 +88,12 @@ where
         let governed = request.extensions().get::<GovernedCall>().cloned();
         let unguarded = Unguarded::of(&request);
         let inner = self.inner.clone();
+        let limit = self.state.config.max_response_body_bytes as usize;
         async move {
             match checked {
                 // Refused, or a resend whose stored answer is an error.
                 Err(error) => return MethodResponse::error(request.id, error),
-                Ok(Some(payload)) => return answer(request.id, payload),
+                Ok(Some(payload)) => return answer(request.id, payload, limit),
                 Ok(None) => {}
             }
             let response = inner.call(request).await;
@@ -301,12 +302,14 @@ impl<S> RpcService<S> {
     }
 }
 
-/// The response that answers call `id` with `payload`.
-fn answer(id: Id<'_>, payload: Payload) -> MethodResponse {
+/// The response that answers call `id` with `payload`, cut at `limit` bytes as jsonrpsee
+/// cuts what the guard answers: a stored result replayed under a longer id can outgrow it,
+/// and the same request was answered both ways, by the guard and from memory (helper-76).
+fn answer(id: Id<'_>, payload: Payload, limit: usize) -> MethodResponse {
     match payload {
         Ok(result) => {
             let result = ResponsePayload::success(result);
-            MethodResponse::response(id, result, usize::MAX)
+            MethodResponse::response(id, result, limit)
         }
         Err(error) => MethodResponse::error(id, error),
     }
@@ -372,7 +375,7 @@ impl<'a> Unguarded<'a> {
         if refused_before_the_body(response.as_error_code()) {
             return match governed {
                 Some(call) => match refusal_stored(&call, &response).await {
-                    Some(payload) => answer(call.id.clone(), payload)
+                    Some(payload) => answer(call.id.clone(), payload, call.max_response_bytes)
                         .with_extensions(response.extensions().clone()),
                     None => collision_instead(&call, response).await,
                 },
@@ -409,7 +412,7 @@ impl<'a> Unguarded<'a> {
                     match refusal.filter(|e| e.code() == INVALID_PARAMS_CODE) {
                         Some(refusal) => {
                             let payload = store_refusal(governed, refusal).await;
-                            self::answer(answer.id, payload)
+                            self::answer(answer.id, payload, governed.max_response_bytes)
                         }
                         None => match held_by_another(governed).await {
                             Some(collision) => MethodResponse::error(answer.id, collision),
