@@ -317,6 +317,64 @@ async fn a_deleted_database_file_is_never_written_to_again() {
     assert_eq!(counts(&server).tasks, 1);
 }
 
+/// The same for the log or the shared-memory index alone (found by helper-75). A deleted log
+/// took the calls answered after it, lost at the next crash, and a deleted index let
+/// `idem-admin purge` write the log beside the server, which then started the log over beneath
+/// the purge: reported done, it came back after a restart. Now nothing more is answered as
+/// stored; what was answered before is kept (a log deleted alone is still copied back), and a
+/// purge made meanwhile holds.
+#[tokio::test]
+async fn a_deleted_log_or_index_file_is_never_written_to_again() {
+    for (suffix, graceful) in [("-wal", false), ("-shm", false), ("-shm", true)] {
+        let mut server = ServerProcess::start(&[]);
+        let db = server.db().to_path_buf();
+        let before = send(1, &new_id(), "before");
+        let answered = post_activated(&server.url, before.clone()).await;
+        let purged_id = new_id();
+        let purged = send(2, &purged_id, "to purge");
+        assert!(post_activated(&server.url, purged.clone()).await.json()["result"].is_object());
+        // Copied back (the checkpointer runs every 250 ms) before the file goes.
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        std::fs::remove_file(format!("{}{suffix}", db.display())).unwrap();
+        let after = send(3, &new_id(), "after");
+        assert_store_error(&post_activated(&server.url, after.clone()).await);
+        logged(&server, "was deleted or replaced").await;
+        let db_arg = db.to_str().unwrap();
+        let purge = crate::operations::admin(&["--db", db_arg, "purge", &purged_id, "--yes"], &[]);
+        let said = String::from_utf8_lossy(&purge.stderr);
+        assert!(purge.status.code() != Some(1), "{suffix}: {said}");
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        // Killed, or stopped as an operator stops it (its last checkpoint started the log
+        // over beneath the purge, with an index that did not see it), then served again.
+        let (url, _next) = match graceful {
+            false => (server.restart(), None),
+            true => {
+                assert!(server.terminate().success());
+                let next = ServerProcess::start_on(Some(db_arg), &[], &[]);
+                (next.url.clone(), Some(next))
+            }
+        };
+        let again = post_activated(&url, before).await;
+        assert!(
+            again.replayed(),
+            "{suffix} {graceful}: {}",
+            again.describe()
+        );
+        assert_eq!(again.body, answered.body);
+        let retry = post_activated(&url, after).await;
+        assert!(
+            !retry.replayed() && retry.json()["result"].is_object(),
+            "{suffix} {graceful}"
+        );
+        let rerun = post_activated(&url, purged).await;
+        let held = rerun.describe();
+        assert!(
+            !rerun.replayed(),
+            "{suffix} {graceful}: the purge held: {held}"
+        );
+    }
+}
+
 /// A disk that stops answering (its file system frozen): a governed call is answered with the
 /// store's error once the disk timeout has passed, not whenever the disk comes back, and its
 /// key stays held while its writes may still commit, so that its retry gets 409 meanwhile and

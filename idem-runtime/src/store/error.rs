@@ -109,8 +109,9 @@ pub enum StoreError {
          is stored until the server restarts",
         .0.display()
     )]
-    /// The database file is no longer at its path: what would be committed to it is lost
-    /// once the process ends, so nothing is.
+    /// The database file, or its `-wal` or `-shm` file, is no longer at its path: what would
+    /// be committed to it is lost once the process ends (or written beside another process
+    /// that cannot see this one), so nothing is.
     Vanished(PathBuf),
     #[error(
         "the purge is done: deleted from {}; but process {pid}, which serves the file, did \

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
+use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::repeated_failure::RepeatedFailure;
 use crate::store::StoreError;
@@ -65,6 +66,7 @@ impl Checkpointer {
         mut purges: PurgeWatch,
     ) -> Result<Self, StoreError> {
         let conn = connect(path)?;
+        let file = FileIdentity::of(path)?;
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("idem-sqlite-checkpoint".into())
@@ -74,6 +76,9 @@ impl Checkpointer {
                     match stopped.recv_timeout(INTERVAL) {
                         Err(RecvTimeoutError::Timeout) => {
                             purges.look(&conn);
+                            if !file.may_checkpoint() {
+                                continue;
+                            }
                             let log_pages = failing.note(try_checkpoint(&conn, "PASSIVE"));
                             if log_pages.unwrap_or(0) > RESTART_FRAMES {
                                 restart.0.store(true, Ordering::Relaxed);
@@ -81,7 +86,9 @@ impl Checkpointer {
                         }
                         // Closing: copy what is left, so the file alone holds everything.
                         Ok(()) | Err(RecvTimeoutError::Disconnected) => {
-                            checkpoint(&conn, "TRUNCATE");
+                            if file.may_checkpoint() {
+                                checkpoint(&conn, "TRUNCATE");
+                            }
                             return;
                         }
                     }

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use rusqlite::config::DbConfig;
 use rusqlite::Connection;
 
 use crate::store::StoreError;
@@ -89,6 +90,11 @@ pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     // Each write in a batch runs under a savepoint, whose undo copies of pages go to a
     // sub-journal: in memory, not in a temporary file (they never need to survive a crash).
     conn.pragma_update(None, "temp_store", "MEMORY")?;
+    // The last connection to close would checkpoint and delete the log, by the index it
+    // mapped: one deleted and replaced meanwhile (another process writing the log under the
+    // new one) lost that process's writes (helper-75). The checkpointer's last checkpoint
+    // copies the log back at closing instead, where the files are still the ones opened.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     Ok(conn)
 }
 

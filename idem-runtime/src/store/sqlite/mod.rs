@@ -22,7 +22,7 @@ pub(crate) mod key_index;
 pub(crate) mod memory_tier;
 mod open_streams;
 pub(crate) mod purge_watch;
-mod readers;
+pub(crate) mod readers;
 mod repeated_failure;
 pub(crate) mod writer;
 

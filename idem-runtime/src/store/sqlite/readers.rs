@@ -15,7 +15,7 @@ use crate::store::sqlite::no_answer;
 use crate::store::{at_most, ReadJob, StoreError};
 
 /// Reader threads (the machine's cores are few; reads are short).
-const READER_THREADS: usize = 4;
+pub(crate) const READER_THREADS: usize = 4;
 
 pub(crate) struct Readers {
     jobs: Mutex<Option<mpsc::Sender<ReadJob>>>,
@@ -86,8 +86,22 @@ fn serve(conn: &Connection, jobs: &Mutex<mpsc::Receiver<ReadJob>>) {
             // A panicking job must not take the reader (and its queue) down with it.
             Ok(job) => {
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(conn)));
+                end_transaction_left_open(conn);
             }
             Err(_closed) => return,
+        }
+    }
+}
+
+/// Ends a transaction a read left open (an application's `BEGIN`, then an error or a panic
+/// before its end): kept, it pinned this connection to its snapshot, so every later read here
+/// missed newer entries and every claim failed to begin its own (found by helper-75), and the
+/// checkpointer could not copy the log back past it.
+fn end_transaction_left_open(conn: &Connection) {
+    if !conn.is_autocommit() {
+        tracing::warn!("a read left its transaction open: rolled back");
+        if let Err(error) = conn.execute_batch("ROLLBACK") {
+            tracing::error!(%error, "a read's transaction left open could not be rolled back");
         }
     }
 }

@@ -1573,3 +1573,53 @@ async fn a_retry_of_an_interrupted_stream_waits_while_another_payload_closes_it(
         String::from_utf8_lossy(&entry.response.body).contains("IDEMPOTENCY_STREAM_INTERRUPTED")
     );
 }
+
+/// An application's read that opens a transaction and fails before its end left its reader on
+/// that snapshot: the store's lookups there missed every entry committed later, and its claims
+/// failed to begin their own transaction (found by helper-75). The reader now ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_leaves_its_transaction_open_hides_nothing_later() {
+    use crate::store::sqlite::readers::READER_THREADS;
+    use crate::store::Database;
+    use std::sync::Barrier;
+
+    let fx = Fixture::sqlite();
+    let no_tier = config(86_400, 100).with(|c| c.memory_tier_bytes = 0);
+    let cache = fx.cache(&no_tier).await;
+    let db = Database::new(cache.store().clone());
+    // One such read on each reader thread at once.
+    let barrier = Arc::new(Barrier::new(READER_THREADS));
+    let reads = (0..READER_THREADS).map(|_| {
+        let (db, barrier) = (db.clone(), barrier.clone());
+        tokio::spawn(async move {
+            let read = db.read(move |conn| {
+                barrier.wait();
+                conn.execute_batch("BEGIN")?;
+                let count = "SELECT COUNT(*) FROM idempotency_cache";
+                conn.query_row(count, [], |r| r.get::<_, i64>(0))?;
+                conn.query_row("SELECT COUNT(*) FROM no_such_table", [], |r| r.get(0))
+            });
+            read.await
+        })
+    });
+    for read in reads.collect::<Vec<_>>() {
+        let failed: Result<i64, _> = read.await.unwrap();
+        assert!(failed.is_err(), "the application's read fails");
+    }
+    execute(&cache, &key(1), "{}", "one").await;
+    let hash = request_hash(b"{}").unwrap();
+    for n in 0..2 * READER_THREADS {
+        let got = cache.store().get(&key(1)).await;
+        assert!(
+            matches!(&got, Ok(Some(_))),
+            "get #{n}: {:?}",
+            got.map(|e| e.is_some())
+        );
+        let claimed = cache.claim(&key(1), "message/send", &hash).await;
+        assert!(
+            matches!(claimed, Ok(Claim::Cached(_))),
+            "claim #{n}: {:?}",
+            claimed.err()
+        );
+    }
+}
