@@ -4,17 +4,32 @@
 use http::HeaderMap;
 use serde_json::{json, Value};
 
-/// The values of `A2A-Version` this agent serves: each version as Major.Minor, and with its
-/// patch number 0, which a client may name as its SDK's full version.
-const SUPPORTED: [&str; 5] = ["", "0.3", "0.3.0", "1.0", "1.0.0"];
+/// The versions this agent serves, as Major.Minor (empty: 0.3).
+const SUPPORTED: [&str; 3] = ["", "0.3", "1.0"];
 
-/// The requested version, when it is one this agent does not serve.
+/// The requested version, when it is one this agent does not serve. A2A §3.6: a patch number
+/// does not affect compatibility and is not considered, so `1.0.1` is 1.0 (it was refused:
+/// helper-77).
 pub fn unsupported(headers: &HeaderMap) -> Option<String> {
     let requested = headers.get("a2a-version")?;
     let requested = String::from_utf8_lossy(requested.as_bytes())
         .trim()
         .to_owned();
-    (!SUPPORTED.contains(&requested.as_str())).then_some(requested)
+    (!SUPPORTED.contains(&major_minor(&requested))).then_some(requested)
+}
+
+/// `X.Y` of `X.Y.Z`, where `Z` is a number; anything else as it is.
+fn major_minor(version: &str) -> &str {
+    match version.rsplit_once('.') {
+        Some((major_minor, patch))
+            if major_minor.contains('.')
+                && !patch.is_empty()
+                && patch.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            major_minor
+        }
+        _ => version,
+    }
 }
 
 /// The JSON-RPC answer to `body`, sent with `requested`: VersionNotSupportedError for each

@@ -941,6 +941,11 @@ async fn an_unsupported_a2a_version_is_refused_before_anything_runs() {
     let server = ServerProcess::start(&[]);
     let message = json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": "hi"}]});
     let body = rpc("SendMessage", json!({"message": message}));
+    for other in ["1.1.0", "1.0.x", "1", "1.0."] {
+        let headers = [("A2A-Extensions", URI), ("A2A-Version", other)];
+        let refused = post(&server.url, body.clone(), &headers).await;
+        assert_eq!(refused.error_code(), -32009, "{other}");
+    }
     let headers = [("A2A-Extensions", URI), ("A2A-Version", "9.9")];
     let refused = post(&server.url, body.clone(), &headers).await;
     assert_eq!(refused.error_code(), -32009);
@@ -997,7 +1002,8 @@ async fn an_unsupported_a2a_version_is_refused_before_anything_runs() {
     let served = post(&server.url, body, &empty).await;
     assert_eq!(served.status, 200, "an empty A2A-Version is 0.3");
     assert!(served.json()["result"]["task"].is_object());
-    for version in ["0.3.0", "1.0.0"] {
+    // A patch number is not considered (A2A §3.6; found by helper-77: 1.0.1 was refused).
+    for version in ["0.3.0", "1.0.0", "1.0.1", "0.3.12"] {
         let message =
             json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": "hi"}]});
         let body = rpc("SendMessage", json!({"message": message}));

@@ -731,24 +731,71 @@ async fn a_webhook_set_during_a_pass_gets_its_tasks_events_in_order() {
 /// (helper-69).
 #[tokio::test]
 async fn a_webhook_set_again_under_its_id_gets_what_the_old_url_took() {
-    let b = Receiver::failing(Some("mission.assigned"), 6).await;
-    let (old, new) = (Receiver::start(0).await, Receiver::start(0).await);
     let server = ServerProcess::start(&[]);
-    let task_id = send_with_webhook(&server, json!({"id": "b", "url": b.url()}), 1500).await;
-    let set_c = |url: String| {
-        let config = json!({"taskId": task_id, "pushNotificationConfig": {"id": "c", "url": url}});
-        call(&server.url, "tasks/pushNotificationConfig/set", config)
-    };
-    assert!(set_c(old.url()).await["result"].is_object());
-    old.wait_for("mission.assigned").await;
-    assert!(set_c(new.url()).await["result"].is_object());
-    new.wait_for("mission.completed").await;
+    let new = set_again_under_its_id(&server, false).await;
     let types: Vec<String> = new.taken().into_iter().map(|d| d.event_type).collect();
     assert_eq!(
         types,
         ["mission.assigned", "mission.completed"],
         "in order, once each"
     );
+    // Set again by a send that continues the task, as well.
+    set_again_under_its_id(&server, true).await;
+}
+
+/// The same on PostgreSQL, where a send that set the webhook again kept the old URL's records
+/// (found by helper-77).
+#[tokio::test]
+async fn a_webhook_set_again_under_its_id_gets_what_the_old_url_took_on_postgres() {
+    let what = "webhooks set again on PostgreSQL";
+    let Some(db) = crate::replicas::Database::shared("idem_push_again", what).await else {
+        return;
+    };
+    let server = ServerProcess::start_on(Some(db.url()), &[], &[]);
+    for by_send in [false, true] {
+        set_again_under_its_id(&server, by_send).await;
+    }
+}
+
+/// Sets webhook `c` of a task to one URL, which takes its first event while webhook `b` fails
+/// it, then to another (by `tasks/pushNotificationConfig/set`, or `by_send`, a send that
+/// continues the task with it): the other URL gets that event too. Returns its receiver.
+async fn set_again_under_its_id(server: &ServerProcess, by_send: bool) -> Receiver {
+    let b = Receiver::failing(Some("mission.assigned"), 6).await;
+    let (old, new) = (Receiver::start(0).await, Receiver::start(0).await);
+    let task_id = send_with_webhook(server, json!({"id": "b", "url": b.url()}), 1500).await;
+    let config =
+        json!({"taskId": task_id, "pushNotificationConfig": {"id": "c", "url": old.url()}});
+    let set = call(&server.url, "tasks/pushNotificationConfig/set", config).await;
+    assert!(set["result"].is_object(), "{set}");
+    old.wait_for("mission.assigned").await;
+    let first = old.taken().into_iter().find(|d| d.status == 200).unwrap();
+    match by_send {
+        false => {
+            let config = json!({"taskId": task_id,
+                "pushNotificationConfig": {"id": "c", "url": new.url()}});
+            let set = call(&server.url, "tasks/pushNotificationConfig/set", config).await;
+            assert!(set["result"].is_object(), "{set}");
+        }
+        true => {
+            let message = json!({"kind": "message", "messageId": new_id(), "role": "user",
+                "taskId": task_id, "parts": [{"kind": "text", "text": "and tell this one"}]});
+            let push = json!({"id": "c", "url": new.url()});
+            let params = json!({"message": message,
+                "configuration": {"pushNotificationConfig": push, "blocking": false}});
+            let reply = post_activated(&server.url, rpc("message/send", params)).await;
+            assert!(reply.json()["result"].is_object(), "{}", reply.describe());
+        }
+    }
+    let took_first = |taken: &[Delivery]| {
+        taken
+            .iter()
+            .any(|d| d.event_id == first.event_id && d.status == 200)
+    };
+    new.wait_until("the event the old URL took", took_first)
+        .await;
+    new.wait_for("mission.completed").await;
+    new
 }
 
 /// The relay's read runs on every poll over every undelivered event: each event must cost index

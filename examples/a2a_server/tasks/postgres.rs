@@ -77,30 +77,28 @@ pub fn stage_update(unit: &UnitOfWork, row: TaskRow, seen: String) -> RpcResult<
 }
 
 pub fn stage_push_config(unit: &UnitOfWork, row: PushRow) -> RpcResult<()> {
-    unit.stage_postgres(move |tx| {
-        Box::pin(async move {
-            tx.execute(sql::UPSERT_PUSH_CONFIG, &push_params(&row))
-                .await?;
-            Ok(())
-        })
-    })
-}
-
-fn push_params(row: &PushRow) -> [&(dyn tokio_postgres::types::ToSql + Sync); 4] {
-    [&row.task_id, &row.config_id, &row.config_json, &row.now]
+    unit.stage_postgres(move |tx| Box::pin(async move { Ok(upsert_push_config(tx, &row).await?) }))
 }
 
 pub async fn set_push_config(pool: &Pool, row: PushRow) -> Result<(), Failure> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    tx.execute(sql::UPSERT_PUSH_CONFIG, &push_params(&row))
-        .await?;
-    let webhook = [
-        &row.task_id as &(dyn tokio_postgres::types::ToSql + Sync),
-        &row.config_id,
-    ];
-    tx.execute(sql::FORGET_DELIVERIES, &webhook).await?;
+    upsert_push_config(&tx, &row).await?;
     Ok(tx.commit().await?)
+}
+
+/// The config, and its webhook's delivery records forgotten, as on SQLite: a send that set
+/// it again (to another URL) kept them, and the new URL skipped what the old one took
+/// (found by helper-77).
+async fn upsert_push_config(
+    tx: &Transaction<'_>,
+    row: &PushRow,
+) -> Result<(), tokio_postgres::Error> {
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+        [&row.task_id, &row.config_id, &row.config_json, &row.now];
+    tx.execute(sql::UPSERT_PUSH_CONFIG, &params).await?;
+    tx.execute(sql::FORGET_DELIVERIES, &params[..2]).await?;
+    Ok(())
 }
 
 pub async fn push_configs(pool: &Pool, task_id: String) -> Result<Vec<String>, Failure> {
