@@ -61,7 +61,9 @@ pub enum ErrorCode {
     RequestTooLarge,
     /// The method's answer is larger than `IdempotencyConfig::max_response_body_bytes`:
     /// the call ran, and this error (`data.limit_bytes`, `data.response_bytes`) is its cached
-    /// outcome, answered and replayed in place of bytes jsonrpsee would not send.
+    /// outcome, answered and replayed in place of bytes jsonrpsee would not send. Also any
+    /// call's answer in place of jsonrpsee's -32008 "Response is too big" (`data.limit_bytes`
+    /// alone; not cached outside the extension): -32008 is A2A's ExtensionSupportRequired.
     ResponseTooLarge,
     /// A governed method answered without its `#[idempotent]` guard (the attribute is missing
     /// from its implementation): its answer is replaced by this error, nothing it staged was

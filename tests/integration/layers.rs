@@ -1055,7 +1055,30 @@ async fn a_replay_under_a_longer_id_is_cut_alike_by_the_guard_and_from_memory() 
     assert!(by_key.replayed() && from_memory.replayed());
     let text = |reply: &Reply| String::from_utf8_lossy(&reply.body).into_owned();
     assert_eq!(text(&from_memory), text(&by_key));
+    assert_eq!(by_key.data_code(), "IDEMPOTENCY_RESPONSE_TOO_LARGE");
     assert_eq!(server.executions(), 1);
+}
+
+/// jsonrpsee answers a response over its limit with -32008, which is A2A's
+/// ExtensionSupportRequiredError: a method outside the extension gets
+/// `IDEMPOTENCY_RESPONSE_TOO_LARGE` instead, naming the limit (found by helper-77).
+#[tokio::test]
+async fn a_response_over_the_limit_is_never_answered_with_a2a_s_32008() {
+    let db = Db::new();
+    let server = db
+        .server(config().with(|c| c.max_response_body_bytes = 4096))
+        .await;
+    let padded = |bytes: usize| {
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/padded", "params": {"bytes": bytes}})
+            .to_string()
+    };
+    let reply = post(&server.url, padded(5000), &[]).await;
+    assert_eq!(reply.error_code(), -32603, "{}", reply.describe());
+    assert_eq!(reply.data_code(), "IDEMPOTENCY_RESPONSE_TOO_LARGE");
+    assert_eq!(reply.json()["error"]["data"]["limit_bytes"], 4096);
+    assert_eq!(reply.json()["id"], 1);
+    let within = post(&server.url, padded(100), &[]).await;
+    assert_eq!(within.json()["result"].as_str().map(str::len), Some(100));
 }
 
 /// jsonrpsee cuts a response over its limit after the guard stored it: the extension answers,

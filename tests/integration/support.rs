@@ -38,6 +38,10 @@ pub trait TestAgent {
 
     #[method(name = "tasks/get")]
     async fn get(&self) -> RpcResult<usize>;
+
+    /// Outside the extension: `bytes` bytes of text.
+    #[method(name = "tasks/padded")]
+    async fn padded(&self, bytes: usize) -> RpcResult<String>;
 }
 
 /// A typed part of the params, so that jsonrpsee's own decoding can fail.
@@ -168,6 +172,10 @@ impl TestAgentServer for Agent {
 
     async fn get(&self) -> RpcResult<usize> {
         Ok(self.executions.load(Ordering::SeqCst))
+    }
+
+    async fn padded(&self, bytes: usize) -> RpcResult<String> {
+        Ok("x".repeat(bytes))
     }
 }
 

@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use jsonrpsee::core::middleware::{Batch, BatchEntry, BatchEntryErr, Notification, RpcServiceT};
 use jsonrpsee::core::server::BatchResponseBuilder;
-use jsonrpsee::types::error::{INVALID_PARAMS_CODE, METHOD_NOT_FOUND_CODE};
+use jsonrpsee::types::error::{
+    INVALID_PARAMS_CODE, METHOD_NOT_FOUND_CODE, OVERSIZED_RESPONSE_CODE, OVERSIZED_RESPONSE_MSG,
+};
 use jsonrpsee::types::{ErrorObject, ErrorObjectOwned, Id, Request};
 use jsonrpsee::{MethodResponse, ResponsePayload};
 use serde_json::value::RawValue;
@@ -90,19 +92,18 @@ where
         let inner = self.inner.clone();
         let limit = self.state.config.max_response_body_bytes as usize;
         async move {
-            match checked {
+            let response = match checked {
                 // Refused, or a resend whose stored answer is an error.
                 Err(error) => return MethodResponse::error(request.id, error),
-                Ok(Some(payload)) => return answer(request.id, payload, limit),
-                Ok(None) => {}
-            }
-            let response = inner.call(request).await;
-            match unguarded {
-                Some((reach, unguarded)) if !reach.reached() => {
-                    unguarded.answer(response, governed).await
-                }
-                _ => response,
-            }
+                Ok(Some(payload)) => answer(request.id, payload, limit),
+                Ok(None) => match (inner.call(request).await, unguarded) {
+                    (response, Some((reach, unguarded))) if !reach.reached() => {
+                        unguarded.answer(response, governed).await
+                    }
+                    (response, _) => response,
+                },
+            };
+            oversized_told_apart(response, limit)
         }
     }
 
@@ -312,6 +313,28 @@ fn answer(id: Id<'_>, payload: Payload, limit: usize) -> MethodResponse {
             MethodResponse::response(id, result, limit)
         }
         Err(error) => MethodResponse::error(id, error),
+    }
+}
+
+/// jsonrpsee answers a response over its size limit with -32008 "Response is too big", the
+/// code A2A gives ExtensionSupportRequiredError, which tells a client to activate an extension
+/// (found by helper-77: a `tasks/get` of a large task, a cancel that took effect). Any call's
+/// such answer is `IDEMPOTENCY_RESPONSE_TOO_LARGE` instead, naming the limit.
+fn oversized_told_apart(response: MethodResponse, limit: usize) -> MethodResponse {
+    if response.as_error_code() != Some(OVERSIZED_RESPONSE_CODE) {
+        return response;
+    }
+    let Ok(answer) = serde_json::from_str::<Answer<'_>>(response.as_json().get()) else {
+        return response;
+    };
+    match answer.error {
+        Some(error) if error.message == OVERSIZED_RESPONSE_MSG => {
+            let too_large = IdempotencyError::new(ErrorCode::ResponseTooLarge)
+                .with_detail("limit_bytes", limit);
+            MethodResponse::error(answer.id, too_large.to_error_object())
+                .with_extensions(response.extensions().clone())
+        }
+        _ => response,
     }
 }
 
