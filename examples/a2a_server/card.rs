@@ -2,17 +2,14 @@
 //! fields and the 1.0 `supportedInterfaces` side by side (each version ignores the other's
 //! members).
 
-use std::net::SocketAddr;
-
 use serde_json::{json, Value};
 
 /// Where A2A clients look for the card (the front serves it itself: it answers the card's
 /// requests by the activation and version rules of its other answers).
 pub const CARD_PATH: &str = idem::layers::AGENT_CARD_PATH;
 
-/// The card of this agent at `addr`; `extensions` goes to `capabilities.extensions`.
-pub fn agent_card(addr: SocketAddr, extensions: Vec<Value>) -> Value {
-    let url = format!("http://{addr}/");
+/// The card of this agent, reached at `url`; `extensions` goes to `capabilities.extensions`.
+pub fn agent_card(url: &str, extensions: Vec<Value>) -> Value {
     json!({
         "protocolVersion": "0.3.0",
         "name": "idem example agent",

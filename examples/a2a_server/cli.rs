@@ -5,12 +5,16 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub const USAGE: &str = "\
-usage: a2a_server [--listen ADDR] [--db PATH|URL] [--idempotency required|optional|off]
+usage: a2a_server [--listen ADDR] [--public-url URL] [--db PATH|URL]
+                  [--idempotency required|optional|off]
                   [--max-in-flight N] [--body-timeout SECONDS] [--shutdown-grace SECONDS]
                   [--principal-header NAME] [--outbox-retention SECONDS]
                   [--outbox-give-up SECONDS]
 
   --listen ADDR          address to serve on (default 127.0.0.1:8080; port 0 picks a free one)
+  --public-url URL       the URL the agent card names (default http:// and the address
+                         bound): where clients reach this agent, behind a proxy or a load
+                         balancer, or when listening on 0.0.0.0
   --db PATH|URL          where tasks, outbox and idempotency cache live: a SQLite file
                          (default ./a2a-example.db), or a PostgreSQL database
                          (postgres://user@host:port/db) that several replicas may share
@@ -56,6 +60,8 @@ pub enum Mode {
 #[derive(Debug, Clone)]
 pub struct Cli {
     pub listen: SocketAddr,
+    /// The URL the agent card names, where it is not the address bound.
+    pub public_url: Option<String>,
     pub db: Db,
     pub mode: Mode,
     /// jsonrpsee's `max_connections`, which counts HTTP requests in flight, not connections.
@@ -128,6 +134,7 @@ const DEFAULT_OUTBOX_GIVE_UP: Duration = Duration::from_secs(86_400);
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     let mut cli = Cli {
         listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        public_url: None,
         db: Db::File(PathBuf::from("a2a-example.db")),
         mode: Mode::Required,
         max_in_flight: DEFAULT_MAX_IN_FLIGHT,
@@ -153,6 +160,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             .ok_or_else(|| format!("{} needs a value", flag.name()))?;
         match flag {
             Flag::Listen => cli.listen = listen(&value)?,
+            Flag::PublicUrl => cli.public_url = Some(public_url(&value)?),
             Flag::Db => cli.db = Db::parse(&value),
             Flag::Idempotency => cli.mode = mode(&value)?,
             Flag::MaxInFlight => cli.max_in_flight = max_in_flight(&value)?,
@@ -170,6 +178,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
 #[derive(Clone, Copy)]
 enum Flag {
     Listen,
+    PublicUrl,
     Db,
     Idempotency,
     MaxInFlight,
@@ -181,8 +190,9 @@ enum Flag {
 }
 
 impl Flag {
-    const ALL: [Flag; 9] = [
+    const ALL: [Flag; 10] = [
         Flag::Listen,
+        Flag::PublicUrl,
         Flag::Db,
         Flag::Idempotency,
         Flag::MaxInFlight,
@@ -203,6 +213,7 @@ impl Flag {
     fn name(self) -> &'static str {
         match self {
             Flag::Listen => "--listen",
+            Flag::PublicUrl => "--public-url",
             Flag::Db => "--db",
             Flag::Idempotency => "--idempotency",
             Flag::MaxInFlight => "--max-in-flight",
@@ -224,6 +235,22 @@ fn listen(value: &str) -> Result<SocketAddr, String> {
     value
         .parse()
         .map_err(|_| format!("--listen {value:?} is not an IP:PORT address"))
+}
+
+/// An absolute http(s) URL with a host, as clients are to call it.
+fn public_url(value: &str) -> Result<String, String> {
+    let rest = value
+        .strip_prefix("https://")
+        .or_else(|| value.strip_prefix("http://"));
+    let host = rest.map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
+    match host {
+        Some(host) if !host.is_empty() && !value.contains(char::is_whitespace) => {
+            Ok(value.to_owned())
+        }
+        _ => Err(format!(
+            "--public-url {value:?} is not an http:// or https:// URL with a host"
+        )),
+    }
 }
 
 fn mode(value: &str) -> Result<Mode, String> {

@@ -158,6 +158,19 @@ async fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
     idem.map_err(|e| format!("cannot open database {}: {e}", cli.db))
 }
 
+/// The URL the card names: `--public-url`, or the address bound. A wildcard address is no
+/// place a client can reach (found by helper-77: the card named `http://0.0.0.0:PORT/`).
+fn card_url(cli: &Cli, bound: SocketAddr) -> String {
+    if let Some(url) = &cli.public_url {
+        return url.clone();
+    }
+    if bound.ip().is_unspecified() {
+        tracing::warn!(%bound, "the agent card names a wildcard address, which clients cannot \
+            call: pass --public-url with the URL they reach this agent at");
+    }
+    format!("http://{bound}/")
+}
+
 /// Serves on `listener`, bound first because the card must name the address actually bound
 /// (`--listen :0`).
 async fn start(
@@ -169,7 +182,10 @@ async fn start(
 ) -> Result<(ServerHandle, SocketAddr), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let listener = listener.into_std().map_err(|e| e.to_string())?;
-    let card = agent_card(addr, idem.agent_card_extension().into_iter().collect());
+    let card = agent_card(
+        &card_url(cli, addr),
+        idem.agent_card_extension().into_iter().collect(),
+    );
     // jsonrpsee cuts at the sizes the extension does, so what it stores is what is sent.
     let config = idem
         .server_config()

@@ -1108,6 +1108,29 @@ async fn the_agent_card_has_both_versions_fields_and_the_effective_config() {
     assert_eq!(entry["params"]["max_cache_entries"], 50);
 }
 
+/// Behind a proxy, or bound to a wildcard address, the card names where clients reach the
+/// agent, not the address bound (found by helper-77: `http://0.0.0.0:PORT/`).
+#[tokio::test]
+async fn the_agent_card_names_the_public_url_where_one_is_given() {
+    let public = "https://agents.example.com/a2a/";
+    let server = ServerProcess::start_with(&["--public-url", public], &[]);
+    let card = card(&server.url).await;
+    assert_eq!(card["url"], public);
+    let interfaces = card["supportedInterfaces"].as_array().unwrap();
+    assert!(interfaces.iter().all(|i| i["url"] == public), "{card}");
+    for bad in [
+        "agents.example.com",
+        "ftp://x/",
+        "https://",
+        "https:///a2a",
+        "http://a b/",
+    ] {
+        let stderr = refused(&["--public-url", bad], &[]);
+        let said = format!("--public-url {bad:?} is not an http:// or https:// URL with a host");
+        assert!(stderr.contains(&said), "{stderr}");
+    }
+}
+
 /// Posts the same send twice with `headers`: both must run, each creating its own task.
 async fn twice_executed(url: &str, db: &Path, headers: &[(&str, &str)]) -> [Reply; 2] {
     let body = send_with(1, "message/send", &new_id(), "again", json!({}));
