@@ -237,17 +237,17 @@ fn listen(value: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("--listen {value:?} is not an IP:PORT address"))
 }
 
-/// An absolute http(s) URL with a host, as clients are to call it.
+/// An absolute http(s) URL with a host, as clients are to call it (`http://:8080/` has none:
+/// found by helper-78).
 fn public_url(value: &str) -> Result<String, String> {
-    let rest = value
-        .strip_prefix("https://")
-        .or_else(|| value.strip_prefix("http://"));
-    let host = rest.map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
-    match host {
-        Some(host) if !host.is_empty() && !value.contains(char::is_whitespace) => {
-            Ok(value.to_owned())
-        }
-        _ => Err(format!(
+    let uri = value.parse::<http::Uri>().ok();
+    let http = uri
+        .as_ref()
+        .is_some_and(|uri| matches!(uri.scheme_str(), Some("http" | "https")));
+    let host = uri.as_ref().and_then(http::Uri::host).unwrap_or_default();
+    match http && !host.is_empty() {
+        true => Ok(value.to_owned()),
+        false => Err(format!(
             "--public-url {value:?} is not an http:// or https:// URL with a host"
         )),
     }

@@ -1124,6 +1124,8 @@ async fn the_agent_card_names_the_public_url_where_one_is_given() {
         "https://",
         "https:///a2a",
         "http://a b/",
+        "http://:8080/",
+        "http://user@/",
     ] {
         let stderr = refused(&["--public-url", bad], &[]);
         let said = format!("--public-url {bad:?} is not an http:// or https:// URL with a host");

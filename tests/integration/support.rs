@@ -95,6 +95,12 @@ impl TestAgentServer for Agent {
                 Some(json!({"execution": n})),
             )),
             "panic" => panic!("the body panicked on purpose"),
+            // A failure that carries the text back, as large as it is.
+            echoed if echoed.starts_with("fail-echo") => Err(ErrorObjectOwned::owned(
+                -32000,
+                "application failure",
+                Some(json!({"echo": echoed})),
+            )),
             // A method's own refusal with JSON-RPC's Invalid Request code.
             "invalid" => Err(jsonrpsee::types::ErrorCode::InvalidRequest.into()),
             _ => {
