@@ -65,15 +65,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = idem.database().expect("the store is open");
     db.transact(|db| db.execute_batch("CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY)"))
         .await?;
+    let listen = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:8080".into());
     // The AgentCard, with the extension's entry in capabilities.extensions (spec §3.1).
-    let card = json!({"name": "Minimal agent", "url": "http://127.0.0.1:8080/", "version": "1.0.0",
+    let card = json!({"name": "Minimal agent", "url": format!("http://{listen}/"), "version": "1.0.0",
                       "capabilities": {"streaming": true}});
     let http = tower::ServiceBuilder::new()
         .layer(idem.agent_card_layer(card))
         .layer(idem.http_layer());
-    let listen = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:8080".into());
     // jsonrpsee's body limits at the extension's; room for the calls awaiting their commit.
     let config = idem.server_config().max_connections(4096).build();
     let server = Server::builder()
