@@ -137,3 +137,26 @@ async fn calls_that_are_not_deduplicated_commit_their_writes_on_their_own() {
     assert_eq!(refused.data_code(), "IDEMPOTENCY_WRITE_FAILED");
     assert_eq!(db.effects(), ["before:free", "free"]);
 }
+
+/// A call that is not deduplicated commits its writes only with an answer the client gets:
+/// one too large for jsonrpsee to send, or a panic, was answered with an error after its
+/// writes committed, and a client's retry wrote them again (found by helper-80).
+#[tokio::test]
+async fn a_call_that_is_not_deduplicated_and_fails_to_answer_commits_nothing() {
+    let db = Db::new();
+    let small = IdempotencyConfig::default().with(|c| {
+        c.required = false;
+        c.max_response_body_bytes = 2048;
+    });
+    let server = db.server(small).await;
+    let big = "x".repeat(4096);
+    let too_large = post(&server.url, with_effect(1, &new_id(), &big, "big"), &[]).await;
+    assert_eq!(too_large.data_code(), "IDEMPOTENCY_RESPONSE_TOO_LARGE");
+    assert_eq!(too_large.json()["error"]["data"]["limit_bytes"], 2048);
+    let panicked = post(&server.url, with_effect(2, &new_id(), "panic", "p"), &[]).await;
+    assert_eq!(panicked.data_code(), "IDEMPOTENCY_EXECUTION_PANICKED");
+    assert_eq!(db.effects(), Vec::<String>::new(), "nothing was written");
+    let fits = post(&server.url, with_effect(3, &new_id(), "go", "fits"), &[]).await;
+    assert_eq!(fits.json()["result"]["echo"], "go", "{}", fits.describe());
+    assert_eq!(db.effects(), ["before:fits", "fits"]);
+}

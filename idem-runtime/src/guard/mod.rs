@@ -59,8 +59,8 @@ pub(crate) mod sealed {
 #[doc(hidden)]
 pub struct CallContext {
     pub(crate) governed: Option<GovernedCall>,
-    /// Set (to the call's id) when the call runs undeduplicated by design.
-    pub(crate) undeduplicated_id: Option<Id<'static>>,
+    /// Set when the call runs undeduplicated by design.
+    pub(crate) undeduplicated: Option<Undeduplicated>,
     pub(crate) scope: Option<HttpScope>,
     /// The call's unit of work (none where the server has no database).
     pub(crate) unit: Option<UnitOfWork>,
@@ -107,7 +107,7 @@ impl Guard {
         };
         let ctx = CallContext {
             governed,
-            undeduplicated_id: ext.get::<Undeduplicated>().map(|u| u.0.clone()),
+            undeduplicated: ext.get::<Undeduplicated>().cloned(),
             scope: ext.get::<HttpScope>().cloned(),
             unit: ext.get::<UnitOfWork>().cloned(),
             ungoverned: ext.get::<CallId>().is_some(),
@@ -242,7 +242,7 @@ pub(crate) async fn store_json(
     payload: Payload,
     unit: Option<&UnitOfWork>,
 ) -> Payload {
-    let (payload, body) = within_limit(call, payload);
+    let (payload, body) = within_limit(&call.id, &call.method, call.max_response_bytes, payload);
     let response = StoredResponse {
         status: 200,
         headers: vec![("content-type".into(), JSON.into())],
@@ -270,24 +270,30 @@ pub(crate) async fn store_json(
     }
 }
 
-/// The payload and its response bytes; where those are more than jsonrpsee would send, the
-/// failure that says so instead: what is stored must be what the client gets.
-fn within_limit(call: &GovernedCall, payload: Payload) -> (Payload, Vec<u8>) {
-    let body = response_bytes(&call.id, &payload);
-    if body.len() <= call.max_response_bytes {
+/// The payload of call `id` and its response bytes; where those are more than `limit`, what
+/// jsonrpsee would send, the failure that says so instead: what is stored (or committed with)
+/// must be what the client gets.
+pub(crate) fn within_limit(
+    id: &Id<'_>,
+    method: &str,
+    limit: usize,
+    payload: Payload,
+) -> (Payload, Vec<u8>) {
+    let body = response_bytes(id, &payload);
+    if body.len() <= limit {
         return (payload, body);
     }
     tracing::error!(
-        method = call.method,
+        method,
         response_bytes = body.len(),
-        limit_bytes = call.max_response_bytes,
+        limit_bytes = limit,
         "an #[idempotent] method's response is over max_response_body_bytes"
     );
     let too_large = IdempotencyError::new(ErrorCode::ResponseTooLarge)
-        .with_detail("limit_bytes", call.max_response_bytes)
+        .with_detail("limit_bytes", limit)
         .with_detail("response_bytes", body.len());
     let payload = Err(too_large.into());
-    let body = response_bytes(&call.id, &payload);
+    let body = response_bytes(id, &payload);
     (payload, body)
 }
 

@@ -141,11 +141,11 @@ impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObje
                 None => refused.into(),
             });
         }
-        match (ctx.governed, ctx.undeduplicated_id) {
+        match (ctx.governed, ctx.undeduplicated) {
             (Some(call), _) => run_governed(&call, body, ctx.unit).await,
-            (None, Some(id)) => {
+            (None, Some(alone)) => {
                 let events = body.await?.take().ok_or_else(consumed)?;
-                serve_alone(&scope, events, id, ctx.unit).await
+                serve_alone(&scope, events, alone.id, ctx.unit).await
             }
             (None, None) => Err(layer_missing(ctx.ungoverned)),
         }

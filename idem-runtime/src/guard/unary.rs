@@ -11,8 +11,10 @@ use serde::Serialize;
 use crate::guard::replayable::Replayable;
 use crate::guard::{
     decide, layer_missing, not_serializable, replay_json, run_catching, store_json,
-    undeduplicated_failure, CallContext, Decision, Guarded,
+    undeduplicated_failure, within_limit, CallContext, Decision, Guarded,
 };
+use crate::layers::scope::Undeduplicated;
+use crate::unit_of_work::UnitOfWork;
 use crate::wire::Payload;
 
 impl<T: Serialize + Send + 'static> crate::guard::sealed::Sealed
@@ -26,18 +28,10 @@ impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjec
         F: Future<Output = Self> + Send,
     {
         let Some(call) = ctx.governed else {
-            return match (ctx.undeduplicated_id, ctx.unit) {
+            return match (ctx.undeduplicated, ctx.unit) {
                 (None, _) => Err(layer_missing(ctx.ungoverned)),
                 (Some(_), None) => body.await,
-                // Not deduplicated: the staged writes still commit, on their own.
-                (Some(_), Some(unit)) => {
-                    let output = body.await;
-                    match &output {
-                        Ok(_) => unit.commit_alone().await.map_err(undeduplicated_failure)?,
-                        Err(_) => unit.discard(),
-                    }
-                    output
-                }
+                (Some(alone), Some(unit)) => run_alone(&alone, body, unit).await,
             };
         };
         let payload = match decide(&call, false).await {
@@ -55,6 +49,31 @@ impl<T: Serialize + Send + 'static> Guarded for Result<Replayable<T>, ErrorObjec
         };
         payload.map(Replayable::stored)
     }
+}
+
+/// Not deduplicated: the staged writes still commit, on their own, with an answer the client
+/// gets. Serialized and measured first, as a deduplicated call's: a result jsonrpsee would
+/// cut, or that does not serialize, was answered with an error after its writes committed,
+/// and a client's retry wrote them again (found by helper-80); a panic is answered too.
+async fn run_alone<T, F>(
+    alone: &Undeduplicated,
+    body: F,
+    unit: UnitOfWork,
+) -> Result<Replayable<T>, ErrorObjectOwned>
+where
+    T: Serialize + Send + 'static,
+    F: Future<Output = Result<Replayable<T>, ErrorObjectOwned>> + Send,
+{
+    let payload = run_catching(&alone.method, async { into_payload(body.await) })
+        .await
+        .and_then(|payload| payload);
+    let limit = alone.max_response_bytes;
+    let (payload, _) = within_limit(&alone.id, &alone.method, limit, payload);
+    match &payload {
+        Ok(_) => unit.commit_alone().await.map_err(undeduplicated_failure)?,
+        Err(_) => unit.discard(),
+    }
+    payload.map(Replayable::stored)
 }
 
 /// Serializes the outcome once: these bytes are stored and answered.

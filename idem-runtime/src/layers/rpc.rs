@@ -205,7 +205,11 @@ impl<S> RpcService<S> {
             );
             return Err(error.to_error_object());
         };
-        let undeduplicated = Undeduplicated(request.id.clone().into_owned());
+        let undeduplicated = Undeduplicated {
+            id: request.id.clone().into_owned(),
+            method: request.method_name().to_owned(),
+            max_response_bytes: self.state.config.max_response_body_bytes as usize,
+        };
         let Some(cache) = self.state.deduplicating() else {
             scope.record(request.method_name(), Outcome::Undeduplicated);
             self.pass_down(request, undeduplicated);

@@ -215,9 +215,14 @@ impl GuardReach {
 }
 
 /// A governed method called where it runs undeduplicated by design (the extension is off, or
-/// optional and not activated). Carries the call's id, which a stream's events need.
+/// optional and not activated): the call's id, which a stream's events need, and what its
+/// answer is measured against before its staged writes commit.
 #[derive(Clone)]
-pub(crate) struct Undeduplicated(pub(crate) Id<'static>);
+pub(crate) struct Undeduplicated {
+    pub(crate) id: Id<'static>,
+    pub(crate) method: String,
+    pub(crate) max_response_bytes: usize,
+}
 
 /// The id of a call outside the extension, over HTTP: a method that streams without being
 /// deduplicated ([`crate::EventStream::live`]) frames its events with it.
