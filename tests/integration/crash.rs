@@ -174,6 +174,14 @@ async fn kill_and_retry_everything(servers: &mut [ServerProcess], side_effects: 
         assert_eq!(*events, 1, "mission.assigned of {}", message_id.unwrap());
     }
     assert_eq!(assigned.len(), sent.len(), "one task per messageId");
+    // And no event of a task that is not there, which the count per task cannot see
+    // (helper-81).
+    let totals = side_effects.snapshot().unwrap().unwrap();
+    assert_eq!(
+        totals.assigned,
+        sent.len() as i64,
+        "every mission.assigned is a task's"
+    );
     eprintln!(
         "{} calls over {} kills of {} server(s), {unanswered} cut off by a kill",
         sent.len(),
@@ -182,31 +190,38 @@ async fn kill_and_retry_everything(servers: &mut [ServerProcess], side_effects: 
     );
 }
 
+/// Killed after its second event, not its first alone: a store that made only the first
+/// event durable passed when the kill came right after it (found by helper-81).
 #[tokio::test]
 async fn a_stream_killed_after_its_first_event_is_never_executed_again() {
     let mut server = ServerProcess::start(&[]);
     let mid = new_id();
-    let body = send_with(1, "message/stream", &mid, "go", json!({"durationMs": 4000}));
+    let body = send_with(1, "message/stream", &mid, "go", json!({"durationMs": 6000}));
     let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
     let task = first.next_event().await.expect("the first event");
+    let working = first
+        .next_event()
+        .await
+        .expect("the status halfway, 3 s in");
+    assert_eq!(working["result"]["final"], false, "{working}");
     let task_id = task["result"]["id"].as_str().unwrap().to_owned();
     let received = first.raw().to_vec();
 
-    let url = server.restart(); // SIGKILL mid-stream: the next event was 2 s away
+    let url = server.restart(); // SIGKILL mid-stream: the next event was 3 s away
     let mut retry = SseReply::open(&url, body.clone(), ACTIVATED).await;
     assert_eq!(retry.status, 200);
     assert_eq!(retry.content_type(), "text/event-stream");
     assert!(retry.replayed());
     let events = retry.rest().await;
-    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events.len(), 3, "{events:?}");
     assert!(
         retry.raw().starts_with(&received),
-        "the recorded event, byte-for-byte"
+        "every event the client received, byte-for-byte"
     );
-    assert_eq!(events[0], task);
-    assert_eq!(events[1]["id"], 1);
+    assert_eq!(events[..2], [task, working]);
+    assert_eq!(events[2]["id"], 1);
     assert_eq!(
-        events[1]["error"]["data"]["code"], "IDEMPOTENCY_STREAM_INTERRUPTED",
+        events[2]["error"]["data"]["code"], "IDEMPOTENCY_STREAM_INTERRUPTED",
         "{events:?}"
     );
 

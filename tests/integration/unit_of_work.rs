@@ -160,3 +160,44 @@ async fn a_call_that_is_not_deduplicated_and_fails_to_answer_commits_nothing() {
     assert_eq!(fits.json()["result"]["echo"], "go", "{}", fits.describe());
     assert_eq!(db.effects(), ["before:fits", "fits"]);
 }
+
+/// The staged writes and the entry are one transaction, not two in a row: with the entry's
+/// insert refused (a trigger beside the server), the writes that went before it are not
+/// committed either. A store that committed them first, then the entry, passed every test
+/// here, caught by the crash soak alone (found by helper-81).
+#[tokio::test]
+async fn the_staged_writes_and_the_entry_commit_in_one_transaction() {
+    let db = Db::new();
+    let server = db.server(IdempotencyConfig::default()).await;
+    let mid = new_id();
+    let refuse = format!(
+        "CREATE TRIGGER refuse_entry BEFORE INSERT ON idempotency_cache
+         WHEN NEW.message_id = '{mid}' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    );
+    let store = server.idem.database().unwrap();
+    store
+        .transact(move |db| db.execute_batch(&refuse))
+        .await
+        .unwrap();
+    let body = with_effect(1, &mid, "go", "one");
+    let failed = post_activated(&server.url, body.clone()).await;
+    assert!(failed.json()["error"].is_object(), "{}", failed.describe());
+    assert!(!failed.replayed());
+    assert_eq!(
+        db.effects(),
+        Vec::<String>::new(),
+        "no write without its entry"
+    );
+    assert!(db.row(&mid).is_none());
+
+    let drop_trigger = |db: &rusqlite::Connection| db.execute_batch("DROP TRIGGER refuse_entry");
+    store.transact(drop_trigger).await.unwrap();
+    let retried = post_activated(&server.url, body).await;
+    assert!(
+        retried.json()["result"].is_object(),
+        "{}",
+        retried.describe()
+    );
+    assert_eq!(db.effects(), ["before:one", "one"]);
+    assert!(db.row(&mid).is_some());
+}
