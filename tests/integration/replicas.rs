@@ -220,9 +220,15 @@ async fn a_stream_taken_over_elsewhere_ends_with_claim_lost_where_it_ran() {
     let lease = [("AIWG_IDEMPOTENCY_CLAIM_LEASE_MS", "120000")];
     let (a, b) = (replica(&db, &lease), replica(&db, &lease));
     let key = new_id();
-    let body = stream_request(1, &key, "go", json!({"durationMs": 1500}));
+    // Taken over after its second event: every recorded event is the retry's, not the
+    // first alone (helper-81).
+    let body = stream_request(1, &key, "go", json!({"durationMs": 6000}));
     let mut paused = SseReply::open(&a.url, body.clone(), ACTIVATED).await;
     let first = paused.next_event().await.expect("the first event");
+    let second = paused
+        .next_event()
+        .await
+        .expect("the status halfway, 3 s in");
     let client = postgres::connect(db.url()).await;
     let expired = "UPDATE idempotency_claims SET lease_until = 0";
     assert_eq!(client.execute(expired, &[]).await.unwrap(), 1);
@@ -230,7 +236,8 @@ async fn a_stream_taken_over_elsewhere_ends_with_claim_lost_where_it_ran() {
     let mut retry = SseReply::open(&b.url, body.clone(), ACTIVATED).await;
     let events = retry.rest().await;
     assert!(retry.replayed());
-    assert_eq!(events[0], first, "the recorded event");
+    assert_eq!(events[..2], [first, second], "the recorded events");
+    assert_eq!(events.len(), 3, "{events:?}");
     let code = &events.last().unwrap()["error"]["data"]["code"];
     assert_eq!(code, "IDEMPOTENCY_STREAM_INTERRUPTED", "{events:?}");
 
