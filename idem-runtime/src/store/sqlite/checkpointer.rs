@@ -45,9 +45,11 @@ pub(crate) struct Restart(Arc<AtomicBool>);
 
 impl Restart {
     /// Called by the writer between two batches, on its own connection: a checkpoint with
-    /// nothing written meanwhile, if one was asked for.
-    pub(crate) fn run_if_asked(&self, writer: &Connection) {
-        if self.0.swap(false, Ordering::Relaxed) {
+    /// nothing written meanwhile, if one was asked for and `file` may still be checkpointed
+    /// (see `FileIdentity::may_checkpoint`; helper-78). The files are looked at only then,
+    /// not after every batch.
+    pub(crate) fn run_if_asked(&self, writer: &Connection, file: &FileIdentity) {
+        if self.0.swap(false, Ordering::Relaxed) && file.may_checkpoint() {
             checkpoint(writer, "PASSIVE");
         }
     }

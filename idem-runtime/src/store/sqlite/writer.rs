@@ -110,11 +110,7 @@ impl Writer {
                 tracing::error!("the SQLite store's writer panicked: the store is closed");
                 return;
             }
-            // Not where another process may write the log under an index this one does not
-            // see (see `FileIdentity::may_checkpoint`; helper-78).
-            if self.file.may_checkpoint() {
-                self.restart.run_if_asked(&self.conn);
-            }
+            self.restart.run_if_asked(&self.conn, &self.file);
         }
     }
 
