@@ -590,7 +590,6 @@ fn too_large() -> ErrorObjectOwned {
         .into()
 }
 
-/// An internal inconsistency (a stream taken twice, a JSON entry where a stream was expected).
 /// `EventStream::live` called by a governed method: its events would bypass the guard, so
 /// the method is told what to return instead (it read as if the layers were missing).
 fn live_in_governed() -> ErrorObjectOwned {
@@ -602,6 +601,7 @@ fn live_in_governed() -> ErrorObjectOwned {
         .into()
 }
 
+/// An internal inconsistency (a stream taken twice, a JSON entry where a stream was expected).
 fn consumed() -> ErrorObjectOwned {
     IdempotencyError::new(ErrorCode::StreamUnavailable).into()
 }
