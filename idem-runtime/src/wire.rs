@@ -29,6 +29,25 @@ pub(crate) fn response_bytes(id: &Id<'_>, payload: &Payload) -> Vec<u8> {
     }
 }
 
+/// How many bytes `response_bytes(id, payload)` would be, written nowhere: what a call that
+/// stores nothing measures against the size limit.
+pub(crate) fn response_len(id: &Id<'_>, payload: &Payload) -> usize {
+    struct Counted(usize);
+    impl std::io::Write for Counted {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counted = Counted(0);
+    let response = Response::new(response_payload(payload), id.clone());
+    serde_json::to_writer(&mut counted, &response).expect("JSON-RPC response serializes");
+    counted.0
+}
+
 /// The `result` or `error` member of the response `payload` makes.
 fn response_payload(payload: &Payload) -> ResponsePayload<'_, &RawValue> {
     match payload {
@@ -88,6 +107,7 @@ mod tests {
                 let body = response_bytes(&id, &payload);
                 let response = Response::new(response_payload(&payload), id.clone());
                 assert_eq!(body, serde_json::to_vec(&response).unwrap());
+                assert_eq!(response_len(&id, &payload), body.len(), "measured alike");
                 assert!(body.capacity() <= body.len() + ENVELOPE_BYTES, "{id:?}");
                 assert_eq!(decode(&body).map(|p| p.is_ok()), Some(payload.is_ok()));
             }

@@ -242,7 +242,7 @@ pub(crate) async fn store_json(
     payload: Payload,
     unit: Option<&UnitOfWork>,
 ) -> Payload {
-    let (payload, body) = within_limit(&call.id, &call.method, call.max_response_bytes, payload);
+    let (payload, body) = within_limit(call, payload);
     let response = StoredResponse {
         status: 200,
         headers: vec![("content-type".into(), JSON.into())],
@@ -273,28 +273,33 @@ pub(crate) async fn store_json(
 /// The payload of call `id` and its response bytes; where those are more than `limit`, what
 /// jsonrpsee would send, the failure that says so instead: what is stored (or committed with)
 /// must be what the client gets.
-pub(crate) fn within_limit(
-    id: &Id<'_>,
-    method: &str,
-    limit: usize,
-    payload: Payload,
-) -> (Payload, Vec<u8>) {
-    let body = response_bytes(id, &payload);
-    if body.len() <= limit {
-        return (payload, body);
+fn within_limit(call: &GovernedCall, payload: Payload) -> (Payload, Vec<u8>) {
+    let body = response_bytes(&call.id, &payload);
+    match over_limit(&call.method, call.max_response_bytes, body.len()) {
+        None => (payload, body),
+        Some(too_large) => {
+            let payload = Err(too_large);
+            let body = response_bytes(&call.id, &payload);
+            (payload, body)
+        }
+    }
+}
+
+/// The failure that answers a response of `size` bytes, where that is over `limit`.
+pub(crate) fn over_limit(method: &str, limit: usize, size: usize) -> Option<ErrorObjectOwned> {
+    if size <= limit {
+        return None;
     }
     tracing::error!(
         method,
-        response_bytes = body.len(),
+        response_bytes = size,
         limit_bytes = limit,
         "an #[idempotent] method's response is over max_response_body_bytes"
     );
     let too_large = IdempotencyError::new(ErrorCode::ResponseTooLarge)
         .with_detail("limit_bytes", limit)
-        .with_detail("response_bytes", body.len());
-    let payload = Err(too_large.into());
-    let body = response_bytes(id, &payload);
-    (payload, body)
+        .with_detail("response_bytes", size);
+    Some(too_large.into())
 }
 
 /// Replays a stored single JSON-RPC response.

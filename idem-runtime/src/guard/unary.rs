@@ -10,12 +10,12 @@ use serde::Serialize;
 
 use crate::guard::replayable::Replayable;
 use crate::guard::{
-    decide, layer_missing, not_serializable, replay_json, run_catching, store_json,
-    undeduplicated_failure, within_limit, CallContext, Decision, Guarded,
+    decide, layer_missing, not_serializable, over_limit, replay_json, run_catching, store_json,
+    undeduplicated_failure, CallContext, Decision, Guarded,
 };
 use crate::layers::scope::Undeduplicated;
 use crate::unit_of_work::UnitOfWork;
-use crate::wire::Payload;
+use crate::wire::{response_len, Payload};
 
 impl<T: Serialize + Send + 'static> crate::guard::sealed::Sealed
     for Result<Replayable<T>, ErrorObjectOwned>
@@ -67,8 +67,12 @@ where
     let payload = run_catching(&alone.method, async { into_payload(body.await) })
         .await
         .and_then(|payload| payload);
-    let limit = alone.max_response_bytes;
-    let (payload, _) = within_limit(&alone.id, &alone.method, limit, payload);
+    // Measured, not written: nothing is stored, and jsonrpsee writes the answer.
+    let size = response_len(&alone.id, &payload);
+    let payload = match over_limit(&alone.method, alone.max_response_bytes, size) {
+        Some(too_large) => Err(too_large),
+        None => payload,
+    };
     match &payload {
         Ok(_) => unit.commit_alone().await.map_err(undeduplicated_failure)?,
         Err(_) => unit.discard(),
