@@ -351,15 +351,26 @@ fn oversized_told_apart_in_batch(response: MethodResponse, limit: usize) -> Meth
     let Ok(answers) = serde_json::from_str::<Vec<Answer<'_>>>(json) else {
         return response;
     };
-    let mut rebuilt = BatchResponseBuilder::new_with_limit(usize::MAX);
-    for answer in answers {
-        let one = match answer.error.as_ref().is_some_and(AnswerError::is_oversized) {
+    let rebuilt = answers.into_iter().map(|answer| {
+        match answer.error.as_ref().is_some_and(AnswerError::is_oversized) {
             true => MethodResponse::error(answer.id, too_large(limit)),
             false => answer.written_again(),
-        };
-        let _ = rebuilt.append(one);
+        }
+    });
+    batch_of(rebuilt, &response)
+}
+
+/// The batch answer of `answers`, in order, in place of `replaced` (its extensions kept). A
+/// replacement may take it a little past jsonrpsee's size limit.
+fn batch_of(
+    answers: impl IntoIterator<Item = MethodResponse>,
+    replaced: &MethodResponse,
+) -> MethodResponse {
+    let mut rebuilt = BatchResponseBuilder::new_with_limit(usize::MAX);
+    for answer in answers {
+        let _ = rebuilt.append(answer);
     }
-    let extensions = response.extensions().clone();
+    let extensions = replaced.extensions().clone();
     MethodResponse::from_batch(rebuilt.finish()).with_extensions(extensions)
 }
 
@@ -452,7 +463,7 @@ impl<'a> Unguarded<'a> {
         let Ok(answers) = serde_json::from_str::<Vec<Answer<'_>>>(response.as_json().get()) else {
             return response; // one answer for the whole batch: none of a call's to replace
         };
-        let mut rebuilt = BatchResponseBuilder::new_with_limit(usize::MAX);
+        let mut rebuilt = Vec::with_capacity(answers.len());
         for (place, answer) in answers.into_iter().enumerate() {
             let mistake = unguarded.iter().find(|(at, ..)| *at == place);
             let code = answer.error.as_ref().map(|e| e.code);
@@ -475,10 +486,9 @@ impl<'a> Unguarded<'a> {
                 }
                 _ => answer.written_again(),
             };
-            let _ = rebuilt.append(one);
+            rebuilt.push(one);
         }
-        let extensions = response.extensions().clone();
-        MethodResponse::from_batch(rebuilt.finish()).with_extensions(extensions)
+        batch_of(rebuilt, &response)
     }
 
     /// The answer in place of the method's; counted as a refusal where the call was
