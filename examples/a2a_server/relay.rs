@@ -58,7 +58,10 @@
 //! after a later one of its task. The old leader's failure never undoes the new one's success:
 //! a retry or a give-up is written only over an event still undelivered.
 
-use std::collections::{HashMap, HashSet};
+mod backoff;
+mod hand_out;
+
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -69,6 +72,8 @@ use crate::clock;
 use crate::push::{PushConfig, PushConfigs};
 use crate::shapes::Shape;
 use crate::tasks::{Pending, RelayLock, TaskStore};
+use backoff::{backoff, waited};
+use hand_out::HandedOut;
 
 /// How often the outbox is read, unless the last read found a full batch.
 const POLL: Duration = Duration::from_millis(100);
@@ -80,29 +85,10 @@ const BATCH: i64 = 512;
 const TASKS_AT_ONCE: usize = 64;
 /// Of those, tasks whose last attempt failed: the others always find a worker free.
 const FAILING_AT_ONCE: usize = TASKS_AT_ONCE / 2;
-/// The first retry's wait; each failure doubles it, up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A webhook that does not answer within this fails the attempt.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The counter of events given up (`GET /metrics`).
 pub const ABANDONED: &str = "a2a_outbox_abandoned_total";
-
-/// The wait after the `failures`-th failed attempt: 100 ms, doubling, at most 5 s.
-fn backoff(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    FIRST_BACKOFF
-        .saturating_mul(1 << doublings)
-        .min(MAX_BACKOFF)
-}
-
-/// The waits between `failures` failed attempts, summed: how long an event has been failing,
-/// not counting the attempts' own time, nor any time no relay ran. A day of them is 17,285
-/// attempts (5 s apart past the sixth).
-fn waited(failures: u32) -> Duration {
-    let doubling = (1..=failures.min(6)).map(backoff).sum::<Duration>();
-    doubling + MAX_BACKOFF * failures.saturating_sub(6)
-}
 
 /// Starts the relay; it runs as long as the process. An event whose failed attempts have
 /// waited `give_up` between them is given up.
@@ -206,47 +192,6 @@ struct Delivery {
     /// write (a delivered event's mark, whose event then goes again at the next pass; a
     /// retry's schedule; a give-up). The relay backs off while passes see it.
     store_failed: AtomicBool,
-}
-
-/// What a read of the outbox must not hand out again.
-#[derive(Default)]
-struct HandedOut {
-    /// Tasks a worker is delivering.
-    tasks: HashSet<String>,
-    /// Events settled (marked delivered or held back) since the last read began: that read
-    /// may still have found them undelivered.
-    settled: HashSet<i64>,
-}
-
-impl HandedOut {
-    /// The events of `pending` (one read of the outbox) of each task no worker has, in order,
-    /// grouped by task (in the order of each task's first event); those tasks are now handed
-    /// out. A task with an event settled while the read ran is left to the next read: the read
-    /// saw that event as it was before (a failure's backoff not yet written, so its task's next
-    /// event looked free to go), and would let that next event overtake it.
-    fn take(&mut self, pending: Vec<Pending>) -> Vec<Vec<Pending>> {
-        let mut groups: Vec<Vec<Pending>> = Vec::new();
-        let mut group_of: HashMap<String, usize> = HashMap::new();
-        let mut stale: HashSet<String> = HashSet::new();
-        for event in pending {
-            if self.settled.contains(&event.id) {
-                stale.insert(event.task_id.clone());
-            } else if let Some(&group) = group_of.get(&event.task_id) {
-                groups[group].push(event);
-            } else if self.tasks.insert(event.task_id.clone()) {
-                group_of.insert(event.task_id.clone(), groups.len());
-                groups.push(vec![event]);
-            }
-        }
-        groups.retain(|events| {
-            let keep = !stale.contains(&events[0].task_id);
-            if !keep {
-                self.tasks.remove(&events[0].task_id);
-            }
-            keep
-        });
-        groups
-    }
 }
 
 impl Relay {
@@ -564,68 +509,5 @@ impl Delivery {
             true => Ok(()),
             false => Err(format!("{}: HTTP {}", config.url, response.status())),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn event(id: i64, task_id: &str) -> Pending {
-        Pending {
-            id,
-            task_id: task_id.into(),
-            event_type: "mission.assigned".into(),
-            has_webhooks: true,
-            next_attempt_at: None,
-            attempts: 0,
-            reached_some: false,
-        }
-    }
-
-    #[test]
-    fn a_task_whose_event_was_settled_during_the_read_waits_for_the_next_read() {
-        // e1 of t1 failed and was held back while the read ran: the read still shows it
-        // undelivered and not held, and e2 after it as free to go.
-        let mut handed_out = HandedOut::default();
-        handed_out.settled.insert(1);
-        let pending = vec![
-            event(1, "t1"),
-            event(2, "t2"),
-            event(3, "t1"),
-            event(4, "t2"),
-        ];
-        let groups = handed_out.take(pending);
-        let ids: Vec<Vec<i64>> = groups
-            .iter()
-            .map(|events| events.iter().map(|e| e.id).collect())
-            .collect();
-        assert_eq!(ids, [[2, 4]], "t1's e3 must not overtake e1");
-        assert!(
-            !handed_out.tasks.contains("t1"),
-            "t1 is free for the next read"
-        );
-        assert!(handed_out.tasks.contains("t2"));
-    }
-
-    #[test]
-    fn the_backoff_doubles_to_5_s_and_a_day_of_it_is_17_285_attempts() {
-        let waits: Vec<u128> = (1..=8).map(|n| backoff(n).as_millis()).collect();
-        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
-        assert_eq!(waited(0), Duration::ZERO);
-        assert_eq!(waited(4), Duration::from_millis(1500));
-        assert_eq!(waited(8), Duration::from_millis(16_300));
-        let day = Duration::from_secs(86_400);
-        let attempts = (0..).find(|&n| waited(n) >= day).unwrap();
-        assert_eq!(attempts, 17_285);
-    }
-
-    #[test]
-    fn a_task_a_worker_has_is_not_handed_out_again() {
-        let mut handed_out = HandedOut::default();
-        handed_out.tasks.insert("t1".into());
-        let groups = handed_out.take(vec![event(1, "t1"), event(2, "t2")]);
-        assert_eq!(groups.len(), 1);
-        assert_eq!(groups[0][0].task_id, "t2");
     }
 }

@@ -9,9 +9,12 @@
 //! other write goes through the store too (SQLite's writer, PostgreSQL's pool): no connection
 //! of the example's own, no mutex, no blocking thread per request.
 
+mod pending;
 mod postgres;
 mod sql;
 mod sqlite;
+
+pub use pending::Pending;
 
 use idem::store::deadpool_postgres::{Pool, PoolError};
 use idem::store::tokio_postgres;
@@ -83,28 +86,6 @@ struct TaskRow {
     due_at: i64,
     now: i64,
     task_json: String,
-}
-
-/// An outbox event the relay has not delivered yet.
-pub struct Pending {
-    pub id: i64,
-    pub task_id: String,
-    pub event_type: String,
-    /// Whether the task had a webhook when the event was read.
-    pub has_webhooks: bool,
-    /// When it is due again, if an attempt to deliver it failed (in this process or another).
-    pub next_attempt_at: Option<i64>,
-    /// How many attempts to deliver it failed.
-    pub attempts: u32,
-    /// Whether some of its task's webhooks took it already (while another failed).
-    pub reached_some: bool,
-}
-
-impl Pending {
-    /// Whether an attempt to deliver it failed before.
-    pub fn failed(&self) -> bool {
-        self.next_attempt_at.is_some()
-    }
 }
 
 /// A `push_configs` row to write: one webhook of a task.
