@@ -56,7 +56,10 @@ impl Ticket {
     }
 
     /// Binds the key in the in-flight table, and the ticket, to `method` and `hash`: what a
-    /// call that finds the key held compares itself with.
+    /// call that finds the key held compares itself with. Calls already waiting compared
+    /// themselves with the old binding: they are released (a new phase channel, the old one's
+    /// sender dropped) to claim again and meet the new one, where they would have attached to,
+    /// or been answered by, another payload's execution (found by helper-84).
     pub(super) fn bind(&mut self, method: &str, hash: &RequestHash) {
         if (self.method.as_str(), &self.request_hash) == (method, hash) {
             return;
@@ -66,6 +69,9 @@ impl Ticket {
             if let Some(flight) = table.flights.get_mut(&self.key) {
                 flight.method = method.to_owned();
                 flight.request_hash = hash.clone();
+                let (phase, watched) = watch::channel(Phase::Running);
+                flight.phase = watched;
+                self.phase = phase;
             }
         }
         self.method = method.to_owned();

@@ -4,6 +4,7 @@
 
 mod fixture;
 mod generic;
+mod pausing;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;

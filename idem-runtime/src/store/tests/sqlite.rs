@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::claim::{Claim, IdempotencyCache};
+use crate::claim::{Claim, IdempotencyCache, Waited};
 use crate::hash::request_hash;
 use crate::store::{Entry, SqliteStore, Store};
 use crate::IdempotencyConfig;
 
 use crate::store::tests::fixture::Fixture;
+use crate::store::tests::pausing::Pausing;
 use crate::store::tests::support::*;
 
 /// Spec §4.4's table and index, plus two columns; `message_id` is unique by the writer, not by
@@ -1622,4 +1623,59 @@ async fn a_read_that_leaves_its_transaction_open_hides_nothing_later() {
             claimed.err()
         );
     }
+}
+
+/// A stream a crash interrupted, at the last second of its TTL, is claimed by a call of
+/// another payload, whose second read comes after the TTL ran out: that call wins the key and
+/// binds it to its own payload. The stream's own retry, which came between the two reads and
+/// waits on the key as the stream's, must be released to claim again (and meet the 422), not
+/// attach to the other payload's events (found by helper-84; spec §7.3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_waiting_on_a_key_bound_anew_is_released_not_attached() {
+    let fx = Fixture::sqlite();
+    let (ttl, stream, other) = (
+        100,
+        request_hash(b"{}").unwrap(),
+        request_hash(b"[]").unwrap(),
+    );
+    {
+        let cache = fx.cache(&config(ttl, 100)).await;
+        std::mem::forget(opened_stream(&cache, &key(1), &stream).await); // its process died
+    }
+    let store = SqliteStore::open_with_clock(&fx.path, &config(ttl, 100), fx.clock.clone());
+    let pausing = Pausing::new(Arc::new(store.unwrap()), 1); // the other call's second read
+    let cache = IdempotencyCache::from_arc(pausing.clone());
+    fx.clock.advance(Duration::from_secs(ttl)); // the stream's last second
+    let claiming = {
+        let (cache, other) = (cache.clone(), other.clone());
+        tokio::spawn(async move { cache.claim(&key(1), "message/stream", &other).await })
+    };
+    pausing.paused.notified().await;
+    fx.clock.advance(Duration::from_secs(1));
+    let Claim::InFlight(retry) = cache
+        .claim(&key(1), "message/stream", &stream)
+        .await
+        .unwrap()
+    else {
+        panic!("the key is held in the interrupted stream's name")
+    };
+    let waiting = tokio::spawn(retry.wait(Duration::from_secs(10), true));
+    pausing.resume.notify_one();
+    let Ok(Claim::Execute(mut ticket)) = claiming.await.unwrap() else {
+        panic!("the other payload wins the key once the stream's record expired")
+    };
+    ticket
+        .open_stream("9".into(), stream_event(0), Vec::new())
+        .await
+        .unwrap();
+    ticket.set_progress(Arc::new("the other payload's events"));
+    assert!(
+        matches!(waiting.await.unwrap(), Waited::Released),
+        "the retry of one payload must never attach to another's stream"
+    );
+    let again = cache
+        .claim(&key(1), "message/stream", &stream)
+        .await
+        .unwrap();
+    assert!(matches!(again, Claim::InFlight(f) if f.request_hash() == &other));
 }
