@@ -5,6 +5,7 @@ mod callers;
 mod conformance;
 mod counted;
 mod crash;
+mod delegation;
 mod example_relay;
 mod example_server;
 mod faults;

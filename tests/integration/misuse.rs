@@ -241,6 +241,12 @@ async fn an_attributed_method_that_is_not_governed_says_so() {
         .to_owned();
     assert!(reason.contains("not governed"), "{reason}");
     assert!(reason.contains("IdempotencyBuilder::govern"), "{reason}");
+    // Over WebSocket too, where it was told the layers were not installed (helper-82).
+    let answer = websocket_call(&server.url, body).await;
+    let reason = answer["error"]["data"]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("not governed"), "{answer}");
     assert_eq!(server.executions(), 0);
 }
 

@@ -17,6 +17,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::future::Either;
 use futures::FutureExt;
 use jsonrpsee::types::{ErrorObjectOwned, Id};
 use jsonrpsee::Extensions;
@@ -91,15 +92,17 @@ pub fn once<R>(body: impl FnOnce() -> R) -> R {
 pub struct Guard {
     ctx: CallContext,
     span: tracing::Span,
+    /// The call was taken by the guard of the `#[idempotent]` method that called this one:
+    /// that guard claims, stores and commits; this one runs its body alone. Guarded too, it
+    /// waited on its own call's claim, then stored the 409 it got as the outcome (helper-82).
+    nested: bool,
 }
 
 impl Guard {
     /// Reads what the layers put in `ext`, now: the guard, and the future it runs, borrow
     /// nothing from the caller.
     pub fn of(ext: &Extensions) -> Self {
-        if let Some(reach) = ext.get::<GuardReach>() {
-            reach.mark();
-        }
+        let nested = ext.get::<GuardReach>().is_some_and(GuardReach::mark);
         let governed = ext.get::<GovernedCall>().cloned();
         let span = match &governed {
             Some(call) => telemetry::call_span(&call.method, call.key.as_str(), call.hash.as_str()),
@@ -112,7 +115,7 @@ impl Guard {
             unit: ext.get::<UnitOfWork>().cloned(),
             ungoverned: ext.get::<CallId>().is_some(),
         };
-        Self { ctx, span }
+        Self { ctx, span, nested }
     }
 
     /// Runs `body` under the guard. A governed call runs in its span (see
@@ -122,7 +125,10 @@ impl Guard {
         F: Future + Send,
         F::Output: Guarded,
     {
-        F::Output::run(self.ctx, body).instrument(self.span)
+        match self.nested {
+            true => Either::Left(body),
+            false => Either::Right(F::Output::run(self.ctx, body).instrument(self.span)),
+        }
     }
 }
 

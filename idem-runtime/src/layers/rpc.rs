@@ -180,10 +180,8 @@ impl<S> RpcService<S> {
         spelled: bool,
     ) -> Result<Option<Payload>, ErrorObjectOwned> {
         if !self.state.governed.contains(request.method_name()) {
-            if request.extensions().get::<HttpScope>().is_some() {
-                let id = CallId(request.id.clone().into_owned());
-                request.extensions_mut().insert(id);
-            }
+            let id = CallId(request.id.clone().into_owned());
+            request.extensions_mut().insert(id);
             return Ok(None);
         }
         // No HTTP request, no scope to record in: counted here, as the scope counts.

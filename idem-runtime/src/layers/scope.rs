@@ -205,8 +205,10 @@ impl GovernedCall {
 pub(crate) struct GuardReach(Arc<AtomicBool>);
 
 impl GuardReach {
-    pub(crate) fn mark(&self) {
-        self.0.store(true, Ordering::Relaxed);
+    /// Marks the call taken; `true` if a guard had taken it already: an `#[idempotent]`
+    /// method called by another, with its `Extensions`.
+    pub(crate) fn mark(&self) -> bool {
+        self.0.swap(true, Ordering::Relaxed)
     }
 
     pub(crate) fn reached(&self) -> bool {
@@ -224,8 +226,10 @@ pub(crate) struct Undeduplicated {
     pub(crate) max_response_bytes: usize,
 }
 
-/// The id of a call outside the extension, over HTTP: a method that streams without being
-/// deduplicated ([`crate::EventStream::live`]) frames its events with it.
+/// The id of a call outside the methods the extension governs, on any transport: a method
+/// that streams without being deduplicated ([`crate::EventStream::live`]) frames its events
+/// with it, and a guard that finds it knows the layers are installed, and the method not
+/// governed.
 #[derive(Clone)]
 pub(crate) struct CallId(pub(crate) Id<'static>);
 
