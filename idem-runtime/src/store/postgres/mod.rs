@@ -117,6 +117,9 @@ pub(crate) use schema::INDEX_LOCK;
 pub use pool::PostgresOptions;
 pub(crate) use sweep::delete_expired;
 
+/// A wait past any a call makes (a century): what a deadline `Duration::MAX` away becomes.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 /// The PostgreSQL store: several processes may serve one database.
 ///
 /// ```no_run
@@ -222,7 +225,9 @@ impl PostgresStore {
         operation: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let (idle, statement) = session_bounds(self.lease);
-        let bound = wait + statement + idle;
+        // Saturating: `in_flight_wait` may be `Duration::MAX`, "as long as the original runs"
+        // (it overflowed, and the waiting call's task panicked; found by helper-85).
+        let bound = wait.saturating_add(statement).saturating_add(idle);
         let answered = at_most(bound, operation).await;
         answered.unwrap_or_else(|| {
             // The operation dropped its connection back into the pool, its statement still
@@ -373,7 +378,7 @@ impl Store for PostgresStore {
         bound: Duration,
     ) -> Result<Elsewhere, StoreError> {
         self.within(bound, async {
-            let deadline = tokio::time::Instant::now() + bound;
+            let deadline = tokio::time::Instant::now() + bound.min(FOREVER);
             // Subscribed before the first read: an end announced after it is never missed.
             let mut ends = self.listener.subscribe(key.as_str());
             loop {

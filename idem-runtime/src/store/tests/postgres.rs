@@ -90,6 +90,27 @@ async fn a_waiter_on_another_replica_wakes_when_the_execution_stores_its_entry()
     assert_eq!(entry.response.body, b"done");
 }
 
+/// `in_flight_wait = Duration::MAX`, "as long as the original runs": the wait for another
+/// replica's call added the session's bounds to it, overflowed, and panicked (helper-85).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_without_a_bound_waits_for_another_replica_s_outcome() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_secs(120)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&a, &key(1), "message/send", &hash).await;
+    let Claim::InFlight(waiter) = b.claim(&key(1), "message/send", &hash).await.unwrap() else {
+        panic!("the other replica sees the claim in flight")
+    };
+    let waiting = tokio::spawn(waiter.wait(Duration::MAX, false));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "it waits for the outcome");
+    ticket.complete(response("done")).await.unwrap();
+    let Some(Waited::Done(entry)) = woken(waiting).await else {
+        panic!("not woken by the end of the claim")
+    };
+    assert_eq!(entry.response.body, b"done");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_listener_lost_its_connection_is_not_stranded() {
     let Some(fx) = fixture().await else { return };
