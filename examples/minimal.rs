@@ -61,7 +61,10 @@ impl A2aServer for Agent {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().init(); // the extension says why a call failed in its logs only
-    let idem = Idempotency::open("minimal.db", IdempotencyConfig::from_env()?)?;
+
+    // Room for the calls awaiting their commit: jsonrpsee's default, 100, answers 429 under load.
+    let config = IdempotencyConfig::from_env()?.with(|c| c.max_requests_in_flight = 4096);
+    let idem = Idempotency::open("minimal.db", config)?;
     let db = idem.database().expect("the store is open");
     db.transact(|db| db.execute_batch("CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY)"))
         .await?;
@@ -74,8 +77,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let http = tower::ServiceBuilder::new()
         .layer(idem.agent_card_layer(card))
         .layer(idem.http_layer());
-    // jsonrpsee's body limits at the extension's; room for the calls awaiting their commit.
-    let config = idem.server_config().max_connections(4096).build();
+    // jsonrpsee's body limits and requests in flight at the extension's.
+    let config = idem.server_config().build();
     let server = Server::builder()
         .set_config(config)
         .set_http_middleware(http)

@@ -64,7 +64,8 @@ pub struct Cli {
     pub public_url: Option<String>,
     pub db: Db,
     pub mode: Mode,
-    /// jsonrpsee's `max_connections`, which counts HTTP requests in flight, not connections.
+    /// `IdempotencyConfig::max_requests_in_flight`, and jsonrpsee's `max_connections` with
+    /// it: HTTP requests in flight, not connections.
     pub max_in_flight: u32,
     /// How long a request's body may send nothing before it fails.
     pub body_timeout: Duration,

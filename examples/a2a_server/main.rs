@@ -146,6 +146,7 @@ async fn idempotency(cli: &Cli) -> Result<Idempotency, String> {
     let builder = Idempotency::builder(config.with(|c| {
         c.required = required;
         c.scope_keys_by_principal = scoped;
+        c.max_requests_in_flight = cli.max_in_flight;
     }));
     let builder = match cli.mode {
         Mode::Off => builder.without_deduplication(),
@@ -186,11 +187,9 @@ async fn start(
         &card_url(cli, addr),
         idem.agent_card_extension().into_iter().collect(),
     );
-    // jsonrpsee cuts at the sizes the extension does, so what it stores is what is sent.
-    let config = idem
-        .server_config()
-        .max_connections(cli.max_in_flight)
-        .build();
+    // jsonrpsee cuts at the sizes the extension does, so what it stores is what is sent, and
+    // counts the requests in flight it does (`--max-in-flight`).
+    let config = idem.server_config().build();
     let server = Server::builder()
         .set_config(config)
         .set_http_middleware(

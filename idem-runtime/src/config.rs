@@ -73,6 +73,14 @@ pub struct IdempotencyConfig {
     /// reset connection. Set jsonrpsee's `max_request_body_size` to the same value (both
     /// default to 10 MiB). Streams have their own bound, `MAX_RECORDED_STREAM_BYTES`.
     pub max_request_body_bytes: u64,
+    /// HTTP requests the HTTP layer reads and serves at once: past it, a request is answered
+    /// HTTP 429 with `Retry-After: 1` as soon as its headers arrive, its body never read, so
+    /// that what bodies take in memory is bounded (by this times `max_request_body_bytes`),
+    /// where a request waiting for jsonrpsee's own limit had its whole body read first.
+    /// [`Idempotency::server_config`](crate::Idempotency::server_config) gives jsonrpsee's
+    /// `max_connections` the same value. A durable call stays in flight until its commit: a
+    /// server under load wants more than the default (jsonrpsee's own default, 100).
+    pub max_requests_in_flight: u32,
     /// Largest JSON-RPC response a governed call stores and answers. A larger one would be
     /// cut by jsonrpsee's own limit after it was stored, so the client's first answer and
     /// the cached one would differ: instead the call's outcome becomes
@@ -107,6 +115,7 @@ impl Default for IdempotencyConfig {
             claim_lease: Duration::from_secs(10),
             disk_timeout: Duration::from_secs(30),
             max_request_body_bytes: 10 * 1024 * 1024,
+            max_requests_in_flight: 100,
             max_response_body_bytes: 10 * 1024 * 1024,
             scope_keys_by_principal: false,
             mark_replays_to_unauthenticated: true,
@@ -188,6 +197,49 @@ impl IdempotencyConfig {
             config.memory_tier_bytes = byte_count(MEMORY_TIER_BYTES_ENV, &value)?;
         }
         Ok(config)
+    }
+
+    /// This config, if every value that must be more than zero is: what the environment
+    /// variables refuse, refused when set in code too (a zero sweep interval panicked the
+    /// sweeper, unseen, and expired entries were never swept again; found by helper-85).
+    ///
+    /// ```
+    /// use idem_runtime::IdempotencyConfig;
+    /// use std::time::Duration;
+    /// let config = IdempotencyConfig::default().with(|c| c.sweep_interval = Duration::ZERO);
+    /// let error = config.checked().unwrap_err();
+    /// assert_eq!(error.variable, "IdempotencyConfig::sweep_interval");
+    /// ```
+    pub fn checked(&self) -> Result<&Self, ConfigError> {
+        let zero = |variable: &'static str, value: &dyn std::fmt::Debug| ConfigError {
+            variable,
+            value: format!("{value:?}"),
+            reason: "must be more than zero",
+        };
+        let durations = [
+            ("IdempotencyConfig::in_flight_wait", self.in_flight_wait),
+            ("IdempotencyConfig::sweep_interval", self.sweep_interval),
+            ("IdempotencyConfig::claim_lease", self.claim_lease),
+            ("IdempotencyConfig::disk_timeout", self.disk_timeout),
+        ];
+        if let Some((name, value)) = durations.iter().find(|(_, d)| d.is_zero()) {
+            return Err(zero(name, value));
+        }
+        let counts = [
+            ("IdempotencyConfig::ttl_seconds", self.ttl_seconds),
+            (
+                "IdempotencyConfig::max_cache_entries",
+                self.max_cache_entries,
+            ),
+            (
+                "IdempotencyConfig::max_requests_in_flight",
+                u64::from(self.max_requests_in_flight),
+            ),
+        ];
+        match counts.iter().find(|(_, n)| *n == 0) {
+            Some((name, value)) => Err(zero(name, value)),
+            None => Ok(self),
+        }
     }
 
     /// The `capabilities.extensions[]` entry of the AgentCard, from the effective values.
@@ -294,6 +346,34 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         IdempotencyConfig::from_lookup(|name| map.get(name).cloned())
+    }
+
+    /// What the environment refuses is refused set in code too, by every builder, naming the
+    /// field: a zero sweep interval panicked the sweeper unseen (helper-85).
+    #[test]
+    fn a_zero_that_the_environment_refuses_is_refused_set_in_code() {
+        type Zero = fn(&mut IdempotencyConfig);
+        let zeroes: [(&str, Zero); 7] = [
+            ("in_flight_wait", |c| c.in_flight_wait = Duration::ZERO),
+            ("sweep_interval", |c| c.sweep_interval = Duration::ZERO),
+            ("claim_lease", |c| c.claim_lease = Duration::ZERO),
+            ("disk_timeout", |c| c.disk_timeout = Duration::ZERO),
+            ("ttl_seconds", |c| c.ttl_seconds = 0),
+            ("max_cache_entries", |c| c.max_cache_entries = 0),
+            ("max_requests_in_flight", |c| c.max_requests_in_flight = 0),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        for (field, zero) in zeroes {
+            let config = IdempotencyConfig::default().with(zero);
+            let error = config.checked().unwrap_err();
+            assert_eq!(error.variable, format!("IdempotencyConfig::{field}"));
+            let opened = crate::Idempotency::open(dir.path().join("a.db"), config);
+            let Err(crate::store::StoreError::Config(refused)) = opened else {
+                panic!("{field} = 0 must be refused by the builder")
+            };
+            assert_eq!(refused, error);
+        }
+        assert!(IdempotencyConfig::default().checked().is_ok());
     }
 
     #[test]

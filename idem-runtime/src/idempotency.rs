@@ -4,6 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::Value;
+use tokio::sync::Semaphore;
 
 use crate::claim::IdempotencyCache;
 use crate::config::IdempotencyConfig;
@@ -151,18 +152,20 @@ impl IdempotencyBuilder {
         self,
         options: crate::store::PostgresOptions,
     ) -> Result<Idempotency, StoreError> {
+        self.config.checked()?;
         let clock = Arc::new(crate::clock::SystemClock);
         let store = crate::store::PostgresStore::connect_with(options, &self.config, clock);
         let store = store.await?;
         Ok(self.build(Arc::new(store)))
     }
 
-    /// A store of the application's making, built from the config.
+    /// A store of the application's making, built from the config. Every way to build
+    /// refuses a config whose [`checked`](IdempotencyConfig::checked) refuses.
     pub fn store<S: Store>(
         self,
         open: impl FnOnce(&IdempotencyConfig) -> Result<S, StoreError>,
     ) -> Result<Idempotency, StoreError> {
-        let store = open(&self.config)?;
+        let store = open(self.config.checked()?)?;
         Ok(self.build(Arc::new(store)))
     }
 
@@ -211,11 +214,13 @@ impl Idempotency {
             .iter()
             .map(|m| m.to_string())
             .collect();
+        let requests = Arc::new(Semaphore::new(config.max_requests_in_flight as usize));
         let state = State {
             deduplicate: cache.is_some(),
             cache,
             config,
             governed,
+            requests,
         };
         Self {
             state: Arc::new(state),
@@ -289,24 +294,30 @@ impl Idempotency {
         &self.state.config
     }
 
-    /// jsonrpsee's server configuration, begun with the body limits of this configuration:
+    /// jsonrpsee's server configuration, begun with the limits of this configuration:
     /// jsonrpsee must cut requests and responses at the sizes the extension does, or a response
-    /// it refuses as too big would differ from the one stored and replayed. Set the rest on it,
-    /// `max_connections` first: jsonrpsee counts each HTTP request in flight against it, and a
-    /// durable call stays in flight until its commit, so its default (100) answers 429 under
-    /// load.
+    /// it refuses as too big would differ from the one stored and replayed; and its
+    /// `max_connections`, which counts HTTP requests in flight, is `max_requests_in_flight`,
+    /// which the HTTP layer holds first (it reads bodies before jsonrpsee counts them). Set a
+    /// higher bound there, not on this builder: a durable call stays in flight until its
+    /// commit, so the default (100) answers 429 under load.
     ///
     /// ```
-    /// use idem_runtime::Idempotency;
-    /// let idem = Idempotency::off();
-    /// let config = idem.server_config().max_connections(4096).build();
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use idem_runtime::{Idempotency, IdempotencyConfig};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let config = IdempotencyConfig::default().with(|c| c.max_requests_in_flight = 4096);
+    /// let idem = Idempotency::open(dir.path().join("a2a.db"), config).unwrap();
+    /// let config = idem.server_config().build();
     /// let _builder = jsonrpsee::server::Server::builder().set_config(config);
+    /// # }
     /// ```
     pub fn server_config(&self) -> jsonrpsee::server::ServerConfigBuilder {
         let limits = &self.state.config;
         jsonrpsee::server::ServerConfig::builder()
             .max_request_body_size(u32::try_from(limits.max_request_body_bytes).unwrap_or(u32::MAX))
             .max_response_body_size(limits.max_response_body_bytes)
+            .max_connections(limits.max_requests_in_flight)
     }
 
     /// Waits, at most `bound`, until no execution is in flight, e.g. a stream whose client

@@ -3,6 +3,9 @@
 //! handle that builds them.
 
 use std::collections::HashSet;
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
 
 use crate::claim::IdempotencyCache;
 use crate::config::IdempotencyConfig;
@@ -16,6 +19,9 @@ pub(crate) struct State {
     pub(crate) deduplicate: bool,
     pub(crate) config: IdempotencyConfig,
     pub(crate) governed: HashSet<String>,
+    /// The HTTP requests the HTTP layer may read and serve at once
+    /// (`max_requests_in_flight`), shared by every clone of the layer.
+    pub(crate) requests: Arc<Semaphore>,
 }
 
 impl State {

@@ -563,6 +563,24 @@ async fn exchange(url: &str, request: impl AsRef<[u8]>) -> String {
     answer_on(&mut socket).await
 }
 
+/// The head of the answer the server sends on `socket`, which must come within 5 s.
+async fn answer_head(socket: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    let head = async {
+        let mut chunk = [0u8; 1024];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let answered = tokio::time::timeout(Duration::from_secs(5), head).await;
+    assert!(answered.is_ok(), "no answer within 5 s: {answer:?}");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// What the server sends on `socket` until it closes it: within 20 s, never a hang.
 async fn answer_on(socket: &mut tokio::net::TcpStream) -> String {
     use tokio::io::AsyncReadExt;
@@ -1508,7 +1526,7 @@ async fn more_calls_in_flight_than_jsonrpsee_default_limit_are_all_served() {
     let server = ServerProcess::start_with(&["--idempotency", "off", "--max-in-flight", "1"], &[]);
     let url = server.url.clone();
     let long = tokio::spawn(async move {
-        post(&url, blocking_send("message/send", &new_id(), 800), &[]).await
+        post(&url, blocking_send("message/send", &new_id(), 2000), &[]).await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let refused = post(
@@ -1526,6 +1544,23 @@ async fn more_calls_in_flight_than_jsonrpsee_default_limit_are_all_served() {
     assert_eq!(error["error"]["code"], -32603, "{error}");
     let reason = error["error"]["data"]["reason"].as_str().unwrap();
     assert!(reason.contains("nothing of this one ran"), "{reason}");
+    // Refused on its headers, its body never waited for: the HTTP layer read whole bodies
+    // before jsonrpsee counted them, and held any number of them (helper-85).
+    use tokio::io::AsyncWriteExt;
+    let address = server
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                Content-Length: 1000000\r\n\r\n{\"jsonrpc\":";
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let answer = answer_head(&mut socket).await;
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
     // A WebSocket upgrade past the limit too.
     let upgrade = "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, close\r\n\
                    Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\

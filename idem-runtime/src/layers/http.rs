@@ -20,6 +20,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use jsonrpsee::server::http::{content_type_is_json, response};
 use jsonrpsee::server::{HttpBody, HttpRequest, HttpResponse};
+use tokio::sync::Semaphore;
 
 use crate::caller::CallerPolicy;
 use crate::claim::IdempotencyCache;
@@ -131,9 +132,11 @@ where
         let cache = self.state.deduplicating().cloned().filter(|_| activated);
         let limit = self.state.config.max_request_body_bytes;
         let caller = CallerPolicy::of(request.extensions(), &self.state.config);
+        let requests = self.state.requests.clone();
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut response = answer(inner, request, cache, activated, caller, limit).await?;
+            let mut response =
+                answer(inner, request, cache, activated, caller, limit, requests).await?;
             // Spec §3.2: every answer to a request that activated the extension names it.
             if activated {
                 echo_activation(response.headers_mut());
@@ -152,6 +155,7 @@ async fn answer<S>(
     activated: bool,
     caller: CallerPolicy,
     limit: u64,
+    requests: Arc<Semaphore>,
 ) -> Result<HttpResponse<HttpBody>, S::Error>
 where
     S: tower::Service<HttpRequest<HttpBody>, Response = HttpResponse<HttpBody>>,
@@ -168,6 +172,15 @@ where
         };
         return Ok(too_large(body, 0, limit).await);
     }
+    // Taken before the body is read, held until the answer: jsonrpsee counts a request only
+    // once this layer has read its body, and bodies past its limit filled memory (helper-85).
+    let _in_flight = match recognisable(&request) {
+        true => match requests.try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => return Ok(invalid_request::too_busy()),
+        },
+        false => None,
+    };
     let (mut request, mut body, mut sent) = (request, None, None);
     if recognisable(&request) {
         let (parts, bytes) = match read_body(request, limit).await {

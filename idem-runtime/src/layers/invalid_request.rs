@@ -182,12 +182,7 @@ pub(crate) fn refusal_as_json_rpc(response: HttpResponse) -> HttpResponse {
             "JSON-RPC requests are sent with Content-Type: application/json",
             None,
         ),
-        StatusCode::TOO_MANY_REQUESTS => (
-            INTERNAL,
-            "the server is serving as many requests as it may at once; nothing of this one \
-             ran: send it again later",
-            Some((RETRY_AFTER, "1")),
-        ),
+        StatusCode::TOO_MANY_REQUESTS => (INTERNAL, BUSY, Some((RETRY_AFTER, "1"))),
         _ => return response,
     };
     let plain_text = response
@@ -203,6 +198,18 @@ pub(crate) fn refusal_as_json_rpc(response: HttpResponse) -> HttpResponse {
             .headers_mut()
             .insert(name, HeaderValue::from_static(value));
     }
+    refusal
+}
+
+const BUSY: &str = "the server is serving as many requests as it may at once; nothing of \
+                    this one ran: send it again later";
+
+/// The answer to a request past the requests in flight the HTTP layer takes, as jsonrpsee's
+/// own past its limit, as JSON-RPC: HTTP 429 with `Retry-After: 1`; its body is never read.
+pub(crate) fn too_busy() -> HttpResponse {
+    let mut refusal = refused(StatusCode::TOO_MANY_REQUESTS, INTERNAL, BUSY.to_owned());
+    let retry = HeaderValue::from_static("1");
+    refusal.headers_mut().insert(RETRY_AFTER, retry);
     refusal
 }
 

@@ -38,6 +38,9 @@ pub enum StoreError {
     )]
     /// The call's lease was taken over (it ran past it): nothing of it was committed.
     ClaimLost(String),
+    #[error("{0}")]
+    /// A configuration value the store cannot be served with.
+    Config(#[from] crate::config::ConfigError),
     #[error("io: {0}")]
     /// The database file could not be created or opened.
     Io(#[from] std::io::Error),
@@ -155,6 +158,7 @@ impl StoreError {
         match self {
             Self::Backend { .. } => "backend",
             Self::ClaimLost(_) => "claim_lost",
+            Self::Config(_) => "config",
             Self::Io(_) => "io",
             Self::Closed => "closed",
             Self::Commit(_) => "commit",
