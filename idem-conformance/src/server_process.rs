@@ -154,7 +154,8 @@ pub fn example_binary(name: &str) -> PathBuf {
         .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(
         binary.exists(),
-        "{} is missing: build it with `cargo build --example {name}`",
+        "{} is missing: `cargo test` builds it where no target is named (`cargo test \
+         --workspace --profile ci`), or `cargo build --example {name}` in the test's profile",
         binary.display()
     );
     binary
