@@ -15,6 +15,7 @@ use jsonrpsee::Extensions;
 
 use crate::error::{ErrorCode, IdempotencyError};
 use crate::layers::scope::GuardReach;
+use crate::store::sqlite::application_writes;
 use crate::store::{Store, StoreError};
 
 /// Why a staged write refused to commit: any error, `rusqlite::Error` included (so `?` works).
@@ -103,7 +104,9 @@ impl SqlWrite {
     pub fn run(&mut self, conn: &rusqlite::Connection) -> Result<(), WriteError> {
         match &mut self.kind {
             Kind::Sqlite { run, .. } => {
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(conn)));
+                let run =
+                    std::panic::AssertUnwindSafe(|| application_writes::running(|| run(conn)));
+                let ran = std::panic::catch_unwind(run);
                 ran.unwrap_or_else(|panic| Err(panicked(panic)))
             }
             #[cfg(feature = "postgres")]

@@ -10,6 +10,7 @@
 //! reads nothing, a stored one is read by rowid, `entries.rs`) and the recent entries
 //! (`memory_tier.rs`: a replay reads nothing).
 
+pub(crate) mod application_writes;
 mod batch;
 mod checkpointer;
 mod commit_gate;
@@ -164,6 +165,7 @@ impl SqliteStore {
         // The checkpointer's thread copies the log back; the writer only when asked to start it
         // over (see there).
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        application_writes::guard(&conn);
         let restart = Restart::default();
         let tier = Arc::new(MemoryTier::new(config.memory_tier_bytes));
         let purges = PurgeWatch::new(&conn, tier.clone())?;

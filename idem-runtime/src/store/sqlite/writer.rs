@@ -21,6 +21,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use rusqlite::{params, Connection};
 
 use crate::clock::Clock;
+use crate::store::sqlite::application_writes;
 use crate::store::sqlite::batch::{Batch, Change};
 use crate::store::sqlite::checkpointer::Restart;
 use crate::store::sqlite::commit_gate::CommitGate;
@@ -318,19 +319,19 @@ impl Writer {
         batch: &mut Batch,
     ) -> Result<Result<(), StoreError>, StoreError> {
         let mark = batch.mark();
-        run(&self.conn, "SAVEPOINT job")?;
+        run(&self.conn, application_writes::SAVEPOINT)?;
         match job.apply(&self.conn, batch) {
             // The write ended the transaction, savepoint and all: the caller sees to it.
             Ok(()) if batch.ended(&self.conn) => Ok(Ok(())),
             Ok(()) => {
-                run(&self.conn, "RELEASE job")?;
+                run(&self.conn, application_writes::RELEASE)?;
                 Ok(Ok(()))
             }
             Err(error) => {
                 batch.rewind(mark);
                 if !batch.ended(&self.conn) {
-                    run(&self.conn, "ROLLBACK TO job")?;
-                    run(&self.conn, "RELEASE job")?;
+                    run(&self.conn, application_writes::ROLLBACK_TO)?;
+                    run(&self.conn, application_writes::RELEASE)?;
                 }
                 Ok(Err(error))
             }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::claim::{Claim, IdempotencyCache, Waited};
 use crate::hash::request_hash;
-use crate::store::{Entry, SqliteStore, Store};
+use crate::store::{Entry, SqlWrite, SqliteStore, Store};
 use crate::IdempotencyConfig;
 
 use crate::store::tests::fixture::Fixture;
@@ -1678,4 +1678,65 @@ async fn a_retry_waiting_on_a_key_bound_anew_is_released_not_attached() {
         .await
         .unwrap();
     assert!(matches!(again, Claim::InFlight(f) if f.request_hash() == &other));
+}
+
+/// A failing write with a savepoint of its own, named as the writer's was (`job`): the
+/// writer's `ROLLBACK TO` took the write's savepoint, and the rows before it committed,
+/// again at each retry (found by helper-86). The writer's own savepoint is refused to writes.
+#[tokio::test]
+async fn a_failing_write_commits_nothing_whatever_savepoints_it_opens() {
+    let fx = Fixture::sqlite();
+    let store = fx.store(&config(86_400, 100)).await;
+    fx.create_effects(&store).await;
+    for name in ["job", "idem_writer_job"] {
+        let insert = "INSERT INTO effects (name) VALUES ('before its savepoint')";
+        let savepoint = format!("SAVEPOINT {name}");
+        let own_savepoint = SqlWrite::once(move |db| {
+            db.execute(insert, [])?;
+            db.execute_batch(&savepoint)?;
+            db.execute("INSERT INTO effects (name) VALUES ('inside')", [])?;
+            Err("the application refuses".into())
+        });
+        assert!(store.apply(vec![own_savepoint]).await.is_err());
+        assert_eq!(fx.effects().await, Vec::<String>::new(), "{name}");
+    }
+    store.apply(vec![fx.effect("after")]).await.unwrap();
+    assert_eq!(fx.effects().await, ["after"]);
+}
+
+/// A write that changes the writer connection's lasting settings, even one that then
+/// fails, changed them for every later call: `query_only` failed them all until a restart
+/// (found by helper-86). Such a `PRAGMA`, `ATTACH` and `DETACH` are refused to writes; the
+/// schema's reads and the header's version are not.
+#[tokio::test]
+async fn a_write_cannot_change_the_writer_s_settings_for_later_calls() {
+    let fx = Fixture::sqlite();
+    let store = fx.store(&config(86_400, 100)).await;
+    fx.create_effects(&store).await;
+    let lasting = [
+        "PRAGMA query_only = ON",
+        "PRAGMA busy_timeout = 0",
+        "PRAGMA locking_mode = EXCLUSIVE",
+        "PRAGMA foreign_keys = ON",
+        "ATTACH DATABASE ':memory:' AS other",
+    ];
+    for sql in lasting {
+        let write = SqlWrite::rerunnable(move |db| Ok(db.execute_batch(sql)?));
+        let refused = store.apply(vec![write]).await.unwrap_err().to_string();
+        assert!(refused.contains("not authorized"), "{sql}: {refused}");
+        store.apply(vec![fx.effect(sql)]).await.unwrap();
+    }
+    assert_eq!(fx.effects().await.len(), lasting.len());
+    let reads = SqlWrite::rerunnable(|db| {
+        db.execute_batch("PRAGMA user_version = 7")?;
+        let columns: i64 = db.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('effects')",
+            [],
+            |r| r.get(0),
+        )?;
+        db.prepare("PRAGMA table_info(effects)")?;
+        assert_eq!(columns, 1);
+        Ok(())
+    });
+    store.apply(vec![reads]).await.unwrap();
 }
