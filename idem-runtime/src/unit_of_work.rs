@@ -187,14 +187,33 @@ struct Inner {
 #[derive(Default)]
 struct Staged {
     sealed: bool,
-    writes: Vec<SqlWrite>,
-    hooks: Vec<Hook>,
+    pending: Sealed,
 }
 
 /// The writes taken out of a unit for one commit, and what runs once it is durable.
+#[derive(Default)]
 pub(crate) struct Sealed {
     pub(crate) writes: Vec<SqlWrite>,
     hooks: Vec<Hook>,
+}
+
+impl Drop for Sealed {
+    /// What is dropped uncommitted (the body failed, or the call ended before its commit) is
+    /// dropped on the call's task: a value a write or hook captured whose `Drop` panics
+    /// unwound through the guard, and the call went unanswered and uncached, to run again at
+    /// its retry (found by helper-86). Logged instead; the call's answer stands.
+    fn drop(&mut self) {
+        let left = (
+            std::mem::take(&mut self.writes),
+            std::mem::take(&mut self.hooks),
+        );
+        if left.0.is_empty() && left.1.is_empty() {
+            return;
+        }
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(left))).is_err() {
+            tracing::error!("a staged write or after_commit hook panicked as it was dropped");
+        }
+    }
 }
 
 impl UnitOfWork {
@@ -238,7 +257,7 @@ impl UnitOfWork {
         &self,
         write: impl FnMut(&rusqlite::Connection) -> Result<(), WriteError> + Send + 'static,
     ) -> Result<(), ErrorObjectOwned> {
-        self.with_open(|staged| staged.writes.push(SqlWrite::rerunnable(write)))
+        self.with_open(|staged| staged.pending.writes.push(SqlWrite::rerunnable(write)))
     }
 
     /// Stages `write` for a PostgreSQL store: it runs once, in the transaction that stores
@@ -268,7 +287,7 @@ impl UnitOfWork {
             + Send
             + 'static,
     ) -> Result<(), ErrorObjectOwned> {
-        self.with_open(|staged| staged.writes.push(SqlWrite::postgres(write)))
+        self.with_open(|staged| staged.pending.writes.push(SqlWrite::postgres(write)))
     }
 
     /// Runs `hook` once the unit has committed (never if it did not): the place to start work
@@ -280,7 +299,7 @@ impl UnitOfWork {
         &self,
         hook: impl FnOnce() + Send + 'static,
     ) -> Result<(), ErrorObjectOwned> {
-        self.with_open(|staged| staged.hooks.push(Box::new(hook)))
+        self.with_open(|staged| staged.pending.hooks.push(Box::new(hook)))
     }
 
     fn with_open(&self, add: impl FnOnce(&mut Staged)) -> Result<(), ErrorObjectOwned> {
@@ -300,10 +319,7 @@ impl UnitOfWork {
     pub(crate) fn seal(&self) -> Sealed {
         let mut staged = self.inner.staged.lock().expect("unit of work lock");
         staged.sealed = true;
-        Sealed {
-            writes: std::mem::take(&mut staged.writes),
-            hooks: std::mem::take(&mut staged.hooks),
-        }
+        std::mem::take(&mut staged.pending)
     }
 
     /// Drops what is staged (the body failed): nothing of it is ever written.
@@ -342,8 +358,8 @@ impl Sealed {
 
     /// The commit is durable: run what waited for it. A hook that panics is logged, and the
     /// hooks after it still run: the commit they wait for happened all the same.
-    pub(crate) fn committed(self) {
-        for hook in self.hooks {
+    pub(crate) fn committed(mut self) {
+        for hook in std::mem::take(&mut self.hooks) {
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook)).is_err() {
                 tracing::error!("an after_commit hook panicked; the hooks after it still run");
             }

@@ -78,6 +78,17 @@ impl TestAgentServer for Agent {
         metadata: Option<Value>,
     ) -> RpcResult<Replayable<Value>> {
         let n = self.executions.fetch_add(1, Ordering::SeqCst) + 1;
+        if metadata
+            .as_ref()
+            .is_some_and(|m| m["stagePanicsOnDrop"] == true)
+        {
+            // A write that captured a value whose `Drop` panics: an application's bug.
+            let captured = PanicsOnDrop(Box::pin(()));
+            UnitOfWork::of(ext)?.stage(move |_| {
+                let _ = &captured;
+                Ok(())
+            })?;
+        }
         if let Some(name) = metadata.as_ref().and_then(|m| m["effect"].as_str()) {
             stage_effect(&UnitOfWork::of(ext)?, name)?;
         }
@@ -185,7 +196,7 @@ impl TestAgentServer for Agent {
     }
 }
 
-/// A stream whose `Drop` panics: an application's bug the recorder must survive.
+/// A stream (or any value) whose `Drop` panics: an application's bug the guard must survive.
 struct PanicsOnDrop<S>(std::pin::Pin<Box<S>>);
 
 impl<S: futures::Stream> futures::Stream for PanicsOnDrop<S> {

@@ -122,6 +122,23 @@ async fn an_error_from_the_body_is_cached_and_its_staged_writes_are_discarded() 
     assert_eq!(replay.body, first.body);
 }
 
+/// A failing call's staged write, discarded with its error, had captured a value whose
+/// `Drop` panics: the panic unwound through the guard, and the call went unanswered and
+/// uncached, to run again at its retry (found by helper-86).
+#[tokio::test]
+async fn a_discarded_write_whose_capture_panics_on_drop_leaves_the_error_cached() {
+    let db = Db::new();
+    let server = db.server(IdempotencyConfig::default()).await;
+    let metadata = json!({"stagePanicsOnDrop": true});
+    let body = send_with(1, "message/send", &new_id(), "fail", metadata);
+    let first = post_activated(&server.url, body.clone()).await;
+    assert_eq!(first.error_code(), -32000);
+    let replay = post_activated(&server.url, body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(server.executions(), 1);
+}
+
 #[tokio::test]
 async fn calls_that_are_not_deduplicated_commit_their_writes_on_their_own() {
     let db = Db::new();

@@ -31,7 +31,7 @@ use crate::guard::{
 };
 use crate::layers::scope::{CallId, GovernedCall, HttpScope, Outcome, Undeduplicated};
 use crate::store::{Entry, OpenStream, StoreError, StoredResponse};
-use crate::unit_of_work::{Sealed, SqlWrite, UnitOfWork};
+use crate::unit_of_work::{SqlWrite, UnitOfWork};
 use crate::wire::{response_bytes, Payload};
 
 /// What a streaming `#[idempotent]` method returns: its events, each a result or an error.
@@ -251,13 +251,17 @@ where
         }
     };
     let mut sealed = unit.as_ref().map(UnitOfWork::seal);
-    let writes = sealed.as_mut().map(Sealed::take_writes).unwrap_or_default();
     let recording = Arc::new(Recording::new());
     let first = next_frame(&mut events, &call.id, &recording, 0).await;
     // The first item already ended it (an error, a panic, or past the recording limit): the
     // outcome is that error alone, and as with a unary call's error the staged writes are
-    // discarded: no event would name what they made.
-    if let (Some(sealed), false) = (sealed, matches!(first, Next::Last(_))) {
+    // discarded (dropped with `sealed`): no event would name what they made.
+    let ended = matches!(first, Next::Last(_));
+    let writes = match (&mut sealed, ended) {
+        (Some(sealed), false) => sealed.take_writes(),
+        _ => Vec::new(),
+    };
+    if let (Some(sealed), false) = (sealed, ended) {
         ticket.after_commit(sealed);
     }
     let stored = match first {
