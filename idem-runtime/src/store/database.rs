@@ -52,7 +52,11 @@ pub enum TransactError<E> {
     /// The closure returned this error; its writes were rolled back.
     #[error("{0}")]
     Refused(E),
-    /// The store failed (closed, disk full, I/O): nothing of the closure was committed.
+    /// The store failed (closed, disk full, I/O), or, on SQLite, another write in the same
+    /// group commit rolled the whole transaction back (a `ROLLBACK` of its own, an
+    /// `INSERT OR ROLLBACK` that conflicted), after this closure ran: it runs once, so it is
+    /// not run again. Either way nothing of the closure was committed, and the caller may run
+    /// it again.
     #[error("{0}")]
     Store(StoreError),
 }
