@@ -184,12 +184,15 @@ impl Agent {
         let orders = Orders::from_metadata(metadata.as_ref())?;
         let message = shapes::parse_message(&message).map_err(errors::invalid_params)?;
         let unit = UnitOfWork::of(ext)?;
-        let push = Self::push_config(&configuration.unwrap_or_default())?;
+        let configuration = configuration.unwrap_or_default();
+        let push = Self::push_config(&configuration)?;
+        let history_length = configuration.history_length;
         let (task_id, progress) = self.missions.stream(&unit, message, orders).await?;
         if let Some(push) = &push {
             self.push.stage(&unit, &task_id, push)?;
         }
-        let events = progress.map(move |step| step.map(|step| shape.stream_event(&step)));
+        let events =
+            progress.map(move |step| step.map(|step| shape.stream_event(&step, history_length)));
         Ok(EventStream::new(events))
     }
 
@@ -202,7 +205,7 @@ impl Agent {
     ) -> RpcResult<EventStream<Value>> {
         // 0.3 streams a task that ended; 1.0 (§3.1.6) refuses it with -32004.
         let progress = self.missions.follow(id, shape == Shape::V03).await?;
-        let events = progress.map(move |step| step.map(|step| shape.stream_event(&step)));
+        let events = progress.map(move |step| step.map(|step| shape.stream_event(&step, None)));
         EventStream::live(ext, events)
     }
 

@@ -150,7 +150,9 @@ impl FrontLayer {
         let announced = announced.and_then(|n| n.to_str().ok()?.parse::<usize>().ok());
         let read = request.method() == Method::POST
             && announced.is_none_or(|bytes| bytes <= self.max_body_bytes);
-        if let Some(requested) = version::unsupported(request.headers()).filter(|_| read) {
+        if let Some(requested) =
+            version::unsupported(request.headers(), request.uri()).filter(|_| read)
+        {
             Answer::VersionNotSupported(requested)
         } else if let Some(coding) = content_coding(request.headers()) {
             Answer::Now(unsupported_coding(&coding))

@@ -61,9 +61,9 @@ impl Shape {
     }
 
     /// One event of `message/stream` (0.3) or `SendStreamingMessage` (1.0).
-    pub fn stream_event(self, progress: &Progress) -> Value {
+    pub fn stream_event(self, progress: &Progress, history_length: Option<u32>) -> Value {
         match progress {
-            Progress::Task(task) => self.send_result(task, None),
+            Progress::Task(task) => self.send_result(task, history_length),
             Progress::Status { task, last } => {
                 let mut update = json!({
                     "taskId": task.id,

@@ -1,21 +1,32 @@
 //! `A2A-Version`: which protocol versions this agent speaks. A2A: an empty or absent header is
-//! 0.3; an unsupported one gets VersionNotSupportedError (-32009).
+//! 0.3; an unsupported one gets VersionNotSupportedError (-32009). A client may name the
+//! version as a request parameter instead of the header (A2A 1.0 §3.6.1).
 
-use http::HeaderMap;
+use http::{HeaderMap, Uri};
 use serde_json::{json, Value};
 
 /// The versions this agent serves, as Major.Minor (empty: 0.3).
 const SUPPORTED: [&str; 3] = ["", "0.3", "1.0"];
 
-/// The requested version, when it is one this agent does not serve. A2A §3.6: a patch number
-/// does not affect compatibility and is not considered, so `1.0.1` is 1.0 (it was refused:
-/// helper-77).
-pub fn unsupported(headers: &HeaderMap) -> Option<String> {
-    let requested = headers.get("a2a-version")?;
-    let requested = String::from_utf8_lossy(requested.as_bytes())
-        .trim()
-        .to_owned();
+/// The requested version, when it is one this agent does not serve: the header's, or else
+/// the request parameter's (it was not read, and a send asking for 2.0 that way ran: found
+/// by helper-87). A2A §3.6: a patch number does not affect compatibility and is not
+/// considered, so `1.0.1` is 1.0 (it was refused: helper-77).
+pub fn unsupported(headers: &HeaderMap, uri: &Uri) -> Option<String> {
+    let requested = match headers.get("a2a-version") {
+        Some(header) => String::from_utf8_lossy(header.as_bytes()).trim().to_owned(),
+        None => request_parameter(uri)?,
+    };
     (!SUPPORTED.contains(&major_minor(&requested))).then_some(requested)
+}
+
+/// The `A2A-Version` parameter of the request's query, if named.
+fn request_parameter(uri: &Uri) -> Option<String> {
+    uri.query()?.split('&').find_map(|pair| {
+        let (name, value) = pair.split_once('=')?;
+        name.eq_ignore_ascii_case("a2a-version")
+            .then(|| value.trim().to_owned())
+    })
 }
 
 /// `X.Y` of `X.Y.Z`, where `Z` is a number; anything else as it is.

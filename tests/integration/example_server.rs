@@ -721,6 +721,28 @@ fn continuation(id: &str, text: &str) -> String {
     rpc("message/send", json!({"message": message}))
 }
 
+/// A stream's first Task honours `configuration.historyLength` as a send's does (A2A: the
+/// server MUST NOT return more messages than asked); both streaming methods ignored it
+/// (found by helper-87).
+#[tokio::test]
+async fn a_stream_s_first_task_honours_history_length() {
+    let server = ServerProcess::start(&[]);
+    for (method, version) in [("message/stream", "0.3"), ("SendStreamingMessage", "1.0")] {
+        let message = json!({"messageId": new_id(), "role": "ROLE_USER", "parts": [{"text": "h"}]});
+        let params = json!({"message": message, "configuration": {"historyLength": 0},
+                            "metadata": {"durationMs": 100}});
+        let headers = [("A2A-Extensions", URI), ("A2A-Version", version)];
+        let mut stream = SseReply::open(&server.url, rpc(method, params), &headers).await;
+        let first = stream.next_event().await.expect("a first event");
+        let task = match version {
+            "0.3" => &first["result"],
+            _ => &first["result"]["task"],
+        };
+        assert_eq!(task["history"], json!([]), "{method}: {first}");
+        stream.rest().await;
+    }
+}
+
 /// The texts of task `id`'s history, as `tasks/get` with `historyLength` answers it.
 async fn history_texts(url: &str, id: &str, history_length: Option<u32>) -> Vec<String> {
     let params = json!({"id": id, "historyLength": history_length});
@@ -964,6 +986,25 @@ async fn an_unsupported_a2a_version_is_refused_before_anything_runs() {
         let refused = post(&server.url, body.clone(), &headers).await;
         assert_eq!(refused.error_code(), -32009, "{other}");
     }
+    // Asked as a request parameter instead of the header (A2A 1.0 §3.6.1): the parameter was
+    // not read, and the send ran (found by helper-87).
+    let asking = |query: &str, body: String| {
+        let url = format!("{}/?{query}", server.url.trim_end_matches('/'));
+        let request = reqwest::Client::new().post(url).body(body);
+        let request = request.header("content-type", "application/json");
+        async move {
+            let answer = request.header("A2A-Extensions", URI).send().await.unwrap();
+            answer.json::<Value>().await.unwrap()
+        }
+    };
+    let asked = asking("A2A-Version=9.9", body.clone()).await;
+    assert_eq!(asked["error"]["code"], -32009, "{asked}");
+    let get = rpc("GetTask", json!({"id": "nowhere"}));
+    let served = asking("a2a-version=1.0", get).await;
+    assert_eq!(
+        served["error"]["code"], -32001,
+        "task not found: served, {served}"
+    );
     let headers = [("A2A-Extensions", URI), ("A2A-Version", "9.9")];
     let refused = post(&server.url, body.clone(), &headers).await;
     assert_eq!(refused.error_code(), -32009);
