@@ -99,10 +99,22 @@ where
                 Either::Left(ready(Ok(answer)).boxed())
             }
             Answer::VersionNotSupported(requested) => {
+                // Its body is read here, for the calls' ids: under the bound on requests in
+                // flight that the idempotency layer holds bodies to (found by helper-88).
+                let admitted = match self.front.idempotency.admit() {
+                    Ok(admitted) => admitted,
+                    Err(too_busy) => {
+                        let mut too_busy = too_busy.into_response();
+                        let idempotency = &self.front.idempotency;
+                        idempotency.echo(request.headers(), too_busy.headers_mut());
+                        return Either::Left(ready(Ok(too_busy)).boxed());
+                    }
+                };
                 let (parts, body) = request.into_parts();
                 let idempotency = self.front.idempotency.clone();
                 let limit = self.front.max_body_bytes;
                 let answered = async move {
+                    let _admitted = admitted;
                     let mut answer = version_not_supported(requested, body, limit).await;
                     idempotency.echo(&parts.headers, answer.headers_mut());
                     Ok(answer)

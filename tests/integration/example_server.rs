@@ -1602,6 +1602,13 @@ async fn more_calls_in_flight_than_jsonrpsee_default_limit_are_all_served() {
         answer.to_ascii_lowercase().contains("retry-after: 1"),
         "{answer}"
     );
+    // One the example refuses in front for its A2A-Version, whose body it reads for the ids
+    // (found by helper-88: read without the bound).
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    let versioned = head.replacen("\r\n\r\n", "\r\nA2A-Version: 9.9\r\n\r\n", 1);
+    socket.write_all(versioned.as_bytes()).await.unwrap();
+    let answer = answer_head(&mut socket).await;
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
     // A WebSocket upgrade past the limit too.
     let upgrade = "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, close\r\n\
                    Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\

@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use jsonrpsee::server::http::{content_type_is_json, response};
 use jsonrpsee::server::{HttpBody, HttpRequest, HttpResponse};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::caller::CallerPolicy;
 use crate::claim::IdempotencyCache;
@@ -73,6 +73,53 @@ impl HttpLayer {
         if activated(&self.state, request) {
             echo_activation(response);
         }
+    }
+
+    /// Admits one request under `max_requests_in_flight`, as this layer does before it reads
+    /// a body, for a layer in front of it that reads one to answer it itself: the admission
+    /// to hold until that answer, or the 429 to answer with, the body unread. Read without
+    /// it, such bodies were bounded by nothing (found by helper-88).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{Idempotency, IdempotencyConfig};
+    /// let dir = tempfile::tempdir()?;
+    /// let config = IdempotencyConfig::default().with(|c| c.max_requests_in_flight = 1);
+    /// let idem = Idempotency::open(dir.path().join("a2a.db"), config)?;
+    /// let layer = idem.http_layer();
+    /// let admitted = layer.admit().expect("a place is free");
+    /// let too_busy = layer.admit().unwrap_err().into_response();
+    /// assert_eq!(too_busy.status(), 429);
+    /// drop(admitted);
+    /// assert!(layer.admit().is_ok());
+    /// # Ok(()) }
+    /// ```
+    pub fn admit(&self) -> Result<Admission, TooBusy> {
+        admit(&self.state.requests)
+    }
+}
+
+/// A request admitted under `max_requests_in_flight` ([`HttpLayer::admit`]): dropped, its
+/// place is free.
+#[derive(Debug)]
+pub struct Admission(#[allow(dead_code)] OwnedSemaphorePermit);
+
+/// No place left under `max_requests_in_flight` ([`HttpLayer::admit`]).
+#[derive(Debug)]
+pub struct TooBusy;
+
+impl TooBusy {
+    /// The answer: HTTP 429 with `Retry-After: 1`, and a JSON-RPC error saying nothing ran.
+    pub fn into_response(self) -> HttpResponse<HttpBody> {
+        invalid_request::too_busy()
+    }
+}
+
+fn admit(requests: &Arc<Semaphore>) -> Result<Admission, TooBusy> {
+    match requests.clone().try_acquire_owned() {
+        Ok(permit) => Ok(Admission(permit)),
+        Err(_) => Err(TooBusy),
     }
 }
 
@@ -174,10 +221,10 @@ where
     }
     // Taken before the body is read, held until the answer: jsonrpsee counts a request only
     // once this layer has read its body, and bodies past its limit filled memory (helper-85).
-    let _in_flight = match recognisable(&request) {
-        true => match requests.try_acquire_owned() {
-            Ok(permit) => Some(permit),
-            Err(_) => return Ok(invalid_request::too_busy()),
+    let _admitted = match recognisable(&request) {
+        true => match admit(&requests) {
+            Ok(admitted) => Some(admitted),
+            Err(too_busy) => return Ok(too_busy.into_response()),
         },
         false => None,
     };

@@ -33,5 +33,5 @@ pub use crate::guard::sse::EVENT_STREAM;
 pub use crate::idempotency::DEFAULT_GOVERNED_METHODS;
 pub use activation::{is_activated, A2A_EXTENSIONS, X_A2A_EXTENSIONS};
 pub use agent_card::{AgentCardLayer, AgentCardService, AGENT_CARD_PATH};
-pub use http::{HttpLayer, HttpService, IDEMPOTENT_REPLAYED};
+pub use http::{Admission, HttpLayer, HttpService, TooBusy, IDEMPOTENT_REPLAYED};
 pub use rpc::{RpcLayer, RpcService};
