@@ -30,6 +30,10 @@ pub trait Careless {
     #[method(name = "tasks/cancel", with_extensions)]
     async fn cancel(&self, id: String) -> RpcResult<Replayable<Value>>;
 
+    /// `#[idempotent]` and streaming, but not among the methods the handle governs.
+    #[method(name = "tasks/resubscribe", with_extensions)]
+    async fn follow(&self, id: String) -> RpcResult<EventStream<Value>>;
+
     /// `#[idempotent]` and governed, but serving its events as `EventStream::live` does for
     /// a method outside the extension.
     #[method(name = "message/stream", with_extensions)]
@@ -72,6 +76,14 @@ impl CarelessServer for CarelessAgent {
         let _ = ext;
         self.executions.fetch_add(1, Ordering::SeqCst);
         Ok(json!({"id": id, "status": {"state": "canceled"}}).into())
+    }
+
+    #[idempotent]
+    async fn follow(&self, ext: &Extensions, id: String) -> RpcResult<EventStream<Value>> {
+        let _ = ext;
+        self.executions.fetch_add(1, Ordering::SeqCst);
+        let events = futures::stream::iter([Ok(json!({"kind": "task", "id": id}))]);
+        Ok(EventStream::new(events))
     }
 
     #[idempotent]
@@ -232,21 +244,25 @@ async fn in_a_batch_only_the_unguarded_answers_are_replaced_the_rest_kept_byte_f
 async fn an_attributed_method_that_is_not_governed_says_so() {
     let db = Db::new();
     let server = careless_server(&db).await;
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tasks/cancel","params":{"id":"t-1"}}"#;
-    let reply = post_activated(&server.url, body.to_owned()).await;
-    assert_eq!(reply.data_code(), "IDEMPOTENCY_LAYER_MISSING");
-    let reason = reply.json()["error"]["data"]["reason"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert!(reason.contains("not governed"), "{reason}");
-    assert!(reason.contains("IdempotencyBuilder::govern"), "{reason}");
-    // Over WebSocket too, where it was told the layers were not installed (helper-82).
-    let answer = websocket_call(&server.url, body).await;
-    let reason = answer["error"]["data"]["reason"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(reason.contains("not governed"), "{answer}");
+    for method in ["tasks/cancel", "tasks/resubscribe"] {
+        let body =
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{{"id":"t-1"}}}}"#);
+        let reply = post_activated(&server.url, body.clone()).await;
+        assert_eq!(reply.data_code(), "IDEMPOTENCY_LAYER_MISSING");
+        let reason = reply.json()["error"]["data"]["reason"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(reason.contains("not governed"), "{method}: {reason}");
+        assert!(reason.contains("IdempotencyBuilder::govern"), "{reason}");
+        // Over WebSocket too, where it was told the layers were not installed (helper-82; a
+        // streaming method still was: helper-88).
+        let answer = websocket_call(&server.url, &body).await;
+        let reason = answer["error"]["data"]["reason"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(reason.contains("not governed"), "{method}: {answer}");
+    }
     assert_eq!(server.executions(), 0);
 }
 

@@ -130,6 +130,11 @@ impl<T: Serialize + Send + 'static> Guarded for Result<EventStream<T>, ErrorObje
     where
         F: Future<Output = Self> + Send,
     {
+        if ctx.governed.is_none() && ctx.undeduplicated.is_none() {
+            // Before the scope: over WebSocket there is none, and the method was told the
+            // layers were missing where it is not governed (found by helper-88).
+            return Err(layer_missing(ctx.ungoverned));
+        }
         let Some(scope) = ctx.scope.clone() else {
             return Err(layer_missing(false));
         };
