@@ -207,12 +207,17 @@ impl Drop for Sealed {
             std::mem::take(&mut self.writes),
             std::mem::take(&mut self.hooks),
         );
-        if left.0.is_empty() && left.1.is_empty() {
-            return;
+        if !left.0.is_empty() || !left.1.is_empty() {
+            drop_caught(left, "a staged write or after_commit hook");
         }
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(left))).is_err() {
-            tracing::error!("a staged write or after_commit hook panicked as it was dropped");
-        }
+    }
+}
+
+/// Drops `value`, an application's, on a call's task: a panic in its `Drop` is logged as
+/// `what`'s, instead of unwinding through the guard.
+pub(crate) fn drop_caught<T>(value: T, what: &str) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(value))).is_err() {
+        tracing::error!("{what} panicked as it was dropped");
     }
 }
 

@@ -333,9 +333,7 @@ async fn store_whole(
 /// and the events it gave stand; unwinding through the recorder, it left the readers
 /// waiting, and the finished stream was stored as interrupted.
 fn drop_caught<T>(events: Events<T>) {
-    if std::panic::catch_unwind(AssertUnwindSafe(move || drop(events))).is_err() {
-        tracing::error!("an #[idempotent] method's event stream panicked as it was dropped");
-    }
+    crate::unit_of_work::drop_caught(events, "an #[idempotent] method's event stream");
 }
 
 /// Ends a recording whose recorder unwinds: the error that says it panicked, then the end.

@@ -34,8 +34,14 @@ pub(super) async fn apply_writes(
     tx: &deadpool_postgres::Transaction<'_>,
     writes: Vec<SqlWrite>,
 ) -> Result<(), StoreError> {
-    for write in writes {
-        write.run_postgres(tx).await.map_err(StoreError::Write)?;
+    let mut writes = writes.into_iter();
+    while let Some(write) = writes.next() {
+        if let Err(error) = write.run_postgres(tx).await {
+            // The writes not run are dropped on the call's task: a captured value whose
+            // `Drop` panics must not unwind through the guard (found by helper-88).
+            crate::unit_of_work::drop_caught(writes, "a staged write");
+            return Err(StoreError::Write(error));
+        }
     }
     Ok(())
 }

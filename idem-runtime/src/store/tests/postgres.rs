@@ -90,6 +90,31 @@ async fn a_waiter_on_another_replica_wakes_when_the_execution_stores_its_entry()
     assert_eq!(entry.response.body, b"done");
 }
 
+/// The writes after one that failed are dropped on the call's task: a value one captured
+/// whose `Drop` panics unwound through the guard, and the call went unanswered (found by
+/// helper-88). The call fails as its write did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_left_after_a_failing_one_are_dropped_without_unwinding() {
+    let Some(fx) = fixture().await else { return };
+    let store = fx.store(&config(86_400, 100)).await;
+    fx.create_effects(&store).await;
+    struct PanicsOnDrop;
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("a bug in a value a staged write captured")
+        }
+    }
+    let captured = PanicsOnDrop;
+    let after = crate::store::SqlWrite::postgres(move |_| {
+        let _ = &captured;
+        Box::pin(async { Ok(()) })
+    });
+    let writes = vec![fx.effect("a"), fx.effect("a"), after];
+    let applied = tokio::spawn(async move { store.apply(writes).await }).await;
+    let refused = applied.expect("no panic unwinds into the caller");
+    assert!(matches!(refused, Err(StoreError::Write(_))), "{refused:?}");
+}
+
 /// `in_flight_wait = Duration::MAX`, "as long as the original runs": the wait for another
 /// replica's call added the session's bounds to it, overflowed, and panicked (helper-85).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
