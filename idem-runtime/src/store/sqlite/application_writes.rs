@@ -21,8 +21,12 @@ pub(super) const ROLLBACK_TO: &str = "ROLLBACK TO idem_writer_job";
 const SAVEPOINT_NAME: &str = "idem_writer_job";
 
 /// `PRAGMA`s that take a value and change nothing that outlasts the transaction: the
-/// schema's reads, and the two header fields a rollback restores.
+/// schema's reads, the two header fields a rollback restores, `defer_foreign_keys` (reset at
+/// the transaction's end) and `foreign_keys` (a no-op inside one; both in SQLite's own recipe
+/// for rebuilding a table).
 const PRAGMAS_WITH_A_VALUE: &[&str] = &[
+    "defer_foreign_keys",
+    "foreign_keys",
     "table_info",
     "table_xinfo",
     "table_list",

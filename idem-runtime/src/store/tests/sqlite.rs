@@ -1717,7 +1717,7 @@ async fn a_write_cannot_change_the_writer_s_settings_for_later_calls() {
         "PRAGMA query_only = ON",
         "PRAGMA busy_timeout = 0",
         "PRAGMA locking_mode = EXCLUSIVE",
-        "PRAGMA foreign_keys = ON",
+        "PRAGMA recursive_triggers = ON",
         "ATTACH DATABASE ':memory:' AS other",
     ];
     for sql in lasting {
@@ -1728,7 +1728,7 @@ async fn a_write_cannot_change_the_writer_s_settings_for_later_calls() {
     }
     assert_eq!(fx.effects().await.len(), lasting.len());
     let reads = SqlWrite::rerunnable(|db| {
-        db.execute_batch("PRAGMA user_version = 7")?;
+        db.execute_batch("PRAGMA user_version = 7; PRAGMA defer_foreign_keys = ON")?;
         let columns: i64 = db.query_row(
             "SELECT COUNT(*) FROM pragma_table_info('effects')",
             [],
