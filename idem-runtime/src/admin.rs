@@ -449,6 +449,14 @@ fn open_sqlite(path: &Path) -> Result<Connection, StoreError> {
         ));
     }
     file_lock::refuse_hard_links(path)?;
+    if file_lock::served_unseen(path)? {
+        return Err(refused(
+            "a process serves this file, but no lock file beside this name says so: the file \
+             was renamed while served, or its lock file deleted, and this tool could neither \
+             read that process's log nor wait for it to forget a purged key: give the name it \
+             serves, or stop it first",
+        ));
+    }
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;

@@ -521,6 +521,38 @@ async fn the_admin_tool_reads_and_purges_a_database_while_it_is_served() {
 
 /// A stream being recorded has no entry yet: a purge of its key says so, and what the stream
 /// holds so far, instead of "nothing is stored" beside a `show` that lists it.
+/// A process serves the file although no lock file beside the name given says so: its lock
+/// file was deleted, or the file renamed while served. The tool answered "purged" at once
+/// while the server still replayed the key, or, on the new name, wrote its purge into a log
+/// of its own (found by helper-89). It refuses, saying why, and the server's entry stands.
+#[tokio::test]
+async fn the_admin_tool_refuses_a_file_served_where_no_lock_file_says_so() {
+    let server = ServerProcess::start(&[]);
+    let db = server.db().to_path_buf();
+    let key = new_id();
+    let answered = post_activated(&server.url, send_body(&key, "kept")).await;
+    let lock = std::fs::canonicalize(&db).unwrap().display().to_string() + ".lock";
+    std::fs::remove_file(&lock).unwrap();
+    let moved = db.with_file_name("moved.db");
+    for (name, renamed) in [(&db, false), (&moved, true)] {
+        if renamed {
+            std::fs::rename(&db, &moved).unwrap();
+        }
+        let name = name.display().to_string();
+        let purge = admin(&["--db", &name, "purge", &key, "--yes"], &[]);
+        assert_eq!(purge.status.code(), Some(2), "{purge:?}");
+        let stderr = String::from_utf8_lossy(&purge.stderr);
+        assert!(
+            stderr.contains("renamed while served, or its lock file deleted"),
+            "{stderr}"
+        );
+    }
+    std::fs::rename(&moved, &db).unwrap();
+    let again = post_activated(&server.url, send_body(&key, "kept")).await;
+    assert!(again.replayed(), "{}", again.describe());
+    assert_eq!(again.body, answered.body);
+}
+
 #[tokio::test]
 async fn a_purge_of_a_key_whose_stream_is_being_recorded_says_so() {
     let server = ServerProcess::start(&[]);

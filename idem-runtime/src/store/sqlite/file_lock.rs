@@ -66,24 +66,12 @@ impl ServingLock {
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         let mut file = options.open(&path).map_err(|e| naming(&path, e))?;
-        // The admin's probe (`holder`) holds a shared lock for an instant: not a server.
-        let mut attempts = PROBE_RETRIES;
-        loop {
-            match file.try_lock() {
-                Ok(()) => break,
-                Err(TryLockError::WouldBlock) if attempts > 0 => {
-                    attempts -= 1;
-                    std::thread::sleep(PROBE_RETRY_AFTER);
-                }
-                Err(TryLockError::WouldBlock) => {
-                    return Err(StoreError::InUse {
-                        path: database.to_path_buf(),
-                        lock: path,
-                        pid: read_pid(&mut file)?,
-                    })
-                }
-                Err(TryLockError::Error(e)) => return Err(e.into()),
-            }
+        if !locked_past_probes(&file)? {
+            return Err(StoreError::InUse {
+                path: database.to_path_buf(),
+                lock: path,
+                pid: read_pid(&mut file)?,
+            });
         }
         let database = lock_database(database)?;
         file.set_len(0)?;
@@ -111,14 +99,31 @@ fn lock_database(database: &Path) -> Result<Option<DatabaseLock>, StoreError> {
         return Err(elsewhere());
     }
     let file = File::open(database)?;
-    match file.try_lock() {
-        Ok(()) => {
+    match locked_past_probes(&file)? {
+        true => {
             served.push(id);
             Ok(Some(DatabaseLock { _file: file, id }))
         }
         // Another process's: this one holds no lock on the file that closing could drop.
-        Err(TryLockError::WouldBlock) => Err(elsewhere()),
-        Err(TryLockError::Error(e)) => Err(e.into()),
+        false => Err(elsewhere()),
+    }
+}
+
+/// Takes `file`'s exclusive lock; `false` where another process holds it. The admin's probes
+/// (`holder`, `served_unseen`) hold a shared one for an instant: not a server, so it is
+/// tried again.
+fn locked_past_probes(file: &File) -> std::io::Result<bool> {
+    let mut attempts = PROBE_RETRIES;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(true),
+            Err(TryLockError::WouldBlock) if attempts > 0 => {
+                attempts -= 1;
+                std::thread::sleep(PROBE_RETRY_AFTER);
+            }
+            Err(TryLockError::WouldBlock) => return Ok(false),
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
     }
 }
 
@@ -145,6 +150,34 @@ pub(crate) fn holder(database: &Path) -> std::io::Result<Option<String>> {
         Err(TryLockError::WouldBlock) => read_pid(&mut file).map(Some),
         Err(TryLockError::Error(e)) => Err(e),
     }
+}
+
+/// Whether a process serves `database` although no lock file beside that name says so: the
+/// file was renamed while served (the lock file beside its new name is none, or another's),
+/// or its lock file was deleted. The admin tool then cannot see that process's log, nor wait
+/// for it to forget a purged key: it answered "purged" while the server still replayed the
+/// key (found by helper-89). Asked only before this process opens the file: closing the
+/// probe's descriptor drops the process's `fcntl` locks on it, SQLite's included.
+#[cfg(unix)]
+pub(crate) fn served_unseen(database: &Path) -> std::io::Result<bool> {
+    if holder(database)?.is_some() {
+        return Ok(false);
+    }
+    let file = match File::open(database) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    match file.try_lock_shared() {
+        Ok(()) => Ok(false),
+        Err(TryLockError::WouldBlock) => Ok(true),
+        Err(TryLockError::Error(e)) => Err(e),
+    }
+}
+
+#[cfg(not(unix))]
+pub(crate) fn served_unseen(_database: &Path) -> std::io::Result<bool> {
+    Ok(false)
 }
 
 fn read_pid(file: &mut File) -> std::io::Result<String> {
