@@ -107,7 +107,16 @@ pub(super) fn create_private_file(path: &Path) -> std::io::Result<()> {
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     match options.open(path) {
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match std::fs::metadata(path) {
+            // A symlink to no file: `create_new` does not follow it, and the open failed
+            // later with "No such file or directory" alone (found by helper-89).
+            Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => {
+                let reason = "a symlink to a file that does not exist: create that file, or \
+                              give its own path";
+                Err(naming(path, std::io::Error::new(missing.kind(), reason)))
+            }
+            _ => Ok(()),
+        },
         Err(e) => Err(naming(path, e)),
     }
 }

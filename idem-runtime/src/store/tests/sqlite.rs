@@ -1740,3 +1740,21 @@ async fn a_write_cannot_change_the_writer_s_settings_for_later_calls() {
     });
     store.apply(vec![reads]).await.unwrap();
 }
+
+/// A symlink to no file is named as such, where the open failed with "No such file or
+/// directory" alone (found by helper-89).
+#[test]
+fn a_symlink_to_no_file_is_refused_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("link.db");
+    std::os::unix::fs::symlink(dir.path().join("missing.db"), &link).unwrap();
+    let refused = SqliteStore::open(&link, &config(86_400, 100))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        refused.contains("a symlink to a file that does not exist"),
+        "{refused}"
+    );
+    assert!(refused.contains("link.db"), "{refused}");
+}
