@@ -47,7 +47,8 @@ pub struct IdempotencyConfig {
     /// `true` (spec-conformant): governed calls that do not activate the extension are refused
     /// with -32008. `false`: they run undeduplicated and carry no extension headers.
     pub required: bool,
-    /// How long a duplicate waits for the in-flight original before it gets 409.
+    /// How long a duplicate waits for the in-flight original before it gets 409: in all,
+    /// counted from its arrival, whichever call holds the key meanwhile.
     pub in_flight_wait: Duration,
     /// How strictly message ids are checked.
     pub message_id_policy: MessageIdPolicy,

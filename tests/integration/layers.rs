@@ -428,6 +428,52 @@ async fn waiting_past_the_bound_is_409_then_the_replay_arrives() {
     assert_eq!(server.executions(), 1);
 }
 
+/// The bound holds for the whole wait. An original that gave up without an outcome (its
+/// staged write failed) woke its two waiters; one took the key and ran, and the other waited
+/// a whole bound again, then ran in turn (helper-80, helper-84). It now gets its 409 once the
+/// bound counted from its arrival has passed.
+#[tokio::test]
+async fn the_wait_bound_counts_from_arrival_across_a_released_original() {
+    let db = Db::new();
+    let wait = Duration::from_millis(2000);
+    let server = db.server(config().with(|c| c.in_flight_wait = wait)).await;
+    let database = server.idem.database().unwrap();
+    let taken = "INSERT INTO effects (name) VALUES ('taken')";
+    database
+        .transact(move |db| db.execute(taken, []))
+        .await
+        .unwrap();
+    // Each execution runs 1.5 s, then its staged write fails: nothing stored, the key released.
+    let body = send_with(
+        1,
+        "message/send",
+        &new_id(),
+        "x",
+        json!({"delayMs": 1500, "effect": "taken"}),
+    );
+    let send = |body: String| {
+        let url = server.url.clone();
+        tokio::spawn(async move { post_activated(&url, body).await })
+    };
+    let first = send(body.clone());
+    server.wait_for_executions(1).await;
+    let duplicates = [send(body.clone()), send(body.clone())];
+    assert_eq!(first.await.unwrap().data_code(), "IDEMPOTENCY_WRITE_FAILED");
+    let mut codes = Vec::new();
+    for duplicate in duplicates {
+        codes.push(duplicate.await.unwrap().data_code());
+    }
+    codes.sort();
+    assert_eq!(
+        codes,
+        [
+            "IDEMPOTENCY_REQUEST_IN_PROGRESS",
+            "IDEMPOTENCY_WRITE_FAILED"
+        ]
+    );
+    assert_eq!(server.executions(), 2);
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_with_a_clear_error_and_never_executed() {
     let db = Db::new();

@@ -174,6 +174,9 @@ pub(crate) enum Decision {
 /// Claims the call's key and decides. A same-hash duplicate of a running call waits for it
 /// without polling; with `attach`, it stops waiting as soon as the call shares live progress.
 pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
+    // One bound for the whole wait: a wake by an original that gave up without an outcome,
+    // then another found running, did not start it again (helper-80, helper-84).
+    let deadline = Instant::now().checked_add(call.in_flight_wait);
     loop {
         let started = Instant::now();
         let claim = call.cache.claim(&call.key, &call.method, &call.hash).await;
@@ -188,7 +191,10 @@ pub(crate) async fn decide(call: &GovernedCall, attach: bool) -> Decision {
             return Decision::Refuse(collision);
         }
         let started = Instant::now();
-        let waited = flight.wait(call.in_flight_wait, attach).await;
+        let left = deadline.map_or(call.in_flight_wait, |d| {
+            d.saturating_duration_since(started)
+        });
+        let waited = flight.wait(left, attach).await;
         telemetry::waited(&call.method, waited.label(), started.elapsed());
         match waited {
             Waited::Done(entry) => return replay_or_collide(call, entry),
