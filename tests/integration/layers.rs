@@ -474,6 +474,45 @@ async fn the_wait_bound_counts_from_arrival_across_a_released_original() {
     assert_eq!(server.executions(), 2);
 }
 
+/// A call whose client hung up runs to its end, its body held, and it keeps its place under
+/// `max_requests_in_flight` as long: the place went with the answer, and the bound on what
+/// bodies take in memory was twice what the README says (helper-88).
+#[tokio::test]
+async fn a_call_whose_client_left_keeps_its_place_until_it_ends() {
+    let db = Db::new();
+    let server = db
+        .server(config().with(|c| c.max_requests_in_flight = 1))
+        .await;
+    let slow = send_with(1, "message/send", &new_id(), "x", json!({"delayMs": 1500}));
+    let request = format!(
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         A2A-Extensions: {URI}\r\nContent-Length: {}\r\n\r\n{slow}",
+        slow.len()
+    );
+    let address = server
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let mut left = tokio::net::TcpStream::connect(address).await.unwrap();
+    left.write_all(request.as_bytes()).await.unwrap();
+    server.wait_for_executions(1).await;
+    drop(left);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let other = send_with(1, "message/send", &new_id(), "y", json!({}));
+    let refused = post_activated(&server.url, other.clone()).await;
+    assert_eq!(refused.status, 429, "{}", refused.describe());
+    // Once the call has ended, its place is free again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while post_activated(&server.url, other.clone()).await.status == 429 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the place never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(server.executions(), 2);
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_with_a_clear_error_and_never_executed() {
     let db = Db::new();

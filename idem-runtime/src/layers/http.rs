@@ -219,9 +219,10 @@ where
         };
         return Ok(too_large(body, 0, limit).await);
     }
-    // Taken before the body is read, held until the answer: jsonrpsee counts a request only
-    // once this layer has read its body, and bodies past its limit filled memory (helper-85).
-    let _admitted = match recognisable(&request) {
+    // Taken before the body is read, held until the call has answered: jsonrpsee counts a
+    // request only once this layer has read its body, and bodies past its limit filled
+    // memory (helper-85).
+    let admitted = match recognisable(&request) {
         true => match admit(&requests) {
             Ok(admitted) => Some(admitted),
             Err(too_busy) => return Ok(too_busy.into_response()),
@@ -250,8 +251,14 @@ where
     let _answering = Answering(scope.clone());
     request.extensions_mut().insert(scope.clone());
     // In a task of its own: a client that hangs up must not cut a governed call off
-    // mid-execution (its retry would run it again); the call runs to its end, stored.
-    let mut response = tokio::spawn(inner.call(request)).await??;
+    // mid-execution (its retry would run it again); the call runs to its end, stored, and
+    // holds its place under the bound as long (it holds its body as long: helper-88).
+    let call = inner.call(request);
+    let call = async move {
+        let _admitted = admitted;
+        call.await
+    };
+    let mut response = tokio::spawn(call).await??;
     if let Some(body) = body {
         response = invalid_request::corrected(&body, response, &scope).await;
     }
