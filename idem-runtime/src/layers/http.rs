@@ -219,18 +219,15 @@ where
         };
         return Ok(too_large(body, 0, limit).await);
     }
-    // Taken before the body is read, held until the call has answered: jsonrpsee counts a
-    // request only once this layer has read its body, and bodies past its limit filled
-    // memory (helper-85).
-    let admitted = match recognisable(&request) {
-        true => match admit(&requests) {
-            Ok(admitted) => Some(admitted),
-            Err(too_busy) => return Ok(too_busy.into_response()),
-        },
-        false => None,
-    };
-    let (mut request, mut body, mut sent) = (request, None, None);
+    let (mut request, mut body, mut sent, mut admitted) = (request, None, None, None);
     if recognisable(&request) {
+        // Taken before the body is read, held until the call has answered: jsonrpsee counts
+        // a request only once this layer has read its body, and bodies past its limit filled
+        // memory (helper-85).
+        match admit(&requests) {
+            Ok(admission) => admitted = Some(admission),
+            Err(too_busy) => return Ok(too_busy.into_response()),
+        }
         let (parts, bytes) = match read_body(request, limit).await {
             Ok(read) => read,
             Err(response) => return Ok(response),
