@@ -171,7 +171,20 @@ fn respond(
 /// `response`, or where it is jsonrpsee's plain-text refusal of a request it did not read,
 /// that refusal as JSON-RPC.
 pub(crate) fn refusal_as_json_rpc(response: HttpResponse) -> HttpResponse {
-    let (error, reason, header) = match response.status() {
+    let plain_text = |response: &HttpResponse| {
+        let content_type = response.headers().get(CONTENT_TYPE);
+        content_type.is_some_and(|value| value.as_bytes().starts_with(b"text/plain"))
+    };
+    match refusal(response.status()) {
+        Some(refusal) if plain_text(&response) => refusal,
+        _ => response,
+    }
+}
+
+/// jsonrpsee's refusal with `status` of a request it did not read, as JSON-RPC; `None` for
+/// another status.
+fn refusal(status: StatusCode) -> Option<HttpResponse> {
+    let (error, reason, header) = match status {
         StatusCode::METHOD_NOT_ALLOWED => (
             INVALID,
             "JSON-RPC requests are sent with POST",
@@ -182,35 +195,27 @@ pub(crate) fn refusal_as_json_rpc(response: HttpResponse) -> HttpResponse {
             "JSON-RPC requests are sent with Content-Type: application/json",
             None,
         ),
-        StatusCode::TOO_MANY_REQUESTS => (INTERNAL, BUSY, Some((RETRY_AFTER, "1"))),
-        _ => return response,
+        StatusCode::TOO_MANY_REQUESTS => (
+            INTERNAL,
+            "the server is serving as many requests as it may at once; nothing of this one \
+             ran: send it again later",
+            Some((RETRY_AFTER, "1")),
+        ),
+        _ => return None,
     };
-    let plain_text = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"text/plain"));
-    if !plain_text {
-        return response;
-    }
-    let mut refusal = refused(response.status(), error, reason.to_owned());
+    let mut refusal = refused(status, error, reason.to_owned());
     if let Some((name, value)) = header {
         refusal
             .headers_mut()
             .insert(name, HeaderValue::from_static(value));
     }
-    refusal
+    Some(refusal)
 }
-
-const BUSY: &str = "the server is serving as many requests as it may at once; nothing of \
-                    this one ran: send it again later";
 
 /// The answer to a request past the requests in flight the HTTP layer takes, as jsonrpsee's
 /// own past its limit, as JSON-RPC: HTTP 429 with `Retry-After: 1`; its body is never read.
 pub(crate) fn too_busy() -> HttpResponse {
-    let mut refusal = refused(StatusCode::TOO_MANY_REQUESTS, INTERNAL, BUSY.to_owned());
-    let retry = HeaderValue::from_static("1");
-    refusal.headers_mut().insert(RETRY_AFTER, retry);
-    refusal
+    refusal(StatusCode::TOO_MANY_REQUESTS).expect("jsonrpsee's 429 is among its refusals")
 }
 
 /// The answer to a body that is not UTF-8, so not JSON: -32700, HTTP 400.
