@@ -78,10 +78,13 @@ impl Ticket {
         self.request_hash = hash.clone();
     }
 
-    /// `sealed`'s hooks run once the writes of this call's next commit (its entry, or its
-    /// stream's start) are durable; never if they are not.
-    pub(crate) fn after_commit(&mut self, sealed: Sealed) {
+    /// The writes of `sealed`, the call's unit of work, for this call's next commit (its
+    /// entry, or its stream's start); its hooks run once those are durable, never if they
+    /// are not.
+    pub(crate) fn commits(&mut self, mut sealed: Sealed) -> Vec<SqlWrite> {
+        let writes = sealed.take_writes();
         *self.hooks() = Some(sealed);
+        writes
     }
 
     fn hooks(&mut self) -> &mut Option<Sealed> {

@@ -260,14 +260,10 @@ pub(crate) async fn store_json(
         headers: vec![("content-type".into(), JSON.into())],
         body,
     };
-    let writes = match unit.map(UnitOfWork::seal).filter(|_| payload.is_ok()) {
-        Some(mut sealed) => {
-            let writes = sealed.take_writes();
-            ticket.after_commit(sealed);
-            writes
-        }
-        None => Vec::new(),
-    };
+    let sealed = unit.map(UnitOfWork::seal).filter(|_| payload.is_ok());
+    let writes = sealed
+        .map(|sealed| ticket.commits(sealed))
+        .unwrap_or_default();
     let completed = ticket.complete_with(response, writes);
     let completed = telemetry::committed(&call.method, completed).await;
     match completed {

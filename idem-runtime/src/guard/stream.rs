@@ -255,20 +255,16 @@ where
             return Err(stored.err().unwrap_or_else(consumed));
         }
     };
-    let mut sealed = unit.as_ref().map(UnitOfWork::seal);
+    let sealed = unit.as_ref().map(UnitOfWork::seal);
     let recording = Arc::new(Recording::new());
     let first = next_frame(&mut events, &call.id, &recording, 0).await;
     // The first item already ended it (an error, a panic, or past the recording limit): the
     // outcome is that error alone, and as with a unary call's error the staged writes are
     // discarded (dropped with `sealed`): no event would name what they made.
-    let ended = matches!(first, Next::Last(_));
-    let writes = match (&mut sealed, ended) {
-        (Some(sealed), false) => sealed.take_writes(),
-        _ => Vec::new(),
-    };
-    if let (Some(sealed), false) = (sealed, ended) {
-        ticket.after_commit(sealed);
-    }
+    let sealed = sealed.filter(|_| !matches!(first, Next::Last(_)));
+    let writes = sealed
+        .map(|sealed| ticket.commits(sealed))
+        .unwrap_or_default();
     let stored = match first {
         Next::Event(first) => open(call, ticket, events, first, writes, &recording).await,
         Next::Last(last) => {

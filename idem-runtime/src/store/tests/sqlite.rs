@@ -1211,7 +1211,7 @@ async fn a_write_the_disk_does_not_answer_fails_in_time_and_holds_its_key_until_
         let ticket = won(&cache, &key(n), "message/send", &hash).await;
         let (disk, held) = held_write(n, lands);
         let (mut ticket, hooks_ran) = (ticket, Arc::new(AtomicUsize::new(0)));
-        ticket.after_commit(counted_hook(cache.store(), &hooks_ran));
+        let _no_writes = ticket.commits(counted_hook(cache.store(), &hooks_ran));
         let started = std::time::Instant::now();
         let failed = ticket.complete_with(response("landed"), vec![held]).await;
         assert_unanswered(failed, started);
@@ -1238,7 +1238,7 @@ async fn a_stream_start_the_disk_does_not_answer_is_never_run_again() {
     let mut ticket = won(&cache, &key(1), "message/stream", &hash).await;
     let (disk, held) = held_write(1, true);
     let hooks_ran = Arc::new(AtomicUsize::new(0));
-    ticket.after_commit(counted_hook(cache.store(), &hooks_ran));
+    let _no_writes = ticket.commits(counted_hook(cache.store(), &hooks_ran));
     let first = bytes_of("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":0}\n\n");
     let started = std::time::Instant::now();
     assert_unanswered(
