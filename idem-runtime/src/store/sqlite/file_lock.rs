@@ -138,16 +138,25 @@ const PROBE_RETRIES: u32 = 3;
 const PROBE_RETRY_AFTER: Duration = Duration::from_millis(10);
 
 /// The process serving `database` right now, as it wrote itself in the lock file; `None`
-/// when none does. Takes, and drops at once, a shared lock that no server holds.
+/// when none does.
 pub(crate) fn holder(database: &Path) -> std::io::Result<Option<String>> {
-    let mut file = match File::open(lock_path(database)) {
+    match locked_elsewhere(&lock_path(database))? {
+        Some(mut file) => read_pid(&mut file).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// `path`, opened, where another process holds its lock; `None` where none does, or no such
+/// file exists. Takes, and drops at once, a shared lock that no server holds.
+fn locked_elsewhere(path: &Path) -> std::io::Result<Option<File>> {
+    let file = match File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
     match file.try_lock_shared() {
         Ok(()) => Ok(None),
-        Err(TryLockError::WouldBlock) => read_pid(&mut file).map(Some),
+        Err(TryLockError::WouldBlock) => Ok(Some(file)),
         Err(TryLockError::Error(e)) => Err(e),
     }
 }
@@ -160,19 +169,7 @@ pub(crate) fn holder(database: &Path) -> std::io::Result<Option<String>> {
 /// probe's descriptor drops the process's `fcntl` locks on it, SQLite's included.
 #[cfg(unix)]
 pub(crate) fn served_unseen(database: &Path) -> std::io::Result<bool> {
-    if holder(database)?.is_some() {
-        return Ok(false);
-    }
-    let file = match File::open(database) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    match file.try_lock_shared() {
-        Ok(()) => Ok(false),
-        Err(TryLockError::WouldBlock) => Ok(true),
-        Err(TryLockError::Error(e)) => Err(e),
-    }
+    Ok(holder(database)?.is_none() && locked_elsewhere(database)?.is_some())
 }
 
 #[cfg(not(unix))]
