@@ -128,6 +128,15 @@ pub trait A2a {
     /// A2A 1.0: deletes a webhook of a task.
     #[method(name = "DeleteTaskPushNotificationConfig")]
     async fn delete_push_config(&self, task_id: String, id: String) -> RpcResult<Value>;
+
+    /// A2A 0.3 `agent/getAuthenticatedExtendedCard`: this agent has no extended card (its card
+    /// says `supportsAuthenticatedExtendedCard: false`), so the answer is -32007, not -32601.
+    #[method(name = "agent/getAuthenticatedExtendedCard")]
+    async fn get_authenticated_extended_card(&self) -> RpcResult<Value>;
+
+    /// A2A 1.0 `GetExtendedAgentCard`: the same, for 1.0's `capabilities.extendedAgentCard`.
+    #[method(name = "GetExtendedAgentCard")]
+    async fn get_extended_agent_card(&self) -> RpcResult<Value>;
 }
 
 /// The agent: the RPC methods over the missions and the tasks' webhooks.
@@ -340,5 +349,13 @@ impl A2aServer for Agent {
 
     async fn delete_push_config(&self, task_id: String, id: String) -> RpcResult<Value> {
         self.push.delete(Spelling::V10, task_id, id).await
+    }
+
+    async fn get_authenticated_extended_card(&self) -> RpcResult<Value> {
+        Err(errors::extended_card_not_configured())
+    }
+
+    async fn get_extended_agent_card(&self) -> RpcResult<Value> {
+        Err(errors::extended_card_not_configured())
     }
 }

@@ -16,6 +16,7 @@ pub fn agent_card(url: &str, extensions: Vec<Value>) -> Value {
         "description": "Assigns missions that echo their text, deduplicated by the idempotency/v1 extension.",
         "url": url,
         "preferredTransport": "JSONRPC",
+        "supportsAuthenticatedExtendedCard": false,
         "supportedInterfaces": [
             { "url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0" },
             { "url": url, "protocolBinding": "JSONRPC", "protocolVersion": "0.3" },
@@ -24,6 +25,7 @@ pub fn agent_card(url: &str, extensions: Vec<Value>) -> Value {
         "capabilities": {
             "streaming": true,
             "pushNotifications": true,
+            "extendedAgentCard": false,
             "extensions": extensions,
         },
         "defaultInputModes": ["text/plain"],

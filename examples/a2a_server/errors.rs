@@ -65,6 +65,18 @@ pub fn content_type_not_supported(index: usize, kind: &str) -> ErrorObjectOwned 
     )
 }
 
+/// -32007 ExtendedAgentCardNotConfiguredError (0.3: AuthenticatedExtendedCardNotConfigured):
+/// the one card this agent has is the public one.
+pub fn extended_card_not_configured() -> ErrorObjectOwned {
+    ErrorObjectOwned::owned(
+        -32007,
+        "Extended agent card not configured",
+        Some(
+            json!({ "reason": "this agent serves its public card only, at /.well-known/agent-card.json" }),
+        ),
+    )
+}
+
 /// -32000: an application-level failure of the mission itself. It is cached like a success,
 /// so a retry with the same messageId gets the same failure (idempotency/v1 §7.5).
 pub fn mission_failed(reason: &str) -> ErrorObjectOwned {

@@ -1154,6 +1154,8 @@ async fn the_agent_card_has_both_versions_fields_and_the_effective_config() {
     assert_eq!(card["url"], url);
     assert_eq!(card["preferredTransport"], "JSONRPC");
     assert_eq!(card["capabilities"]["streaming"], true);
+    assert_eq!(card["supportsAuthenticatedExtendedCard"], false, "{card}");
+    assert_eq!(card["capabilities"]["extendedAgentCard"], false, "{card}");
     let interface =
         |version| json!({"url": url, "protocolBinding": "JSONRPC", "protocolVersion": version});
     let interfaces = card["supportedInterfaces"]
@@ -1165,6 +1167,20 @@ async fn the_agent_card_has_both_versions_fields_and_the_effective_config() {
     assert_eq!(entry["required"], true);
     assert_eq!(entry["params"]["ttl_seconds"], 7);
     assert_eq!(entry["params"]["max_cache_entries"], 50);
+}
+
+/// The card says there is no extended card, and asking for one anyway gets A2A's -32007 in
+/// both spellings, with or without params, not jsonrpsee's -32601.
+#[tokio::test]
+async fn the_extended_card_is_not_configured_in_either_version() {
+    let server = ServerProcess::start(&[]);
+    for method in ["agent/getAuthenticatedExtendedCard", "GetExtendedAgentCard"] {
+        for params in [json!({}), json!([])] {
+            let reply = call(&server.url, method, params).await;
+            assert_eq!(reply.status, 200, "{method}");
+            assert_eq!(reply.error_code(), -32007, "{method}: {}", reply.json());
+        }
+    }
 }
 
 /// Behind a proxy, or bound to a wildcard address, the card names where clients reach the
