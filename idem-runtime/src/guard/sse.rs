@@ -29,10 +29,9 @@ pub(crate) fn frame(json: &[u8]) -> Bytes {
     out.into()
 }
 
-/// Splits a recorded body back into events. Compact JSON holds no raw newline, so the blank
-/// line that ends each event cannot occur inside one.
-pub(crate) fn split(body: &[u8]) -> Vec<Bytes> {
-    let body = Bytes::copy_from_slice(body);
+/// Splits a recorded body back into events, slices of `body`, not copies. Compact JSON holds
+/// no raw newline, so the blank line that ends each event cannot occur inside one.
+pub(crate) fn split(body: Bytes) -> Vec<Bytes> {
     let mut frames = Vec::new();
     let mut start = 0;
     while let Some(at) = body[start..].windows(2).position(|w| w == b"\n\n") {
@@ -84,7 +83,12 @@ mod tests {
         let a = frame(br#"{"jsonrpc":"2.0","id":1,"result":{"n":1}}"#);
         let b = frame(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-1,"message":"m"}}"#);
         let body = [a.clone(), b.clone()].concat();
-        assert_eq!(split(&body), vec![a.clone(), b.clone()]);
+        let body = Bytes::from(body);
+        let frames = split(body.clone());
+        assert_eq!(frames, vec![a.clone(), b.clone()]);
+        // Slices of the recording, not copies: each replay of a stream shares it.
+        assert_eq!(frames[0].as_ptr(), body.as_ptr());
+        assert_eq!(frames[1].as_ptr(), body[a.len()..].as_ptr());
         assert_eq!(reframe(&a, &Id::Number(1)), a, "same id: same bytes");
         assert_eq!(
             reframe(&a, &Id::Str("x".into())),

@@ -313,7 +313,8 @@ fn first_look(
         if let Some(entry) = resent(cache, &request, caller) {
             let scope = HttpScope::new(activated, caller, None);
             scope.record(&entry.method, Outcome::Replayed);
-            let response = response::ok_response(entry.response.body.clone());
+            let stored = HttpBody::new(http_body_util::Full::new(Entry::shared_body(&entry)));
+            let response = response::ok_response(stored);
             return FirstLook::Answered(answered(&scope, response));
         }
         sent = Some(request);

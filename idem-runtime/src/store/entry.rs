@@ -1,6 +1,10 @@
 //! What the store keeps of an answered call (spec §4.4's row) and of a stream still being
 //! recorded, and the columns both backends read them from.
 
+use std::sync::Arc;
+
+use bytes::Bytes;
+
 use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::StoreError;
@@ -35,6 +39,22 @@ impl Entry {
     /// Whether this entry answers a call of `method` whose params hash to `hash`.
     pub fn matches(&self, method: &str, hash: &RequestHash) -> bool {
         self.method == method && &self.request_hash == hash
+    }
+
+    /// The stored body as bytes that share `entry`'s memory: replays of one entry to many
+    /// clients at once, each reading as slowly as it likes, hold one copy of it, not one each
+    /// (a stored stream of 8 MiB took 7.6 MiB a replay: helper-91).
+    pub(crate) fn shared_body(entry: &Arc<Entry>) -> Bytes {
+        Bytes::from_owner(StoredBody(entry.clone()))
+    }
+}
+
+/// An entry, lent out as its body's bytes.
+struct StoredBody(Arc<Entry>);
+
+impl AsRef<[u8]> for StoredBody {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.response.body
     }
 }
 
@@ -204,5 +224,34 @@ impl OpenStream {
     /// claimed).
     pub(crate) fn expired(&self, ttl_seconds: u64, now_seconds: u64) -> bool {
         is_expired(self.recorded_at, ttl_seconds, now_seconds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::request_hash;
+
+    #[test]
+    fn a_shared_body_lends_the_entrys_own_bytes_while_it_is_held() {
+        let entry = Arc::new(Entry {
+            message_id: MessageId::parse_str("9b2e7c1a-3f4d-4e5a-8b6c-7d8e9f0a1b2c").unwrap(),
+            method: "message/stream".into(),
+            request_hash: request_hash(b"{}").unwrap(),
+            response: StoredResponse {
+                status: 200,
+                headers: vec![],
+                body: b"data: {}\n\n".repeat(1000),
+            },
+            inserted_at: 0,
+        });
+        let replays: Vec<Bytes> = (0..3).map(|_| Entry::shared_body(&entry)).collect();
+        for body in &replays {
+            assert_eq!(body.as_ptr(), entry.response.body.as_ptr(), "not a copy");
+            assert_eq!(&body[..], &entry.response.body[..]);
+        }
+        assert_eq!(Arc::strong_count(&entry), 4);
+        drop(replays);
+        assert_eq!(Arc::strong_count(&entry), 1);
     }
 }
