@@ -513,6 +513,19 @@ async fn a_live_stream_stops_once_its_client_hangs_up() {
     assert_stopped(&produced, Duration::from_millis(500)).await;
 }
 
+/// Over WebSocket a live stream has no HTTP response to go out in: the call is told so, as a
+/// governed one is, not that the layers are missing (helper-91), and no event is made.
+#[tokio::test]
+async fn a_live_stream_over_websocket_is_refused_as_http_only() {
+    let (_db, server, produced) = follower_server().await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tasks/resubscribe","params":{"id":"t"}}"#;
+    let answer = websocket_call(&server.url, body).await;
+    assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    assert_eq!(answer["error"]["data"]["code"], "IDEMPOTENCY_HTTP_ONLY");
+    assert_stopped(&produced, Duration::from_millis(100)).await;
+    assert_eq!(produced.load(Ordering::SeqCst), 0);
+}
+
 /// The same for a client that hangs up before its answer's head was sent, while the method
 /// still set its stream up: the stream waited for a reader for as long as it ran (helper-71).
 #[tokio::test]

@@ -29,7 +29,7 @@ use crate::guard::{
     decide, key_failure, layer_missing, not_serializable, replay_json, run_catching, store_failure,
     store_json, undeduplicated_failure, CallContext, Decision, Guarded,
 };
-use crate::layers::scope::{CallId, GovernedCall, HttpScope, Outcome, Undeduplicated};
+use crate::layers::scope::{CallId, GovernedCall, HttpScope, Outcome, Undeduplicated, WebSocket};
 use crate::store::{Entry, OpenStream, StoreError, StoredResponse};
 use crate::unit_of_work::{SqlWrite, UnitOfWork};
 use crate::wire::{response_bytes, Payload};
@@ -89,6 +89,11 @@ impl<T> EventStream<T> {
     {
         if ext.get::<GovernedCall>().is_some() || ext.get::<Undeduplicated>().is_some() {
             return Err(live_in_governed());
+        }
+        if ext.get::<WebSocket>().is_some() {
+            // Events go out as an HTTP response of their own: a WebSocket has none, and the
+            // layers are there (it was told they were missing: helper-91).
+            return Err(IdempotencyError::new(ErrorCode::HttpOnly).into());
         }
         let (Some(scope), Some(CallId(id))) = (ext.get::<HttpScope>(), ext.get::<CallId>()) else {
             return Err(layer_missing(false));
@@ -533,12 +538,12 @@ pub(crate) fn is_event_stream(entry: &Entry) -> bool {
         .any(|(name, value)| name == "content-type" && value == sse::EVENT_STREAM)
 }
 
-fn replay<T>(call: &GovernedCall, entry: &Entry) -> Result<EventStream<T>, ErrorObjectOwned> {
+fn replay<T>(call: &GovernedCall, entry: &Arc<Entry>) -> Result<EventStream<T>, ErrorObjectOwned> {
     if !is_event_stream(entry) {
         // A stored failure from before the stream started.
         return Err(replay_json(call, entry).err().unwrap_or_else(consumed));
     }
-    let frames = sse::split(&entry.response.body);
+    let frames = sse::split(Entry::shared_body(entry));
     attach(
         call,
         Arc::new(Recording::finished(frames)),
@@ -550,8 +555,8 @@ fn replay<T>(call: &GovernedCall, entry: &Entry) -> Result<EventStream<T>, Error
 /// `entry`'s recorded events, to a call whose method's guard never took it
 /// ([`store_refusal`](crate::guard::store_refusal)): what goes back to jsonrpsee is a
 /// placeholder, which the HTTP layer replaces with the events. In a batch, the batch's error.
-pub(crate) fn replayed_unguarded(call: &GovernedCall, entry: &Entry) -> Payload {
-    let frames = sse::split(&entry.response.body);
+pub(crate) fn replayed_unguarded(call: &GovernedCall, entry: &Arc<Entry>) -> Payload {
+    let frames = sse::split(Entry::shared_body(entry));
     unguarded(
         call,
         Arc::new(Recording::finished(frames)),
@@ -625,7 +630,7 @@ mod tests {
             let text = String::from_utf8(frame.to_vec()).unwrap();
             assert_eq!(text.matches('\n').count(), 2, "one event: {text:?}");
             assert!(text.contains(r#"{  "a": [1, 2],  "b": "x y"}"#), "{text:?}");
-            assert_eq!(sse::split(&frame).len(), 1);
+            assert_eq!(sse::split(frame).len(), 1);
         }
     }
 }
