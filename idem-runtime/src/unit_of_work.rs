@@ -268,7 +268,11 @@ impl UnitOfWork {
     /// Stages `write` for a PostgreSQL store: it runs once, in the transaction that stores
     /// the call's cache entry (and ends its claim), so the rows and the entry commit together.
     /// It must not say `COMMIT` or `ROLLBACK`: that would end the call's transaction before
-    /// the claim's fence is checked.
+    /// the claim's fence is checked. It runs on one of the store's pooled sessions, at READ
+    /// COMMITTED, and must not raise the transaction's isolation: the claim's lease renewals
+    /// then conflict with the call's commit. What it sets for the session (a plain `SET`, an
+    /// advisory lock, a temporary table) does not outlast the call: the session is restored
+    /// before it serves another, or closed; a setting meant for the write is `SET LOCAL`.
     ///
     /// ```
     /// use idem_runtime::UnitOfWork;

@@ -69,7 +69,10 @@ impl Database {
     /// The PostgreSQL pool, when the store is on PostgreSQL: the application's own work
     /// runs its transactions on it (a unit of work's writes go through
     /// [`UnitOfWork::stage_postgres`](crate::UnitOfWork::stage_postgres) instead).
-    /// [`transact`](Self::transact) and [`read`](Self::read) are SQLite's.
+    /// [`transact`](Self::transact) and [`read`](Self::read) are SQLite's. Its sessions are
+    /// the store's: they run READ COMMITTED unless a transaction says otherwise, and what the
+    /// application sets on one for longer than a transaction (`SET` rather than `SET LOCAL`)
+    /// the store's calls then run under.
     ///
     /// ```no_run
     /// # async fn run(idem: idem_runtime::Idempotency) -> Result<(), Box<dyn std::error::Error>> {

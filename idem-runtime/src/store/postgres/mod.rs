@@ -44,14 +44,16 @@ use crate::store::postgres::claims::{end_claim, fenced, held, lease_ms, JustWon}
 use crate::store::postgres::listener::Listener;
 use crate::store::postgres::lru::EVICTION_CHUNK;
 use crate::store::postgres::one_ttl::named;
-use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds};
+use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds, session_settings};
 use crate::store::postgres::renewer::Renewer;
 use crate::store::postgres::rows::{
     delete_events, execute, expires_at, query_one, query_opt, select_after_claim,
     select_open_stream, select_open_stream_alone, stored_ttl,
 };
 use crate::store::postgres::schema::create_schema;
-use crate::store::postgres::staged_writes::{apply_writes, the_staged_writes};
+use crate::store::postgres::staged_writes::{
+    apply_writes, discard, hand_back, restore_sql, the_staged_writes,
+};
 use crate::store::postgres::sweep::{delete_abandoned_streams, delete_stale_claims, SWEEP_CHUNK};
 use crate::store::{
     at_most, Acquired, Elsewhere, Entry, Found, Lease, OpenStream, ReadAt, ReadJob, Store,
@@ -151,6 +153,8 @@ pub struct PostgresStore {
     renewer: Renewer,
     /// How many claims this process has sent: a claim carries its number (see `acquire`).
     attempts: AtomicU64,
+    /// What gives a session back as the pool made it, after staged writes ran on it.
+    restore: Arc<str>,
 }
 
 impl PostgresStore {
@@ -185,6 +189,7 @@ impl PostgresStore {
             rows: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
             pool,
+            restore: restore_sql(&session_settings(lease)),
         };
         store.count().await?;
         Ok(store)
@@ -238,6 +243,11 @@ impl PostgresStore {
                 cause: format!("no answer from the database in {} ms", bound.as_millis()).into(),
             })
         })
+    }
+
+    /// How long the server lets one of the sessions' statements run (two leases).
+    fn statement_bound(&self) -> Duration {
+        session_bounds(self.lease).1
     }
 
     /// The time rows are read at, and this replica's TTL (for rows stored without an expiry).
@@ -459,11 +469,14 @@ impl Store for PostgresStore {
             };
             let fence = lease.fence();
             match committed.await.map_err(the_staged_writes) {
-                Ok(()) => Ok(()),
+                Ok(()) => {
+                    hand_back(client, self.restore.clone(), self.statement_bound());
+                    Ok(())
+                }
                 Err(error) => {
                     // Its slot back first: asking on another connection must not wait for
                     // the very one it holds (a full pool reported a landed commit as failed).
-                    drop(client);
+                    discard(client);
                     let key = &entry.message_id;
                     self.cut_off(key, fence, error, transaction).await
                 }
@@ -520,11 +533,14 @@ impl Store for PostgresStore {
                 Ok(tx.commit().await?)
             };
             match opened.await.map_err(the_staged_writes) {
-                Ok(()) => Ok(()),
+                Ok(()) => {
+                    hand_back(client, self.restore.clone(), self.statement_bound());
+                    Ok(())
+                }
                 // The claim outlives the stream's start: gone, it was taken over. Asked as
                 // `put` asks (a start that landed was reported as the store's failure).
                 Err(error) => {
-                    drop(client);
+                    discard(client);
                     let key = &stream.message_id;
                     self.cut_off(key, lease.fence(), error, transaction).await
                 }

@@ -77,16 +77,8 @@ pub(super) fn pool_of(
     ttl_seconds: u64,
 ) -> Result<Pool, StoreError> {
     let mut config = named(&options.url, ttl_seconds)?;
-    let (idle, statement) = session_bounds(lease);
     bound_the_link(&mut config, lease);
-    // `SET`s once connected, not startup options: poolers refuse startup options they do
-    // not know.
-    let set: Arc<str> = format!(
-        "SET idle_in_transaction_session_timeout = {}; SET statement_timeout = {}",
-        idle.as_millis(),
-        statement.as_millis()
-    )
-    .into();
+    let set: Arc<str> = session_settings(lease).into();
     let set_idle_bound = Hook::async_fn(move |client, _| {
         let set = set.clone();
         Box::pin(async move { client.batch_execute(&set).await.map_err(HookError::Backend) })
@@ -112,6 +104,20 @@ pub(super) fn pool_of(
             backend: "postgres",
             cause: Box::new(error),
         })
+}
+
+/// What every session of the pool runs with: the server's bounds (see [`pool_of`]), and READ
+/// COMMITTED whatever the database's default, which the claims' statements rely on (at
+/// SERIALIZABLE, concurrent claims and lease renewals failed calls: helper-90). `SET`s once
+/// connected, not startup options: poolers refuse startup options they do not know.
+pub(super) fn session_settings(lease: Duration) -> String {
+    let (idle, statement) = session_bounds(lease);
+    format!(
+        "SET idle_in_transaction_session_timeout = {}; SET statement_timeout = {}; \
+         SET default_transaction_isolation = 'read committed'",
+        idle.as_millis(),
+        statement.as_millis()
+    )
 }
 
 /// tokio-postgres's keepalive idle time unless a URL sets another: the system's own.

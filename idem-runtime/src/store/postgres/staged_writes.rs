@@ -1,5 +1,11 @@
-//! The application's staged writes, run in a call's transaction, and the errors that are
-//! theirs rather than the store's.
+//! The application's staged writes, run in a call's transaction, the errors that are theirs
+//! rather than the store's, and the session they ran on, given back to the pool as it was.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Object;
+use tokio_postgres::SimpleQueryMessage;
 
 use crate::store::StoreError;
 use crate::unit_of_work::SqlWrite;
@@ -44,4 +50,55 @@ pub(super) async fn apply_writes(
         }
     }
     Ok(())
+}
+
+/// Undoes on a session what staged writes may have left on it past their transaction: a plain
+/// `SET` lasts once it commits (`synchronous_commit = off` lost later calls' answered writes
+/// in a crash; `default_transaction_read_only` failed one call in sixteen until a restart:
+/// helper-90), and a `DEALLOCATE`, an advisory lock or a cursor outlast a rollback too. Then
+/// sets `settings`, the pool's own, again, and counts the session's prepared statements.
+pub(super) fn restore_sql(settings: &str) -> Arc<str> {
+    format!(
+        "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; {settings}; CLOSE ALL; UNLISTEN *; \
+         SELECT pg_advisory_unlock_all(); DISCARD TEMP; \
+         SELECT count(*) FROM pg_prepared_statements"
+    )
+    .into()
+}
+
+/// Gives `client`, whose transaction ran staged writes and committed, back to the pool as
+/// the pool made it ([`restore_sql`]), in a task of its own: the call's answer waits for
+/// none of it, and the next call to take the session waits for all of it. A session not
+/// restored within `bound`, or that lost statements the store prepared on it (the writes'
+/// `DEALLOCATE ALL`, whose every later use failed), is closed instead.
+pub(super) fn hand_back(client: Object, restore: Arc<str>, bound: Duration) {
+    tokio::spawn(async move {
+        let restored = tokio::time::timeout(bound, client.simple_query(&restore)).await;
+        let prepared = match restored {
+            Ok(Ok(messages)) => last_count(&messages),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "a session could not be restored after staged writes: closed");
+                None
+            }
+            Err(_) => None,
+        };
+        if prepared.is_none_or(|prepared| prepared < client.statement_cache.size()) {
+            discard(client);
+        }
+    });
+}
+
+/// Closes `client` instead of giving it back: its transaction ran staged writes and failed,
+/// and what they left on the session (a `DEALLOCATE`, an advisory lock) outlasts the rollback.
+pub(super) fn discard(client: Object) {
+    drop(Object::take(client));
+}
+
+/// The single value of the last row among `messages`, as a count.
+fn last_count(messages: &[SimpleQueryMessage]) -> Option<usize> {
+    let row = messages.iter().rev().find_map(|message| match message {
+        SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    })?;
+    row.get(0)?.parse().ok()
 }

@@ -6,6 +6,8 @@ mod fixture;
 mod generic;
 mod pausing;
 #[cfg(feature = "postgres")]
+mod pooled_sessions;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
 #[cfg(feature = "postgres")]
