@@ -1,6 +1,6 @@
 //! The arguments of `#[idempotent(...)]`.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Span, TokenStream, TokenTree};
 use proc_macro_crate::FoundCrate;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
@@ -16,13 +16,18 @@ pub(crate) struct Args {
 
 /// Parses the attribute's arguments: empty, or `crate = "path"` / `crate = path`.
 pub(crate) fn parse(attr: TokenStream) -> Result<Args> {
+    let names_the_crate = starts_with_crate(&attr);
     let metas = Punctuated::<Meta, Token![,]>::parse_terminated
         .parse2(attr)
         .map_err(|not_meta| {
-            Error::new(
-                not_meta.span(),
-                "#[idempotent] takes no value here: its only argument is `crate = \"...\"`",
-            )
+            // `crate = idem::` was told that the attribute takes no value (helper-92).
+            let message = match names_the_crate {
+                true => "`crate` takes the path of the idem crate, e.g. `crate = \"::idem\"`",
+                false => {
+                    "#[idempotent] takes no value here: its only argument is `crate = \"...\"`"
+                }
+            };
+            Error::new(not_meta.span(), message)
         })?;
     let mut krate = None;
     for meta in metas {
@@ -46,6 +51,14 @@ pub(crate) fn parse(attr: TokenStream) -> Result<Args> {
     Ok(Args {
         krate: krate.unwrap_or_else(idem_as_the_user_names_it),
     })
+}
+
+/// Whether `attr` begins `crate =`, however the rest is written.
+fn starts_with_crate(attr: &TokenStream) -> bool {
+    let mut tokens = attr.clone().into_iter();
+    let first = tokens.next();
+    let is_crate = matches!(&first, Some(TokenTree::Ident(ident)) if ident == "crate");
+    is_crate && matches!(tokens.next(), Some(TokenTree::Punct(p)) if p.as_char() == '=')
 }
 
 /// `::idem`, or the name the user's `Cargo.toml` gives the `idem` package

@@ -1,6 +1,6 @@
 //! Splices the idempotency guard around a validated method's body.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::quote;
 use syn::spanned::Spanned;
 use syn::{Ident, Type};
@@ -17,9 +17,16 @@ pub(crate) fn expand(args: &Args, method: Method) -> TokenStream {
     let new_body = match shape {
         Shape::Async(ret) => {
             // Spanned on the return type, the guarded future and the guard's call alike: a
-            // type the guard cannot store is reported there.
+            // type the guard cannot store is reported there. The guard is imported first,
+            // under the crate path's own spans: a path that does not resolve is reported
+            // where it is written (it was reported on the return type: helper-92).
             let body = outer_spanned(typed_async_block(&ret, body), ret.span());
-            outer_spanned(quote!(#guard(#ext, #body).await), ret.span())
+            let guard_fn = generated("__idem_guard_fn", ret.span());
+            let call = outer_spanned(quote!(#guard_fn(#ext, #body).await), ret.span());
+            quote! {
+                use #guard as #guard_fn;
+                #call
+            }
         }
         Shape::BoxedFuture(output) => {
             // The body runs in a closure of the method's own return type, so that its `return`
@@ -78,8 +85,14 @@ fn outer_spanned(tokens: TokenStream, span: Span) -> TokenStream {
 /// Left to inference, the block's output is taken from the first `return` or `?` in the
 /// body, so a mistake there is reported on the attribute instead of on the user's code. The
 /// dead `if let` fixes the type before the body is checked, as async-trait does; the `let`
-/// alone would come too late for a `return` placed before it.
+/// alone would come too late for a `return` placed before it. A return type holding an
+/// `impl Trait` cannot be written in either place (it was refused, where the method compiles
+/// without the attribute: helper-92), so its block is left to inference. The lints are the
+/// expansion's: a body that ends in `todo!()` diverges in the `let`, not in the user's code.
 fn typed_async_block(ret: &Type, body: &TokenStream) -> TokenStream {
+    if names_impl_trait(quote!(#ret)) {
+        return quote!(async move { #body });
+    }
     let out = generated("__idem_out", Span::call_site());
     quote! {
         async move {
@@ -87,9 +100,19 @@ fn typed_async_block(ret: &Type, body: &TokenStream) -> TokenStream {
                 #[allow(unreachable_code)]
                 return #out;
             }
+            #[allow(clippy::diverging_sub_expression, clippy::let_and_return)]
             let #out: #ret = { #body };
             #[allow(unreachable_code)]
             #out
         }
     }
+}
+
+/// Whether `ty` holds an `impl Trait`, at any depth.
+fn names_impl_trait(ty: TokenStream) -> bool {
+    ty.into_iter().any(|token| match token {
+        TokenTree::Ident(ident) => ident == "impl",
+        TokenTree::Group(group) => names_impl_trait(group.stream()),
+        _ => false,
+    })
 }

@@ -19,9 +19,14 @@ impl S {
     async fn get(&self, _ext: &Extensions) -> RpcResult<Replayable<u64>> {
         Ok(1.into())
     }
+
+    #[idempotent(crate = idem::)]
+    async fn stream(&self, _ext: &Extensions) -> RpcResult<Replayable<u64>> {
+        Ok(1.into())
+    }
 }
 
 fn main() {
     let ext = Extensions::new();
-    let _ = (S.send(&ext), S.cancel(&ext), S.get(&ext));
+    let _ = (S.send(&ext), S.cancel(&ext), S.get(&ext), S.stream(&ext));
 }
