@@ -18,7 +18,10 @@ pub fn is_exact(token: &str) -> bool {
     if is_short_plain_decimal(token) {
         return true;
     }
-    let Ok(double) = token.parse::<f64>() else {
+    let value = decimal(token);
+    // Parsed from its digits, not from the token: Rust's parser took a token of a million
+    // digits and as long an exponent for infinity or zero, where its value was 1 (helper-92).
+    let Ok(double) = value.text().parse::<f64>() else {
         return false;
     };
     if !double.is_finite() {
@@ -26,7 +29,20 @@ pub fn is_exact(token: &str) -> bool {
     }
     // Compare with the very text JCS prints: ECMAScript's shortest round-trip form, which breaks
     // ties to even where Rust's own `{:e}` would not (1424953923781206.2 vs ...06.3).
-    decimal(token) == decimal(ryu_js::Buffer::new().format_finite(double))
+    value == decimal(ryu_js::Buffer::new().format_finite(double))
+}
+
+impl Decimal {
+    /// The value, spelled with no zero that does not count: `-12e-3` for `-0.0120`.
+    fn text(&self) -> String {
+        match self.digits.is_empty() {
+            true => "0".to_owned(),
+            false => {
+                let sign = if self.negative { "-" } else { "" };
+                format!("{sign}{}e{}", self.digits, self.exponent)
+            }
+        }
+    }
 }
 
 /// Without an exponent and with at most 15 digits, a decimal survives any IEEE-754 double
@@ -95,6 +111,31 @@ mod tests {
         assert!(
             is_exact("1424953923781206.2"),
             "ECMAScript tie-to-even digits"
+        );
+    }
+
+    /// Exact values spelled with a million zeros that do not count, and as long an exponent
+    /// to make up for them: refused as inexact before (helper-92), while serde_jcs prints them.
+    #[test]
+    fn zeros_that_do_not_count_are_not_read_as_overflow() {
+        let zeros = "0".repeat(1_000_000);
+        let n = zeros.len();
+        let exact = [
+            format!("1{zeros}e-{n}"),
+            format!("0.{zeros}1e{}", n + 1),
+            format!("-123{zeros}e-{n}"),
+            format!("17976931348623157{zeros}e{}", 292 - n as i64),
+        ];
+        for token in &exact {
+            assert!(is_exact(token), "{}...", &token[..20]);
+        }
+        assert!(
+            !is_exact(&format!("1{zeros}1e-{n}")),
+            "2 digits past a double's"
+        );
+        assert!(
+            !is_exact(&format!("1{zeros}e400")),
+            "past the largest double"
         );
     }
 
