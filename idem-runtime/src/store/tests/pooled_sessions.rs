@@ -17,6 +17,7 @@ const SETTINGS: &str = "SELECT current_setting('statement_timeout') || ' ' ||
     current_setting('synchronous_commit') || ' ' ||
     current_setting('default_transaction_read_only') || ' ' ||
     current_setting('transaction_isolation') || ' ' || current_user || ' ' ||
+    current_setting('application_name') || ' ' ||
     (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())";
 
 /// A store on `fx`'s database whose pool has one connection.
@@ -85,12 +86,14 @@ async fn a_committed_calls_session_settings_do_not_reach_the_next_call() {
     let lasting = "SET statement_timeout = 0; SET idle_in_transaction_session_timeout = 0;
         SET synchronous_commit = off; SET default_transaction_read_only = on;
         SET default_transaction_isolation = 'serializable'; SELECT pg_advisory_lock(42);
+        SET application_name = 'hidden from the one-TTL check';
         CREATE TEMP TABLE scratch (n INT); PREPARE mine AS SELECT 1";
     call(&cache, 2, vec![staged(lasting)]).await.unwrap();
     call(&cache, 3, vec![recording_settings(3)]).await.unwrap();
     let before = recorded(&fx, 1).await;
     assert_eq!(recorded(&fx, 3).await, before, "as the pool made it");
     assert!(before.contains(" on off read committed "), "{before}");
+    assert!(before.contains(" idem ttl="), "{before}");
     // Nothing of the call's own is undone: its writes and entry are there.
     call(&cache, 4, vec![staged("CREATE TEMP TABLE scratch (n INT)")])
         .await
