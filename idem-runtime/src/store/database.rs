@@ -134,7 +134,9 @@ impl Database {
     /// Runs `work` on one of the store's read connections; past
     /// [`IdempotencyConfig::disk_timeout`](crate::IdempotencyConfig::disk_timeout) without an
     /// answer from the disk, fails with [`TransactError::Store`] (`work` stays queued, and may
-    /// still run once the disk answers; its value is then dropped).
+    /// still run once the disk answers; its value is then dropped). The application's reads
+    /// take at most all but one of the read connections at once, so that they never hold the
+    /// store's own lookups back: one past them waits for a place, within the same bound.
     pub async fn read<T, E>(
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> Result<T, E> + Send + 'static,

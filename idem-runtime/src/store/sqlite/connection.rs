@@ -57,7 +57,7 @@ CREATE TABLE IF NOT EXISTS idempotency_stream_events (
 /// switched the file to WAL and printed its own 40 lines of SQL (helper-63).
 pub(super) fn create_tables(path: &Path) -> Result<(), StoreError> {
     let mut conn = Connection::open(path)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let created = tx
         .execute_batch(SCHEMA)
@@ -78,9 +78,13 @@ pub(super) fn create_tables(path: &Path) -> Result<(), StoreError> {
     Ok(tx.commit()?)
 }
 
+/// How long a connection waits for another's lock on the file (an operator's purge, another
+/// connection of the application's).
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     // The writer's statements (transaction control, entries, streams, sweep) all stay prepared.
     conn.set_prepared_statement_cache_capacity(64);
     conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -125,4 +129,29 @@ pub(super) fn create_private_file(path: &Path) -> std::io::Result<()> {
 /// alone does not say which of the database, its log or its lock file.
 pub(super) fn naming(path: &Path, error: std::io::Error) -> std::io::Error {
     std::io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+}
+
+/// Undoes, before a batch, what an application's write may have changed on the writer's
+/// connection through its API rather than in SQL (which the authorizer refuses): a statement
+/// left running ([`statements_reset`]), the busy timeout (`busy_timeout(0)` failed every
+/// batch that met another connection's lock, an operator's purge: helper-93).
+pub(super) fn writer_restored(conn: &Connection) {
+    statements_reset(conn);
+    if let Err(error) = conn.busy_timeout(BUSY_TIMEOUT) {
+        tracing::error!(%error, "the writer's busy timeout could not be set again");
+    }
+}
+
+/// Resets what an application's code left running on one of the store's connections: a
+/// statement stepped and never reset (its `Rows` forgotten) holds a read snapshot although
+/// the connection reports autocommit, so every later lookup there missed newer entries and
+/// stored keys ran again (helper-93), and the writer could begin no transaction. A cached one
+/// is finalized with the cache; `false` where one held elsewhere still runs.
+pub(super) fn statements_reset(conn: &Connection) -> bool {
+    if !conn.is_busy() {
+        return true;
+    }
+    tracing::warn!("an application's code left a statement running on a store connection: reset");
+    conn.flush_prepared_statement_cache();
+    !conn.is_busy()
 }

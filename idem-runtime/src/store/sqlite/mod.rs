@@ -530,12 +530,7 @@ impl Store for SqliteStore {
     }
 
     async fn read(&self, job: ReadJob) -> Result<(), StoreError> {
-        self.readers
-            .run(move |conn| {
-                job(conn);
-                Ok(())
-            })
-            .await
+        self.readers.run_for_application(job).await
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {

@@ -9,16 +9,25 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rusqlite::Connection;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 
+use crate::store::sqlite::connection::statements_reset;
 use crate::store::sqlite::no_answer;
 use crate::store::{at_most, ReadJob, StoreError};
 
 /// Reader threads (the machine's cores are few; reads are short).
 pub(crate) const READER_THREADS: usize = 4;
 
+/// How many of them the application's reads may take at once (see `Readers::application`).
+pub(crate) const APPLICATION_READS: usize = READER_THREADS - 1;
+
 pub(crate) struct Readers {
     jobs: Mutex<Option<mpsc::Sender<ReadJob>>>,
+    /// Places for the application's reads (`Database::read`), one fewer than the threads: a
+    /// thread is always left for the store's own lookups. Four slow reports took them all,
+    /// and every replay and claim behind them failed as a disk that did not answer
+    /// (helper-93).
+    application: Arc<Semaphore>,
     /// How long a read waits for the disk: a read changes nothing, so one the disk does not
     /// answer is simply failed (it stays queued, and its answer is dropped).
     disk_timeout: Duration,
@@ -37,14 +46,15 @@ impl Readers {
         let mut threads = Vec::with_capacity(READER_THREADS);
         for n in 0..READER_THREADS {
             let conn = connect(path)?;
-            let rx = rx.clone();
+            let (rx, path) = (rx.clone(), path.to_path_buf());
             let thread = std::thread::Builder::new()
                 .name(format!("idem-sqlite-reader-{n}"))
-                .spawn(move || serve(&conn, &rx))?;
+                .spawn(move || serve(conn, &rx, || connect(&path)))?;
             threads.push(thread);
         }
         Ok(Self {
             jobs: Mutex::new(Some(tx)),
+            application: Arc::new(Semaphore::new(APPLICATION_READS)),
             disk_timeout,
             threads: Mutex::new(threads),
         })
@@ -70,6 +80,25 @@ impl Readers {
         }
     }
 
+    /// [`run`](Self::run) for an application's read: it takes one of the application's places
+    /// first, within `disk_timeout` as well, and holds it until it has run.
+    pub(crate) async fn run_for_application(
+        &self,
+        read: impl FnOnce(&Connection) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let place = at_most(self.disk_timeout, self.application.clone().acquire_owned());
+        let place = match place.await {
+            Some(place) => place.map_err(|_| StoreError::Closed)?,
+            None => return Err(no_place(self.disk_timeout)),
+        };
+        self.run(move |conn| {
+            read(conn);
+            drop(place);
+            Ok(())
+        })
+        .await
+    }
+
     /// Lets the threads finish the queued reads, then joins them.
     pub(crate) fn close(&self) {
         drop(self.jobs.lock().expect("readers lock").take());
@@ -79,17 +108,53 @@ impl Readers {
     }
 }
 
-fn serve(conn: &Connection, jobs: &Mutex<mpsc::Receiver<ReadJob>>) {
+/// The error of an application's read that found every place taken by its earlier reads.
+fn no_place(bound: Duration) -> StoreError {
+    let cause = format!(
+        "no reader free for the application's read in {} ms: its earlier reads hold all {} \
+         places (slow, or waiting for the disk)",
+        bound.as_millis(),
+        APPLICATION_READS
+    );
+    StoreError::Backend {
+        backend: "sqlite",
+        cause: cause.into(),
+    }
+}
+
+fn serve(
+    mut conn: Connection,
+    jobs: &Mutex<mpsc::Receiver<ReadJob>>,
+    reconnect: impl Fn() -> Result<Connection, StoreError>,
+) {
     loop {
         let next = jobs.lock().expect("reader queue lock").recv();
         match next {
             // A panicking job must not take the reader (and its queue) down with it.
             Ok(job) => {
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(conn)));
-                end_transaction_left_open(conn);
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&conn)));
+                end_transaction_left_open(&conn);
+                if !statements_reset(&conn) {
+                    replace(&mut conn, &reconnect);
+                }
             }
             Err(_closed) => return,
         }
+    }
+}
+
+/// Serves the next reads on a new connection: this one has a statement running that only
+/// its holder can reset, and reads here would go on seeing its snapshot. The old connection
+/// stays open as long as that statement lives.
+fn replace(conn: &mut Connection, reconnect: impl Fn() -> Result<Connection, StoreError>) {
+    match reconnect() {
+        Ok(fresh) => {
+            tracing::error!(
+                "a read kept a statement running past its end: its connection replaced"
+            );
+            *conn = fresh;
+        }
+        Err(error) => tracing::error!(%error, "a reader's connection could not be replaced"),
     }
 }
 

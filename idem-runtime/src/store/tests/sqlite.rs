@@ -212,8 +212,31 @@ async fn a_write_waits_for_the_applications_write_lock_instead_of_failing() {
     let fx = Fixture::sqlite();
     let cache = fx.cache(&config(86_400, 100)).await;
     execute(&cache, &key(1), "{}", "before").await;
-    // The application's own connection to the shared file holds the write lock a moment.
-    let path = fx.path.clone();
+    while_another_connection_writes(&fx.path, execute(&cache, &key(2), "{}", "during")).await;
+    assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"during");
+}
+
+/// The same after an application's write set the writer's busy timeout to zero through the
+/// connection's API, which the authorizer does not see: every batch that met another
+/// connection's lock failed, "database is locked", until a restart (helper-93).
+#[tokio::test]
+async fn a_write_that_sets_the_busy_timeout_leaves_the_writer_s_own() {
+    let fx = Fixture::sqlite();
+    let store = fx.store(&config(86_400, 100)).await;
+    let cache = IdempotencyCache::from_arc(store.clone());
+    let zero = SqlWrite::rerunnable(|db| Ok(db.busy_timeout(Duration::ZERO)?));
+    store.apply(vec![zero]).await.unwrap();
+    while_another_connection_writes(&fx.path, execute(&cache, &key(2), "{}", "during")).await;
+    assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"during");
+}
+
+/// Runs `call` while a connection of its own (the application's other one, an operator's
+/// purge) holds the file's write lock for 300 ms.
+async fn while_another_connection_writes<T>(
+    path: &std::path::Path,
+    call: impl std::future::Future<Output = T>,
+) -> T {
+    let path = path.to_path_buf();
     let (locked, is_locked) = std::sync::mpsc::channel();
     let holder = std::thread::spawn(move || {
         let conn = rusqlite::Connection::open(path).unwrap();
@@ -224,9 +247,9 @@ async fn a_write_waits_for_the_applications_write_lock_instead_of_failing() {
         conn.execute_batch("COMMIT").unwrap();
     });
     is_locked.recv().unwrap();
-    execute(&cache, &key(2), "{}", "during").await;
+    let out = call.await;
     holder.join().unwrap();
-    assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"during");
+    out
 }
 
 #[tokio::test]
@@ -1482,11 +1505,14 @@ async fn settled(
     }
 }
 
-/// A read the disk does not answer (here: every reader thread held, as a hung read would
-/// hold it) fails within `disk_timeout` too; a read changes nothing, so nothing waits for it
-/// after. Once the disk answers, the same read succeeds.
+/// A read the disk does not answer (here: reads held, as hung ones would be) fails within
+/// `disk_timeout` too; a read changes nothing, so nothing waits for it after. The
+/// application's reads queued behind them fail in as long, and the store's own read, on the
+/// reader they leave free, is answered (before, they held every reader: helper-93).
 #[tokio::test]
 async fn a_read_the_disk_does_not_answer_fails_in_time() {
+    use crate::store::sqlite::readers::APPLICATION_READS;
+
     let fx = Fixture::sqlite();
     let config = config(86_400, 100).with(|c| {
         c.disk_timeout = DISK_TIMEOUT;
@@ -1507,10 +1533,22 @@ async fn a_read_the_disk_does_not_answer_fails_in_time() {
     let started = std::time::Instant::now();
     let stored = key(1);
     let (held, read) = tokio::join!(futures::future::join_all(held), store.get(&stored));
+    let mut unanswered = 0;
     for outcome in held {
-        assert_unanswered(outcome, started);
+        let said = outcome.as_ref().map_err(ToString::to_string).err();
+        match said
+            .as_deref()
+            .is_some_and(|s| s.contains("no reader free"))
+        {
+            true => assert!(started.elapsed() < DISK_TIMEOUT * 3, "bounded"),
+            false => {
+                assert_unanswered(outcome, started);
+                unanswered += 1;
+            }
+        }
     }
-    assert_unanswered(read, started);
+    assert_eq!(unanswered, APPLICATION_READS, "the reads the disk held");
+    assert!(read.unwrap().is_some(), "the store's own read is answered");
     drop(disk);
     assert_eq!(body_of(&store, 1).await, Some(b"stored".to_vec()));
 }
@@ -1580,7 +1618,7 @@ async fn a_retry_of_an_interrupted_stream_waits_while_another_payload_closes_it(
 /// failed to begin their own transaction (found by helper-75). The reader now ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_that_leaves_its_transaction_open_hides_nothing_later() {
-    use crate::store::sqlite::readers::READER_THREADS;
+    use crate::store::sqlite::readers::{APPLICATION_READS, READER_THREADS};
     use crate::store::Database;
     use std::sync::Barrier;
 
@@ -1588,9 +1626,9 @@ async fn a_read_that_leaves_its_transaction_open_hides_nothing_later() {
     let no_tier = config(86_400, 100).with(|c| c.memory_tier_bytes = 0);
     let cache = fx.cache(&no_tier).await;
     let db = Database::new(cache.store().clone());
-    // One such read on each reader thread at once.
-    let barrier = Arc::new(Barrier::new(READER_THREADS));
-    let reads = (0..READER_THREADS).map(|_| {
+    // One such read on as many reader threads as the application's reads may take at once.
+    let barrier = Arc::new(Barrier::new(APPLICATION_READS));
+    let reads = (0..APPLICATION_READS).map(|_| {
         let (db, barrier) = (db.clone(), barrier.clone());
         tokio::spawn(async move {
             let read = db.read(move |conn| {
@@ -1622,6 +1660,138 @@ async fn a_read_that_leaves_its_transaction_open_hides_nothing_later() {
             "claim #{n}: {:?}",
             claimed.err()
         );
+    }
+}
+
+/// A read that steps a statement and forgets its rows leaves the statement running, and with
+/// it the connection's snapshot, though the connection reports autocommit: every later lookup
+/// on that reader missed newer entries, and 8 claims of a stored key of 8 ran it again
+/// (helper-93). Whether the statement is in the cache or held by no one, reads after it see
+/// what is committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_leaves_a_statement_running_hides_nothing_later() {
+    use crate::store::sqlite::readers::{APPLICATION_READS, READER_THREADS};
+    use crate::store::Database;
+    use std::sync::Barrier;
+
+    let fx = Fixture::sqlite();
+    let no_tier = config(86_400, 100).with(|c| c.memory_tier_bytes = 0);
+    let cache = fx.cache(&no_tier).await;
+    execute(&cache, &key(0), "{}", "zero").await;
+    let db = Database::new(cache.store().clone());
+    // On as many reader threads as the application's reads may take at once: some leak a
+    // cached statement, some one of their own.
+    let barrier = Arc::new(Barrier::new(APPLICATION_READS));
+    let reads = (0..APPLICATION_READS).map(|n| {
+        let (db, barrier) = (db.clone(), barrier.clone());
+        tokio::spawn(async move {
+            let read = db.read(move |conn| {
+                barrier.wait();
+                let sql = "SELECT message_id FROM idempotency_cache";
+                if n % 2 == 0 {
+                    let mut statement = conn.prepare_cached(sql)?;
+                    let mut rows = statement.query([])?;
+                    let first = rows.next()?.map(|row| row.get::<_, String>(0)).transpose();
+                    std::mem::forget(rows);
+                    first
+                } else {
+                    let statement = conn.prepare(sql)?;
+                    let statement = Box::leak(Box::new(statement));
+                    let mut rows = statement.query([])?;
+                    let first = rows.next()?.map(|row| row.get::<_, String>(0)).transpose();
+                    std::mem::forget(rows);
+                    first
+                }
+            });
+            read.await
+        })
+    });
+    for read in reads.collect::<Vec<_>>() {
+        assert!(
+            read.await.unwrap().unwrap().is_some(),
+            "the read found key 0"
+        );
+    }
+    execute(&cache, &key(1), "{}", "one").await;
+    let hash = request_hash(b"{}").unwrap();
+    for n in 0..2 * READER_THREADS {
+        let claimed = cache.claim(&key(1), "message/send", &hash).await;
+        assert!(
+            matches!(claimed, Ok(Claim::Cached(_))),
+            "claim #{n} of a stored key: {:?}",
+            claimed.map(|c| matches!(c, Claim::Execute(_)))
+        );
+    }
+}
+
+/// The same in an application's write (an `INSERT ... RETURNING` stepped once): every later
+/// batch failed ("cannot commit transaction - SQL statements in progress") until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_leaves_a_statement_running_holds_no_later_batch() {
+    use crate::store::Database;
+
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(86_400, 100)).await;
+    execute(&cache, &key(0), "{}", "zero").await;
+    let db = Database::new(cache.store().clone());
+    let leaked = db.transact(|conn| {
+        conn.execute_batch("CREATE TABLE IF NOT EXISTS app (x)")?;
+        let insert = "INSERT INTO app (x) VALUES (1), (2) RETURNING x";
+        let mut statement = conn.prepare_cached(insert)?;
+        let mut rows = statement.query([])?;
+        let first = rows.next()?.map(|row| row.get::<_, i64>(0)).transpose();
+        std::mem::forget(rows);
+        first
+    });
+    // Its own batch fails ("SQL statements in progress"): the write's own doing.
+    let _ = leaked.await;
+    for n in 1..4 {
+        execute(&cache, &key(n), "{}", "later").await;
+    }
+    let written = db.transact(|conn| conn.execute_batch("CREATE TABLE later (x)"));
+    written.await.unwrap();
+    assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_cache").await, 4);
+}
+
+/// The application's slow reads (a report on `Database::read`), as many as there are reader
+/// threads, took them all: a replay the memory tier did not hold queued behind them and
+/// failed as a disk that did not answer (helper-93). One thread stays the store's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_application_reads_leave_a_reader_for_the_store() {
+    use crate::store::sqlite::readers::READER_THREADS;
+    use crate::store::Database;
+
+    let fx = Fixture::sqlite();
+    let config = config(86_400, 100).with(|c| {
+        c.memory_tier_bytes = 0;
+        c.disk_timeout = Duration::from_millis(500);
+    });
+    let cache = fx.cache(&config).await;
+    execute(&cache, &key(1), "{}", "one").await;
+    let db = Database::new(cache.store().clone());
+    let reads: Vec<_> = (0..READER_THREADS)
+        .map(|_| {
+            let db = db.clone();
+            tokio::spawn(async move {
+                let report = |_: &rusqlite::Connection| {
+                    std::thread::sleep(Duration::from_millis(1500));
+                    Ok::<_, rusqlite::Error>(())
+                };
+                db.read(report).await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let claimed = cache.claim(&key(1), "message/send", &hash).await;
+    assert!(
+        matches!(claimed, Ok(Claim::Cached(_))),
+        "{:?}",
+        claimed.err()
+    );
+    for read in reads {
+        // Each outlasts `disk_timeout`, and is answered so: the application's to bound.
+        let _ = read.await.unwrap();
     }
 }
 
