@@ -61,7 +61,8 @@ pub struct IdempotencyConfig {
     pub memory_tier_bytes: usize,
     /// How long a claim holds without renewal where several processes share the store
     /// (PostgreSQL): the executor renews it every third of this while it runs; a process
-    /// that dies leaves a claim that the next retry takes over once this has passed.
+    /// that dies leaves a claim that the next retry takes over once this has passed. At
+    /// least [`MIN_CLAIM_LEASE`](Self::MIN_CLAIM_LEASE).
     pub claim_lease: Duration,
     /// How long a call waits for the SQLite file's disk to answer a read or commit its writes
     /// (a hung disk, a frozen file system): past it the call answers
@@ -183,7 +184,7 @@ impl IdempotencyConfig {
             None => Ok(None),
         };
         if let Some(value) = lookup(CLAIM_LEASE_ENV) {
-            config.claim_lease = at_most_a_postgres_timeout(CLAIM_LEASE_ENV, &value)?;
+            config.claim_lease = a_claim_lease(CLAIM_LEASE_ENV, &value)?;
         }
         if let Some(interval) = millis(SWEEP_INTERVAL_ENV)? {
             config.sweep_interval = interval;
@@ -199,6 +200,13 @@ impl IdempotencyConfig {
         }
         Ok(config)
     }
+
+    /// The shortest [`claim_lease`](Self::claim_lease). Its holder renews it every third of
+    /// it, and tries a failed renewal again 50 ms later: a shorter lease ran out before its
+    /// renewal could (one of 1 to 10 ms: a healthy call was taken over by another replica,
+    /// its body run twice; helper-94). A lease must outlast the database's slowest round
+    /// trip several times over; the default is ten seconds.
+    pub const MIN_CLAIM_LEASE: Duration = Duration::from_millis(300);
 
     /// This config, if every value that must be more than zero is: what the environment
     /// variables refuse, refused when set in code too (a zero sweep interval panicked the
@@ -225,6 +233,14 @@ impl IdempotencyConfig {
         ];
         if let Some((name, value)) = durations.iter().find(|(_, d)| d.is_zero()) {
             return Err(zero(name, value));
+        }
+        if self.claim_lease < Self::MIN_CLAIM_LEASE {
+            return Err(ConfigError {
+                variable: "IdempotencyConfig::claim_lease",
+                value: format!("{:?}", self.claim_lease),
+                reason: "must be at least IdempotencyConfig::MIN_CLAIM_LEASE (300 ms): a shorter \
+                         lease runs out before a replica can renew it",
+            });
         }
         let counts = [
             ("IdempotencyConfig::ttl_seconds", self.ttl_seconds),
@@ -319,13 +335,18 @@ fn whole_number(
 /// (the store clamps a longer one set in code; from the environment it is refused).
 pub(crate) const MAX_POSTGRES_TIMEOUT_MS: u64 = i32::MAX as u64;
 
-fn at_most_a_postgres_timeout(
-    variable: &'static str,
-    value: &str,
-) -> Result<Duration, ConfigError> {
-    let reason = "expected a whole number of milliseconds from 1 to 2147483647 (PostgreSQL's \
-                  largest timeout)";
-    whole_number(variable, value, MAX_POSTGRES_TIMEOUT_MS, reason).map(Duration::from_millis)
+fn a_claim_lease(variable: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    let reason = "expected a whole number of milliseconds from 300 (the shortest lease a \
+                  replica can renew in time) to 2147483647 (PostgreSQL's largest timeout)";
+    let lease = whole_number(variable, value, MAX_POSTGRES_TIMEOUT_MS, reason)?;
+    match Duration::from_millis(lease) {
+        lease if lease < IdempotencyConfig::MIN_CLAIM_LEASE => Err(ConfigError {
+            variable,
+            value: value.to_owned(),
+            reason,
+        }),
+        lease => Ok(lease),
+    }
 }
 
 fn byte_count(variable: &'static str, value: &str) -> Result<usize, ConfigError> {
@@ -442,11 +463,26 @@ mod tests {
         // A lease PostgreSQL could not take as a timeout is refused here, by name.
         // Any bad lease is told the lease's bounds (found by helper-45: 0 and a number past
         // 2^64 were told the TTL's).
-        for bad in ["2147483648", "0", "99999999999999999999", "soon"] {
+        for bad in [
+            "2147483648",
+            "0",
+            "99999999999999999999",
+            "soon",
+            "10",
+            "299",
+        ] {
             let err = from(&[(CLAIM_LEASE_ENV, bad)]).unwrap_err();
             assert_eq!(err.variable, CLAIM_LEASE_ENV);
-            assert!(err.to_string().contains("from 1 to 2147483647"), "{err}");
+            assert!(err.to_string().contains("from 300 "), "{err}");
+            assert!(err.to_string().contains("to 2147483647"), "{err}");
         }
+        let shortest = from(&[(CLAIM_LEASE_ENV, "300")]).unwrap();
+        assert_eq!(shortest.claim_lease, IdempotencyConfig::MIN_CLAIM_LEASE);
+        // Set in code, a lease under the floor is refused by every builder too.
+        let short =
+            IdempotencyConfig::default().with(|c| c.claim_lease = Duration::from_millis(10));
+        let err = short.checked().unwrap_err();
+        assert_eq!(err.variable, "IdempotencyConfig::claim_lease");
         let longest = from(&[(CLAIM_LEASE_ENV, "2147483647")]).unwrap();
         assert_eq!(longest.claim_lease, Duration::from_millis(2_147_483_647));
         for bad in ["", "-1", "64MiB", "1e6"] {

@@ -10,6 +10,7 @@ use crate::hash::request_hash;
 use crate::store::tests::fixture::{Backend, Fixture};
 use crate::store::tests::support::*;
 use crate::store::{PostgresOptions, PostgresStore, SqlWrite, Store, StoreError};
+use crate::IdempotencyConfig;
 
 /// The session's settings that a staged write could change and later calls depend on.
 const SETTINGS: &str = "SELECT current_setting('statement_timeout') || ' ' ||
@@ -158,7 +159,8 @@ async fn a_serializable_database_default_fails_no_call() {
          ''serializable''', current_database()); END $$",
     )
     .await;
-    let config = config(86_400, 100_000).with(|c| c.claim_lease = Duration::from_millis(300));
+    let config =
+        config(86_400, 100_000).with(|c| c.claim_lease = IdempotencyConfig::MIN_CLAIM_LEASE);
     let replicas = fx.replicas(&config, 2).await;
     let hash = request_hash(b"{}").unwrap();
     let mut calls = Vec::new();
