@@ -220,23 +220,27 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
             None => nothing_for(&key),
         },
         Command::Purge { key, yes } => {
+            // Asked before anything is deleted: a key held again (its expired row not swept
+            // yet) was purged, "purged", while its call went on (helper-94).
+            match admin
+                .show(&key)
+                .await
+                .map_err(error)?
+                .map(|info| info.state)
+            {
+                Some(EntryState::OpenStream(events)) => return still_streaming(&key, events),
+                Some(EntryState::Running) => return still_running(&key),
+                None => return nothing_for(&key),
+                Some(EntryState::Live(_) | EntryState::Expired(_)) => {}
+            }
             let db = redacted_url(db);
             if !confirmed(yes, &format!("delete the entry of {key} in {db}"))? {
                 return Err("not confirmed; nothing deleted".into());
             }
-            if !admin.purge(&key).await.map_err(error)? {
-                return match admin
-                    .show(&key)
-                    .await
-                    .map_err(error)?
-                    .map(|info| info.state)
-                {
-                    Some(EntryState::OpenStream(events)) => still_streaming(&key, events),
-                    Some(EntryState::Running) => still_running(&key),
-                    _ => nothing_for(&key),
-                };
+            match admin.purge(&key).await.map_err(error)? {
+                true => Ok(emit(format!("purged {key}\n"), ExitCode::SUCCESS)),
+                false => nothing_for(&key),
             }
-            Ok(emit(format!("purged {key}\n"), ExitCode::SUCCESS))
         }
         Command::PurgeExpired { yes } => {
             let db = redacted_url(db);

@@ -1797,3 +1797,37 @@ async fn uses_are_written_without_waiting_on_a_row_being_written() {
         "the other use was written"
     );
 }
+
+/// A key whose entry expired, not swept yet, and whose call runs again on a replica: the
+/// admin tool shows the call, not the expired entry (it said "expired", and `idem-admin
+/// purge` deleted the row, "purged", while the call went on: helper-94).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_tool_shows_the_call_that_holds_a_key_again_not_its_expired_entry() {
+    use crate::admin::{Admin, EntryState};
+
+    let Some(fx) = fixture().await else { return };
+    let config = config(10, 100);
+    let cache = fx.cache(&config).await;
+    execute(&cache, &key(1), "{}", "first").await;
+    let mut admin = Admin::open(fx.url.as_ref().unwrap(), &config)
+        .await
+        .unwrap();
+    admin.set_clock(fx.clock.clone());
+    let state = |info: Option<crate::admin::EntryInfo>| info.map(|info| info.state);
+    fx.clock.advance(Duration::from_secs(11));
+    assert_eq!(
+        state(admin.show(&key(1)).await.unwrap()),
+        Some(EntryState::Expired(200))
+    );
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&cache, &key(1), "message/send", &hash).await;
+    assert_eq!(
+        state(admin.show(&key(1)).await.unwrap()),
+        Some(EntryState::Running)
+    );
+    ticket.complete(response("again")).await.unwrap();
+    assert_eq!(
+        state(admin.show(&key(1)).await.unwrap()),
+        Some(EntryState::Live(200))
+    );
+}
