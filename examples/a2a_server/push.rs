@@ -47,7 +47,8 @@ impl PushConfig {
         self.id.clone().unwrap_or_else(|| task_id.to_owned())
     }
 
-    fn stored(&self, task_id: &str) -> (String, String) {
+    /// The config's id and the JSON it is stored as, given the task it belongs to.
+    pub fn stored(&self, task_id: &str) -> (String, String) {
         let mut config = self.clone();
         let id = config.id_for(task_id);
         config.id = Some(id.clone());

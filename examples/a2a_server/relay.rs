@@ -71,7 +71,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::clock;
 use crate::push::{PushConfig, PushConfigs};
 use crate::shapes::Shape;
-use crate::tasks::{Pending, RelayLock, TaskStore};
+use crate::tasks::{Pending, RelayLock, TaskStore, Took};
 use backoff::{backoff, waited};
 use hand_out::HandedOut;
 
@@ -158,8 +158,8 @@ impl Pass {
 
 /// What one attempt to deliver an event did.
 struct Attempt {
-    /// The webhooks (config ids) that took it in this attempt.
-    took: Vec<String>,
+    /// The webhooks (config ids) that took it in this attempt, with their configs' JSON.
+    took: Vec<(String, String)>,
     /// A webhook of its task was behind, and not posted it.
     held_back: bool,
     /// Why a post failed, if one did.
@@ -170,6 +170,16 @@ impl Attempt {
     /// Every webhook of its task has it now.
     fn complete(&self) -> bool {
         !self.held_back && self.failure.is_none()
+    }
+
+    /// What to record of this attempt at `event`.
+    fn took(&mut self, event: &Pending, complete: bool) -> Took {
+        Took {
+            event: event.id,
+            task: event.task_id.clone(),
+            configs: std::mem::take(&mut self.took),
+            complete,
+        }
     }
 }
 
@@ -367,14 +377,23 @@ impl Delivery {
     async fn settle(&self, event: &Pending, pass: &mut Pass) -> bool {
         let first = !pass.undelivered_before;
         let (stored, go_on) = match self.attempt(event, pass).await {
-            Ok(attempt) if attempt.complete() => {
-                (self.store.mark_delivered(vec![event.id]).await, true)
-            }
-            Ok(attempt) => {
+            // Marked delivered where every webhook its task has now took it: one set again
+            // while it was posted is owed it still (helper-95), and the retry posts it there.
+            Ok(mut attempt) if attempt.complete() => (
+                self.store
+                    .record_deliveries(attempt.took(event, true))
+                    .await,
+                true,
+            ),
+            Ok(mut attempt) => {
                 pass.undelivered_before = true;
                 let recorded = match attempt.took.is_empty() {
                     true => Ok(()),
-                    false => self.store.record_deliveries(event.id, attempt.took).await,
+                    false => {
+                        self.store
+                            .record_deliveries(attempt.took(event, false))
+                            .await
+                    }
                 };
                 if let (Ok(()), Some(why), true) = (&recorded, attempt.failure, first) {
                     self.failed(event, &why).await;
@@ -478,9 +497,9 @@ impl Delivery {
             .iter()
             .map(|(_, config)| self.post(config, event, body.clone()));
         let posted = futures::future::join_all(posts).await;
-        for ((id, _), posted) in due.into_iter().zip(posted) {
+        for ((id, config), posted) in due.into_iter().zip(posted) {
             match posted {
-                Ok(()) => attempt.took.push(id),
+                Ok(()) => attempt.took.push((id, config.stored(&event.task_id).1)),
                 Err(why) => {
                     pass.behind.insert(id);
                     attempt.failure.get_or_insert(why);

@@ -34,6 +34,17 @@ pub struct Event {
     pub payload: Value,
 }
 
+/// The webhooks that took an outbox event in one attempt, for
+/// [`TaskStore::record_deliveries`].
+pub struct Took {
+    pub event: i64,
+    pub task: String,
+    /// Each webhook's config id, with its config's JSON as it was posted.
+    pub configs: Vec<(String, String)>,
+    /// No webhook the attempt meant to post failed or was held back.
+    pub complete: bool,
+}
+
 /// The `tasks` and `outbox` tables.
 #[derive(Clone)]
 pub struct TaskStore {
@@ -270,12 +281,14 @@ impl TaskStore {
         Ok(delivered?)
     }
 
-    /// Records that the webhooks `config_ids` took outbox event `id`, in one transaction.
-    pub async fn record_deliveries(&self, id: i64, config_ids: Vec<String>) -> RpcResult<()> {
+    /// Records which webhooks took an outbox event, each while its config is still the one
+    /// posted, and marks the event delivered where `took` is complete and every webhook of
+    /// its task has it now: one transaction.
+    pub async fn record_deliveries(&self, took: Took) -> RpcResult<()> {
         let now = clock::now_ms() as i64;
         let recorded = match &self.db {
-            Backend::Sqlite(db) => sqlite::record_deliveries(db, id, config_ids, now).await,
-            Backend::Postgres(pool) => postgres::record_deliveries(pool, id, config_ids, now).await,
+            Backend::Sqlite(db) => sqlite::record_deliveries(db, took, now).await,
+            Backend::Postgres(pool) => postgres::record_deliveries(pool, took, now).await,
         };
         Ok(recorded?)
     }

@@ -41,6 +41,8 @@ struct Receiver {
     deliveries: Arc<Mutex<Vec<Delivery>>>,
     failures: Arc<AtomicUsize>,
     failing: Option<&'static str>,
+    /// How long it takes to answer, once it has recorded what it was posted.
+    answer_after: Arc<Mutex<Duration>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -55,6 +57,7 @@ impl Receiver {
             deliveries: Arc::default(),
             failures: Arc::new(AtomicUsize::new(failures)),
             failing,
+            answer_after: Arc::default(),
             task: None,
         };
         receiver.listen().await;
@@ -72,12 +75,13 @@ impl Receiver {
             .expect("bind the receiver");
         self.port = listener.local_addr().unwrap().port();
         let (deliveries, failures) = (self.deliveries.clone(), self.failures.clone());
-        let failing = self.failing;
+        let (failing, answer_after) = (self.failing, self.answer_after.clone());
         self.task = Some(tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 let (deliveries, failures) = (deliveries.clone(), failures.clone());
+                let after = *answer_after.lock().unwrap();
                 tokio::spawn(async move {
-                    let _ = answer(socket, &deliveries, &failures, failing).await;
+                    let _ = answer(socket, &deliveries, &failures, failing, after).await;
                 });
             }
         }));
@@ -126,6 +130,7 @@ async fn answer(
     deliveries: &Mutex<Vec<Delivery>>,
     failures: &AtomicUsize,
     failing: Option<&str>,
+    after: Duration,
 ) -> std::io::Result<()> {
     let mut reader = BufReader::new(socket);
     let mut headers = Vec::new();
@@ -162,6 +167,7 @@ async fn answer(
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         status,
     });
+    tokio::time::sleep(after).await;
     let reply = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
     reader.get_mut().write_all(reply.as_bytes()).await
 }
@@ -796,6 +802,48 @@ async fn set_again_under_its_id(server: &ServerProcess, by_send: bool) -> Receiv
         .await;
     new.wait_for("mission.completed").await;
     new
+}
+
+/// A webhook set again under its id while its old URL is being posted an event, which it
+/// takes, while another webhook of the task fails that event: the new URL gets it too. The
+/// old URL's record, written after the set had forgotten the id's records, had the new one
+/// skipped at every retry, for good (helper-95).
+#[tokio::test]
+async fn a_webhook_set_again_while_its_old_url_takes_an_event_gets_it_too() {
+    set_again_while_its_old_url_takes_an_event(ServerProcess::start(&[])).await;
+}
+
+/// The same on PostgreSQL, where the record locks the config's row until it commits.
+#[tokio::test]
+async fn a_webhook_set_again_while_its_old_url_takes_an_event_gets_it_too_on_postgres() {
+    let what = "webhooks set again mid-post on PostgreSQL";
+    let Some(db) = crate::replicas::Database::shared("idem_push_mid_post", what).await else {
+        return;
+    };
+    set_again_while_its_old_url_takes_an_event(ServerProcess::start_on(Some(db.url()), &[], &[]))
+        .await;
+}
+
+async fn set_again_while_its_old_url_takes_an_event(server: ServerProcess) {
+    let failing = Receiver::failing(Some("mission.completed"), 2).await;
+    let (old, new) = (Receiver::start(0).await, Receiver::start(0).await);
+    *old.answer_after.lock().unwrap() = Duration::from_secs(2);
+    let task_id = send_with_webhook(&server, json!({"id": "x", "url": old.url()}), 1000).await;
+    let config =
+        json!({"taskId": task_id, "pushNotificationConfig": {"id": "w", "url": failing.url()}});
+    let set = call(&server.url, "tasks/pushNotificationConfig/set", config).await;
+    assert!(set["result"].is_object(), "{set}");
+    // The old URL has been posted the completion, and has not answered yet.
+    old.wait_until("a post of the completion", |taken| {
+        taken.iter().any(|d| d.event_type == "mission.completed")
+    })
+    .await;
+    let config =
+        json!({"taskId": task_id, "pushNotificationConfig": {"id": "x", "url": new.url()}});
+    let set = call(&server.url, "tasks/pushNotificationConfig/set", config).await;
+    assert!(set["result"].is_object(), "{set}");
+    new.wait_for("mission.completed").await;
+    failing.wait_for("mission.completed").await;
 }
 
 /// The relay's read runs on every poll over every undelivered event: each event must cost index

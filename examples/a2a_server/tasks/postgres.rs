@@ -2,13 +2,14 @@
 //! stores the call's cache entry, everything else on the idempotency store's pool.
 
 use idem::store::deadpool_postgres::{ClientWrapper, GenericClient, Object, Pool};
+use idem::store::tokio_postgres::types::ToSql;
 use idem::store::tokio_postgres::{self, Transaction};
 use idem::store::WriteError;
 use idem::UnitOfWork;
 use jsonrpsee::core::RpcResult;
 
 use super::sql;
-use super::{Change, EventRow, Failure, Loaded, Pending, PushRow, TaskRow};
+use super::{Change, EventRow, Failure, Loaded, Pending, PushRow, TaskRow, Took};
 use crate::model::Task;
 
 /// The advisory lock keys: creating the tables, and delivering the outbox.
@@ -183,17 +184,17 @@ pub async fn delivered_to(pool: &Pool, id: i64) -> Result<Vec<String>, Failure> 
     texts(pool, sql::DELIVERED_TO, &id).await
 }
 
-pub async fn record_deliveries(
-    pool: &Pool,
-    id: i64,
-    config_ids: Vec<String>,
-    now: i64,
-) -> Result<(), Failure> {
+pub async fn record_deliveries(pool: &Pool, took: Took, now: i64) -> Result<(), Failure> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let statement = tx.prepare_cached(sql::RECORD_DELIVERY).await?;
-    for config_id in &config_ids {
-        tx.execute(&statement, &[&id, config_id, &now]).await?;
+    let statement = tx.prepare_cached(sql::RECORD_DELIVERY_LOCKING).await?;
+    for (config_id, json) in &took.configs {
+        let params: [&(dyn ToSql + Sync); 5] = [&took.event, config_id, &now, &took.task, json];
+        tx.execute(&statement, &params).await?;
+    }
+    if took.complete {
+        tx.execute(sql::MARK_DELIVERED_TO_ALL, &[&took.event, &now])
+            .await?;
     }
     Ok(tx.commit().await?)
 }

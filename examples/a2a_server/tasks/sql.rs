@@ -220,9 +220,34 @@ pub const PRUNE_DELIVERED: &str = "DELETE FROM outbox WHERE id IN (
 /// `$1` event id: the webhooks (config ids) that took it already.
 pub const DELIVERED_TO: &str = "SELECT config_id FROM outbox_deliveries WHERE event_id = $1";
 
-/// `$1` event id, `$2` config id, `$3` now: that webhook took it.
-pub const RECORD_DELIVERY: &str = "INSERT INTO outbox_deliveries (event_id, config_id,
-    delivered_at) VALUES ($1, $2, $3) ON CONFLICT (event_id, config_id) DO NOTHING";
+/// `$1` event id, `$2` config id, `$3` now, `$4` task id, `$5` the config's JSON as it was
+/// posted: that webhook took it, unless its config was set again or deleted meanwhile. Set
+/// again (to another URL, say), it is another webhook, owed the event; recorded all the same,
+/// the new one was never posted it (helper-95).
+macro_rules! record_delivery {
+    ($lock:literal) => {
+        concat!(
+            "INSERT INTO outbox_deliveries (event_id, config_id, delivered_at)
+             SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM push_configs
+               WHERE task_id = $4 AND config_id = $2 AND config_json = $5",
+            $lock,
+            ") ON CONFLICT (event_id, config_id) DO NOTHING"
+        )
+    };
+}
+
+/// [`record_delivery!`] on SQLite, whose one writer runs a config's set apart from it.
+pub const RECORD_DELIVERY: &str = record_delivery!("");
+
+/// [`record_delivery!`] on PostgreSQL: the config's row is locked until the record commits, so
+/// a set of it meanwhile forgets the record ([`FORGET_DELIVERIES`]) after, not before.
+pub const RECORD_DELIVERY_LOCKING: &str = record_delivery!(" FOR SHARE");
+
+/// `$1` event id, `$2` now: delivered, once every webhook of its task took it.
+pub const MARK_DELIVERED_TO_ALL: &str = "UPDATE outbox SET delivered_at = $2 WHERE id = $1
+    AND NOT EXISTS (SELECT 1 FROM push_configs p WHERE p.task_id = outbox.task_id
+      AND NOT EXISTS (SELECT 1 FROM outbox_deliveries d
+        WHERE d.event_id = outbox.id AND d.config_id = p.config_id))";
 
 /// Deletes at most `$2` webhooks' deliveries of events delivered (or given up) before `$1`,
 /// or deleted: as [`PRUNE_DELIVERED`] does their events.

@@ -7,7 +7,7 @@ use jsonrpsee::core::RpcResult;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::sql::{self, sqlite};
-use super::{Change, EventRow, Failure, Loaded, Pending, PushRow, TaskRow};
+use super::{Change, EventRow, Failure, Loaded, Pending, PushRow, TaskRow, Took};
 use crate::model::Task;
 
 pub async fn create(db: &Database) -> Result<(), String> {
@@ -151,16 +151,16 @@ pub async fn delivered_to(db: &Database, id: i64) -> Result<Vec<String>, Failure
     texts(db, sql::DELIVERED_TO, id).await
 }
 
-pub async fn record_deliveries(
-    db: &Database,
-    id: i64,
-    config_ids: Vec<String>,
-    now: i64,
-) -> Result<(), Failure> {
+pub async fn record_deliveries(db: &Database, took: Took, now: i64) -> Result<(), Failure> {
     let recorded = db.transact(move |conn| {
         let mut statement = conn.prepare_cached(&sqlite(sql::RECORD_DELIVERY))?;
-        for config_id in &config_ids {
-            statement.execute(params![id, config_id, now])?;
+        for (config_id, json) in &took.configs {
+            statement.execute(params![took.event, config_id, now, took.task, json])?;
+        }
+        if took.complete {
+            let mark = sqlite(sql::MARK_DELIVERED_TO_ALL);
+            conn.prepare_cached(&mark)?
+                .execute(params![took.event, now])?;
         }
         Ok::<_, rusqlite::Error>(())
     });
