@@ -30,6 +30,9 @@ const MAX_DURATION_MS: u64 = 60_000;
 const MAX_COMPLETION_PAUSE: Duration = Duration::from_secs(5);
 /// How often a replica on a shared database looks for missions left overdue.
 const OVERDUE_SWEEP: Duration = Duration::from_secs(5);
+/// How often a stream that follows a task on a shared database reads it again, for another
+/// replica's cancel.
+const SHARED_LOOK: Duration = Duration::from_secs(1);
 const MAX_DELAY_MS: u64 = 10_000;
 
 /// `params.metadata` as a send reads it: the two members the missions obey. The others, a
@@ -169,7 +172,7 @@ impl Missions {
     /// continues a task follows that task's mission the same way. The stream completes the
     /// mission itself (the background completion, racing it, is a no-op). A task canceled here
     /// meanwhile ends it at once with its final status, as a task stream closes when its task
-    /// is terminal (a cancel on another replica shows at the deadline).
+    /// is terminal (a cancel on another replica within a second).
     pub async fn stream(
         &self,
         unit: &UnitOfWork,
@@ -321,26 +324,30 @@ impl Missions {
         Ok(canceled)
     }
 
-    /// The task, if it is terminal before `deadline`: looked at again after each cancel here.
+    /// The task, if it is terminal before `deadline`: looked at again after each cancel here,
+    /// and on a database replicas share, every [`SHARED_LOOK`] as well: another replica's
+    /// cancel reaches no watch of this one (a follower learned of it at the deadline, up to a
+    /// minute late: helper-95).
     async fn ended_before(
         &self,
         deadline: Instant,
         task_id: &str,
         cancels: &mut watch::Receiver<u64>,
     ) -> Option<Task> {
+        let shared = self.store.shared();
         loop {
             tokio::select! {
                 // A cancel first: one that came with the deadline still ends the stream.
                 biased;
-                _ = cancels.changed() => {
-                    // A read that fails leaves the stream to its deadline, as before a cancel.
-                    if let Ok(task) = self.store.get(task_id.to_owned()).await {
-                        if task.state.is_terminal() {
-                            return Some(task);
-                        }
-                    }
-                }
+                _ = cancels.changed() => {}
+                _ = tokio::time::sleep(SHARED_LOOK), if shared => {}
                 _ = tokio::time::sleep_until(deadline) => return None,
+            }
+            // A read that fails leaves the stream to its deadline, as before a cancel.
+            if let Ok(task) = self.store.get(task_id.to_owned()).await {
+                if task.state.is_terminal() {
+                    return Some(task);
+                }
             }
         }
     }

@@ -434,3 +434,40 @@ async fn the_conformance_scenarios_pass_on_postgres() {
         );
     }
 }
+
+/// A task followed on one replica (`tasks/resubscribe`) and canceled on another: the follower
+/// gets the final `canceled` status within seconds, not at the mission's deadline (another
+/// replica's cancel reached no watch of the follower's: up to a minute late; helper-95).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_learns_of_a_cancel_on_another_replica_before_the_deadline() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let (a, b) = (replica(&db, &[]), replica(&db, &[]));
+    let body = send_with(
+        1,
+        "message/send",
+        &new_id(),
+        "long",
+        json!({"durationMs": 60000}),
+    );
+    let task = post_activated(&a.url, body).await.json()["result"].clone();
+    let follow = json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/resubscribe",
+        "params": {"id": task["id"]}});
+    let mut follower = SseReply::open(&a.url, follow.to_string(), &[]).await;
+    let first = follower.next_event().await.expect("the task as it is");
+    assert_eq!(first["result"]["status"]["state"], "working", "{first}");
+    let started = Instant::now();
+    let cancel = json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/cancel",
+        "params": {"id": task["id"]}});
+    let canceled = try_post(&b.url, cancel.to_string(), &[]).await.unwrap();
+    assert_eq!(canceled.json()["result"]["status"]["state"], "canceled");
+    let last = follower.rest().await.pop().expect("a final status");
+    assert_eq!(last["result"]["status"]["state"], "canceled", "{last}");
+    assert_eq!(last["result"]["final"], true, "{last}");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(20),
+        "{waited:?}: at the deadline"
+    );
+}
