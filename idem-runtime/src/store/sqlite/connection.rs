@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use rusqlite::config::DbConfig;
-use rusqlite::Connection;
+use rusqlite::{ffi, Connection};
 
 use crate::store::StoreError;
 
@@ -145,13 +145,27 @@ pub(super) fn writer_restored(conn: &Connection) {
 /// Resets what an application's code left running on one of the store's connections: a
 /// statement stepped and never reset (its `Rows` forgotten) holds a read snapshot although
 /// the connection reports autocommit, so every later lookup there missed newer entries and
-/// stored keys ran again (helper-93), and the writer could begin no transaction. A cached one
-/// is finalized with the cache; `false` where one held elsewhere still runs.
-pub(super) fn statements_reset(conn: &Connection) -> bool {
+/// stored keys ran again (helper-93), the writer could begin no batch, and no checkpoint
+/// could copy the log back past it. Every statement of the connection's that still runs is
+/// rewound, cached or not (one leaked outside the cache was out of reach: helper-96).
+pub(super) fn statements_reset(conn: &Connection) {
     if !conn.is_busy() {
-        return true;
+        return;
     }
     tracing::warn!("an application's code left a statement running on a store connection: reset");
-    conn.flush_prepared_statement_cache();
-    !conn.is_busy()
+    // SAFETY: `handle` is this connection's, used on the one thread that runs it, between two
+    // jobs: nothing else runs a statement of it meanwhile. `sqlite3_next_stmt` walks the
+    // connection's own statements, each still prepared (a finalized one leaves the list), and
+    // `sqlite3_reset` only rewinds one: a statement the application still holds stays valid,
+    // and its next use starts it over, as rusqlite does before each use.
+    unsafe {
+        let db = conn.handle();
+        let mut statement = ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
+        while !statement.is_null() {
+            if ffi::sqlite3_stmt_busy(statement) != 0 {
+                ffi::sqlite3_reset(statement);
+            }
+            statement = ffi::sqlite3_next_stmt(db, statement);
+        }
+    }
 }

@@ -46,10 +46,10 @@ impl Readers {
         let mut threads = Vec::with_capacity(READER_THREADS);
         for n in 0..READER_THREADS {
             let conn = connect(path)?;
-            let (rx, path) = (rx.clone(), path.to_path_buf());
+            let rx = rx.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("idem-sqlite-reader-{n}"))
-                .spawn(move || serve(conn, &rx, || connect(&path)))?;
+                .spawn(move || serve(&conn, &rx))?;
             threads.push(thread);
         }
         Ok(Self {
@@ -122,39 +122,18 @@ fn no_place(bound: Duration) -> StoreError {
     }
 }
 
-fn serve(
-    mut conn: Connection,
-    jobs: &Mutex<mpsc::Receiver<ReadJob>>,
-    reconnect: impl Fn() -> Result<Connection, StoreError>,
-) {
+fn serve(conn: &Connection, jobs: &Mutex<mpsc::Receiver<ReadJob>>) {
     loop {
         let next = jobs.lock().expect("reader queue lock").recv();
         match next {
             // A panicking job must not take the reader (and its queue) down with it.
             Ok(job) => {
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&conn)));
-                end_transaction_left_open(&conn);
-                if !statements_reset(&conn) {
-                    replace(&mut conn, &reconnect);
-                }
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(conn)));
+                end_transaction_left_open(conn);
+                statements_reset(conn);
             }
             Err(_closed) => return,
         }
-    }
-}
-
-/// Serves the next reads on a new connection: this one has a statement running that only
-/// its holder can reset, and reads here would go on seeing its snapshot. The old connection
-/// stays open as long as that statement lives.
-fn replace(conn: &mut Connection, reconnect: impl Fn() -> Result<Connection, StoreError>) {
-    match reconnect() {
-        Ok(fresh) => {
-            tracing::error!(
-                "a read kept a statement running past its end: its connection replaced"
-            );
-            *conn = fresh;
-        }
-        Err(error) => tracing::error!(%error, "a reader's connection could not be replaced"),
     }
 }
 

@@ -1722,6 +1722,13 @@ async fn a_read_that_leaves_a_statement_running_hides_nothing_later() {
             claimed.map(|c| matches!(c, Claim::Execute(_)))
         );
     }
+    // Nor do they pin the log: a checkpoint copies all of it back (a connection set aside
+    // for its statement held its snapshot for good: helper-96).
+    let conn = rusqlite::Connection::open(&fx.path).unwrap();
+    let checkpoint = "PRAGMA wal_checkpoint(PASSIVE)";
+    let framed = |row: &rusqlite::Row| Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?));
+    let (log, copied) = conn.query_row(checkpoint, [], framed).unwrap();
+    assert_eq!(copied, log, "frames copied back of the log's");
 }
 
 /// The same in an application's write (an `INSERT ... RETURNING` stepped once): every later
@@ -1734,20 +1741,25 @@ async fn a_write_that_leaves_a_statement_running_holds_no_later_batch() {
     let cache = fx.cache(&config(86_400, 100)).await;
     execute(&cache, &key(0), "{}", "zero").await;
     let db = Database::new(cache.store().clone());
-    let leaked = db.transact(|conn| {
-        conn.execute_batch("CREATE TABLE IF NOT EXISTS app (x)")?;
-        let insert = "INSERT INTO app (x) VALUES (1), (2) RETURNING x";
-        let mut statement = conn.prepare_cached(insert)?;
-        let mut rows = statement.query([])?;
-        let first = rows.next()?.map(|row| row.get::<_, i64>(0)).transpose();
-        std::mem::forget(rows);
-        first
-    });
-    // Its own batch fails ("SQL statements in progress"): the write's own doing.
-    let _ = leaked.await;
-    for n in 1..4 {
+    // In the cache, or held by no one (out of the cache's reach: helper-96).
+    for cached in [true, false] {
+        let leaked = db.transact(move |conn| {
+            conn.execute_batch("CREATE TABLE IF NOT EXISTS app (x)")?;
+            let insert = "INSERT INTO app (x) VALUES (1), (2) RETURNING x";
+            let mut rows = match cached {
+                true => Box::leak(Box::new(conn.prepare_cached(insert)?)).query([])?,
+                false => Box::leak(Box::new(conn.prepare(insert)?)).query([])?,
+            };
+            let first = rows.next()?.map(|row| row.get::<_, i64>(0)).transpose();
+            std::mem::forget(rows);
+            first
+        });
+        // Its own batch fails ("SQL statements in progress"): the write's own doing.
+        let _ = leaked.await;
+        let n = 1 + u32::from(cached);
         execute(&cache, &key(n), "{}", "later").await;
     }
+    execute(&cache, &key(3), "{}", "later").await;
     let written = db.transact(|conn| conn.execute_batch("CREATE TABLE later (x)"));
     written.await.unwrap();
     assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_cache").await, 4);
