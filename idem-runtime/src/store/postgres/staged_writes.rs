@@ -56,33 +56,38 @@ pub(super) async fn apply_writes(
 /// `SET` lasts once it commits (`synchronous_commit = off` lost later calls' answered writes
 /// in a crash; `default_transaction_read_only` failed one call in sixteen until a restart:
 /// helper-90), and a `DEALLOCATE`, an advisory lock or a cursor outlast a rollback too. Then
-/// sets `settings`, the pool's own, again, and counts the session's prepared statements.
+/// sets `settings`, the pool's own, again, and counts the session's prepared statements: the
+/// store's (prepared by the protocol) and the writes' own (by `PREPARE`).
 pub(super) fn restore_sql(settings: &str) -> Arc<str> {
     format!(
         "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; {settings}; CLOSE ALL; UNLISTEN *; \
-         SELECT pg_advisory_unlock_all(); DISCARD TEMP; \
-         SELECT count(*) FROM pg_prepared_statements"
+         SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; \
+         SELECT count(*) FILTER (WHERE NOT from_sql), count(*) FILTER (WHERE from_sql) \
+         FROM pg_prepared_statements"
     )
     .into()
 }
 
 /// Gives `client`, whose transaction ran staged writes and committed, back to the pool as
 /// the pool made it ([`restore_sql`]), in a task of its own: the call's answer waits for
-/// none of it, and the next call to take the session waits for all of it. A session not
-/// restored within `bound`, or that lost statements the store prepared on it (the writes'
-/// `DEALLOCATE ALL`, whose every later use failed), is closed instead.
+/// none of it, and the next call to take the session waits for all of it. A session is
+/// closed instead where it is not restored within `bound`, where it lost statements the
+/// store prepared on it (the writes' `DEALLOCATE ALL`, whose every later use failed), or where
+/// the writes prepared statements of their own (the same write's `PREPARE` failed on the
+/// session's next call: helper-96).
 pub(super) fn hand_back(client: Object, restore: Arc<str>, bound: Duration) {
     tokio::spawn(async move {
         let restored = tokio::time::timeout(bound, client.simple_query(&restore)).await;
         let prepared = match restored {
-            Ok(Ok(messages)) => last_count(&messages),
+            Ok(Ok(messages)) => prepared_statements(&messages),
             Ok(Err(error)) => {
                 tracing::warn!(%error, "a session could not be restored after staged writes: closed");
                 None
             }
             Err(_) => None,
         };
-        if prepared.is_none_or(|prepared| prepared < client.statement_cache.size()) {
+        let cached = client.statement_cache.size();
+        if prepared.is_none_or(|(store, writes)| store < cached || writes > 0) {
             discard(client);
         }
     });
@@ -94,11 +99,11 @@ pub(super) fn discard(client: Object) {
     drop(Object::take(client));
 }
 
-/// The single value of the last row among `messages`, as a count.
-fn last_count(messages: &[SimpleQueryMessage]) -> Option<usize> {
+/// The counts [`restore_sql`] ends with: the protocol's prepared statements, then `PREPARE`'s.
+fn prepared_statements(messages: &[SimpleQueryMessage]) -> Option<(usize, usize)> {
     let row = messages.iter().rev().find_map(|message| match message {
         SimpleQueryMessage::Row(row) => Some(row),
         _ => None,
     })?;
-    row.get(0)?.parse().ok()
+    Some((row.get(0)?.parse().ok()?, row.get(1)?.parse().ok()?))
 }

@@ -102,6 +102,45 @@ async fn a_committed_calls_session_settings_do_not_reach_the_next_call() {
     assert_eq!(cached_body(&cache, &key(2)).await.unwrap(), b"ok");
 }
 
+/// A write's own `PREPARE`, and its sequences' `currval`, outlasted the restore: the same
+/// write failed on the session's next call ("prepared statement already exists"), and
+/// another call saw the sequence's value of this one (helper-96).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writes_prepared_statements_and_sequences_do_not_reach_the_next_call() {
+    let Some(fx) = Fixture::new(Backend::Postgres).await else {
+        return;
+    };
+    let cache = one_session(&fx).await;
+    fx.execute("CREATE SEQUENCE numbers").await;
+    let preparing = |n: u32| {
+        SqlWrite::postgres(move |tx| {
+            Box::pin(async move {
+                // `currval` fails where this session took no number of the sequence yet.
+                tx.batch_execute("SAVEPOINT probe").await?;
+                let seen = tx.query("SELECT currval('numbers')", &[]).await.is_ok();
+                tx.batch_execute(match seen {
+                    true => "RELEASE probe",
+                    false => "ROLLBACK TO probe",
+                })
+                .await?;
+                tx.batch_execute("PREPARE ins(text) AS INSERT INTO effects (name) VALUES ($1)")
+                    .await?;
+                let name = format!("{n}: currval seen {seen}");
+                tx.batch_execute(&format!("EXECUTE ins('{name}')")).await?;
+                tx.query_one("SELECT nextval('numbers')", &[]).await?;
+                Ok(())
+            })
+        })
+    };
+    call(&cache, 1, vec![preparing(1)]).await.unwrap();
+    call(&cache, 2, vec![preparing(2)]).await.unwrap();
+    let effects = fx.effects().await;
+    assert!(
+        effects[1].starts_with("2: currval seen false"),
+        "{effects:?}"
+    );
+}
+
 /// `DEALLOCATE ALL` in a staged write takes the statements the store prepared on the
 /// session: its own call fails (the store's next statement is gone), and the rollback keeps
 /// the `DEALLOCATE`, so every later call on the session failed too ("prepared statement does
