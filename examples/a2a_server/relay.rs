@@ -377,23 +377,25 @@ impl Delivery {
     async fn settle(&self, event: &Pending, pass: &mut Pass) -> bool {
         let first = !pass.undelivered_before;
         let (stored, go_on) = match self.attempt(event, pass).await {
-            // Marked delivered where every webhook its task has now took it: one set again
-            // while it was posted is owed it still (helper-95), and the retry posts it there.
-            Ok(mut attempt) if attempt.complete() => (
-                self.store
+            // Marked delivered where every webhook its task has now took it. One set again
+            // while it was posted is owed it still (helper-95): the pass ends, and the next
+            // read posts it there before the task's next event (helper-96).
+            Ok(mut attempt) if attempt.complete() => {
+                match self
+                    .store
                     .record_deliveries(attempt.took(event, true))
-                    .await,
-                true,
-            ),
+                    .await
+                {
+                    Ok(marked) => (Ok(()), marked),
+                    Err(error) => (Err(error), true),
+                }
+            }
             Ok(mut attempt) => {
                 pass.undelivered_before = true;
-                let recorded = match attempt.took.is_empty() {
+                let took = attempt.took(event, false);
+                let recorded = match took.configs.is_empty() {
                     true => Ok(()),
-                    false => {
-                        self.store
-                            .record_deliveries(attempt.took(event, false))
-                            .await
-                    }
+                    false => self.store.record_deliveries(took).await.map(drop),
                 };
                 if let (Ok(()), Some(why), true) = (&recorded, attempt.failure, first) {
                     self.failed(event, &why).await;

@@ -283,8 +283,8 @@ impl TaskStore {
 
     /// Records which webhooks took an outbox event, each while its config is still the one
     /// posted, and marks the event delivered where `took` is complete and every webhook of
-    /// its task has it now: one transaction.
-    pub async fn record_deliveries(&self, took: Took) -> RpcResult<()> {
+    /// its task has it now: one transaction. Whether it marked the event.
+    pub async fn record_deliveries(&self, took: Took) -> RpcResult<bool> {
         let now = clock::now_ms() as i64;
         let recorded = match &self.db {
             Backend::Sqlite(db) => sqlite::record_deliveries(db, took, now).await,

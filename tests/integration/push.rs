@@ -829,21 +829,44 @@ async fn set_again_while_its_old_url_takes_an_event(server: ServerProcess) {
     let (old, new) = (Receiver::start(0).await, Receiver::start(0).await);
     *old.answer_after.lock().unwrap() = Duration::from_secs(2);
     let task_id = send_with_webhook(&server, json!({"id": "x", "url": old.url()}), 1000).await;
-    let config =
-        json!({"taskId": task_id, "pushNotificationConfig": {"id": "w", "url": failing.url()}});
-    let set = call(&server.url, "tasks/pushNotificationConfig/set", config).await;
-    assert!(set["result"].is_object(), "{set}");
+    set_webhook(&server, &task_id, "w", &failing).await;
     // The old URL has been posted the completion, and has not answered yet.
     old.wait_until("a post of the completion", |taken| {
         taken.iter().any(|d| d.event_type == "mission.completed")
     })
     .await;
-    let config =
-        json!({"taskId": task_id, "pushNotificationConfig": {"id": "x", "url": new.url()}});
-    let set = call(&server.url, "tasks/pushNotificationConfig/set", config).await;
-    assert!(set["result"].is_object(), "{set}");
+    set_webhook(&server, &task_id, "x", &new).await;
     new.wait_for("mission.completed").await;
     failing.wait_for("mission.completed").await;
+}
+
+/// Sets webhook `id` of task `task_id` to `receiver`'s URL.
+async fn set_webhook(server: &ServerProcess, task_id: &str, id: &str, receiver: &Receiver) {
+    let config = json!({"taskId": task_id,
+        "pushNotificationConfig": {"id": id, "url": receiver.url()}});
+    let set = call(&server.url, "tasks/pushNotificationConfig/set", config).await;
+    assert!(set["result"].is_object(), "{set}");
+}
+
+/// The same where the event the old URL takes is the first of two its pass carries: the new
+/// URL gets them in order. Left unmarked, the first was passed over and the second posted to
+/// the new URL before it (helper-96).
+#[tokio::test]
+async fn a_webhook_set_again_mid_post_gets_its_tasks_events_in_order() {
+    let server = ServerProcess::start(&[]);
+    let old = Receiver::failing(Some("mission.assigned"), 3).await;
+    let new = Receiver::start(0).await;
+    let task_id = send_with_webhook(&server, json!({"id": "x", "url": old.url()}), 100).await;
+    let failed = |taken: &[Delivery]| taken.iter().filter(|d| d.status == 500).count() >= 3;
+    old.wait_until("three failed attempts", failed).await;
+    *old.answer_after.lock().unwrap() = Duration::from_secs(2);
+    old.wait_until("the fourth attempt", |taken| taken.len() >= 4)
+        .await;
+    set_webhook(&server, &task_id, "x", &new).await;
+    new.wait_for("mission.completed").await;
+    let took = new.taken().into_iter().filter(|d| d.status == 200);
+    let order: Vec<String> = took.map(|d| d.event_type).collect();
+    assert_eq!(order, ["mission.assigned", "mission.completed"]);
 }
 
 /// The relay's read runs on every poll over every undelivered event: each event must cost index

@@ -184,7 +184,7 @@ pub async fn delivered_to(pool: &Pool, id: i64) -> Result<Vec<String>, Failure> 
     texts(pool, sql::DELIVERED_TO, &id).await
 }
 
-pub async fn record_deliveries(pool: &Pool, took: Took, now: i64) -> Result<(), Failure> {
+pub async fn record_deliveries(pool: &Pool, took: Took, now: i64) -> Result<bool, Failure> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let statement = tx.prepare_cached(sql::RECORD_DELIVERY_LOCKING).await?;
@@ -192,11 +192,16 @@ pub async fn record_deliveries(pool: &Pool, took: Took, now: i64) -> Result<(), 
         let params: [&(dyn ToSql + Sync); 5] = [&took.event, config_id, &now, &took.task, json];
         tx.execute(&statement, &params).await?;
     }
-    if took.complete {
-        tx.execute(sql::MARK_DELIVERED_TO_ALL, &[&took.event, &now])
-            .await?;
-    }
-    Ok(tx.commit().await?)
+    let marked = match took.complete {
+        true => {
+            tx.execute(sql::MARK_DELIVERED_TO_ALL, &[&took.event, &now])
+                .await?
+                > 0
+        }
+        false => false,
+    };
+    tx.commit().await?;
+    Ok(marked)
 }
 
 /// Runs `sql` (`$1` an event id, `$2` a value) for each of `ids`, in one transaction; how

@@ -151,18 +151,17 @@ pub async fn delivered_to(db: &Database, id: i64) -> Result<Vec<String>, Failure
     texts(db, sql::DELIVERED_TO, id).await
 }
 
-pub async fn record_deliveries(db: &Database, took: Took, now: i64) -> Result<(), Failure> {
+pub async fn record_deliveries(db: &Database, took: Took, now: i64) -> Result<bool, Failure> {
     let recorded = db.transact(move |conn| {
         let mut statement = conn.prepare_cached(&sqlite(sql::RECORD_DELIVERY))?;
         for (config_id, json) in &took.configs {
             statement.execute(params![took.event, config_id, now, took.task, json])?;
         }
-        if took.complete {
-            let mark = sqlite(sql::MARK_DELIVERED_TO_ALL);
-            conn.prepare_cached(&mark)?
-                .execute(params![took.event, now])?;
+        if !took.complete {
+            return Ok(false);
         }
-        Ok::<_, rusqlite::Error>(())
+        let mut mark = conn.prepare_cached(&sqlite(sql::MARK_DELIVERED_TO_ALL))?;
+        Ok::<_, rusqlite::Error>(mark.execute(params![took.event, now])? > 0)
     });
     Ok(recorded.await?)
 }
