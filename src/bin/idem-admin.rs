@@ -221,21 +221,18 @@ async fn run(admin: &Admin, db: &str, command: Command) -> Result<ExitCode, Stri
         },
         Command::Purge { key, yes } => {
             // Asked before anything is deleted: a key held again (its expired row not swept
-            // yet) was purged, "purged", while its call went on (helper-94).
-            match admin
-                .show(&key)
-                .await
-                .map_err(error)?
-                .map(|info| info.state)
-            {
-                Some(EntryState::OpenStream(events)) => return still_streaming(&key, events),
-                Some(EntryState::Running) => return still_running(&key),
-                None => return nothing_for(&key),
-                Some(EntryState::Live(_) | EntryState::Expired(_)) => {}
+            // yet) was purged, "purged", while its call went on (helper-94). Asked again once
+            // confirmed: the key may have been taken while the operator read the prompt
+            // (helper-96).
+            if let Some(refused) = held(admin, &key).await? {
+                return refused;
             }
             let db = redacted_url(db);
             if !confirmed(yes, &format!("delete the entry of {key} in {db}"))? {
                 return Err("not confirmed; nothing deleted".into());
+            }
+            if let Some(refused) = held(admin, &key).await? {
+                return refused;
             }
             match admin.purge(&key).await.map_err(error)? {
                 true => Ok(emit(format!("purged {key}\n"), ExitCode::SUCCESS)),
@@ -280,6 +277,24 @@ fn still_streaming(key: &MessageId, events: u64) -> Result<ExitCode, String> {
 }
 
 /// A call in flight has stored nothing yet; what it ends with is stored.
+/// The answer to a purge of `key` where nothing of it may be purged: a stream or a call holds
+/// it, or nothing is stored for it.
+async fn held(admin: &Admin, key: &MessageId) -> Result<Option<Result<ExitCode, String>>, String> {
+    Ok(
+        match admin
+            .show(key)
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|info| info.state)
+        {
+            Some(EntryState::OpenStream(events)) => Some(still_streaming(key, events)),
+            Some(EntryState::Running) => Some(still_running(key)),
+            None => Some(nothing_for(key)),
+            Some(EntryState::Live(_) | EntryState::Expired(_)) => None,
+        },
+    )
+}
+
 fn still_running(key: &MessageId) -> Result<ExitCode, String> {
     note!(
         "{key} has no entry to purge: a call holds it on a replica and is still \
