@@ -194,7 +194,8 @@ impl Admin {
     }
 
     /// The stores' test clock, for the tests of what expiry shows.
-    #[cfg(test)]
+    // Only the PostgreSQL suite calls it.
+    #[cfg(all(test, feature = "postgres"))]
     pub(crate) fn set_clock(&mut self, clock: Arc<dyn Clock>) {
         self.clock = clock;
     }

@@ -65,8 +65,15 @@ impl CarelessServer for CarelessAgent {
 
     async fn send_v1(&self, _ext: &Extensions, message: Value) -> RpcResult<Value> {
         self.executions.fetch_add(1, Ordering::SeqCst);
-        if message["parts"][0]["text"] == "fail" {
-            return Err(ErrorObjectOwned::owned(-32000, "failed", None::<()>));
+        match message["parts"][0]["text"].as_str() {
+            Some("fail") => return Err(ErrorObjectOwned::owned(-32000, "failed", None::<()>)),
+            // The body's own validation, in JSON-RPC's words.
+            Some("invalid") => return Err(jsonrpsee::types::ErrorCode::InvalidParams.into()),
+            Some("invalid, why") => {
+                let why = Some(json!({"reason": "no parts"}));
+                return Err(ErrorObjectOwned::owned(-32602, "Invalid params", why));
+            }
+            _ => {}
         }
         Ok(json!({"kind": "task", "id": "t-2"}))
     }
@@ -194,6 +201,45 @@ async fn a_governed_method_without_its_attribute_is_refused_not_run_undeduplicat
         "the bodies ran: the refusal comes after"
     );
     assert!(db.effects().is_empty(), "nothing staged was written");
+}
+
+/// A governed method without `#[idempotent]` whose body answers -32602 itself (its own check
+/// of its input) is named as the mistake it is, alone and in a batch, and nothing is cached.
+/// It was taken for jsonrpsee's refusal of undecodable params: stored as the key's outcome,
+/// its retry ran the body again, answered as a replay (helper-97).
+#[tokio::test]
+async fn an_unguarded_body_s_own_invalid_params_is_named_a_wiring_mistake() {
+    let db = Db::new();
+    let server = careless_server(&db).await;
+    for text in ["invalid", "invalid, why"] {
+        let mid = new_id();
+        for attempt in 1..=2 {
+            let reply = post_activated(
+                &server.url,
+                send_with(1, "SendMessage", &mid, text, json!({})),
+            )
+            .await;
+            assert_eq!(
+                reply.data_code(),
+                "IDEMPOTENCY_METHOD_NOT_GUARDED",
+                "{}",
+                reply.describe()
+            );
+            assert!(!reply.replayed(), "{text}, attempt {attempt}");
+        }
+        assert_eq!(db.row(&mid), None, "{text}: nothing cached");
+        let batch = format!(
+            "[{}]",
+            send_with(2, "SendMessage", &new_id(), text, json!({}))
+        );
+        let reply = post_activated(&server.url, batch).await;
+        let answer = reply.batch_answer(2);
+        assert_eq!(
+            answer["error"]["data"]["code"], "IDEMPOTENCY_METHOD_NOT_GUARDED",
+            "{answer}"
+        );
+    }
+    assert_eq!(server.executions(), 6, "each ran, once per request");
 }
 
 /// In a batch, only the answers in the places of unguarded calls are replaced: not another

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use jsonrpsee::core::middleware::{Batch, BatchEntry, BatchEntryErr, Notification, RpcServiceT};
 use jsonrpsee::core::server::BatchResponseBuilder;
 use jsonrpsee::types::error::{
-    INVALID_PARAMS_CODE, METHOD_NOT_FOUND_CODE, OVERSIZED_RESPONSE_CODE, OVERSIZED_RESPONSE_MSG,
+    INVALID_PARAMS_CODE, INVALID_PARAMS_MSG, METHOD_NOT_FOUND_CODE, OVERSIZED_RESPONSE_CODE,
+    OVERSIZED_RESPONSE_MSG,
 };
 use jsonrpsee::types::{ErrorObject, ErrorObjectOwned, Id, Request};
 use jsonrpsee::{MethodResponse, ResponsePayload};
@@ -434,7 +435,11 @@ impl<'a> Unguarded<'a> {
         response: MethodResponse,
         governed: Option<GovernedCall>,
     ) -> MethodResponse {
-        if refused_before_the_body(response.as_error_code()) {
+        let error = response
+            .is_error()
+            .then(|| decode(response.as_json().get().as_bytes()));
+        let refusal = error.flatten().and_then(Result::err);
+        if refusal.as_ref().is_some_and(refused_before_the_body) {
             return match governed {
                 Some(call) => match refusal_stored(&call, &response).await {
                     Some(payload) => answer(call.id.clone(), payload, call.max_response_bytes)
@@ -464,9 +469,11 @@ impl<'a> Unguarded<'a> {
         let mut rebuilt = Vec::with_capacity(answers.len());
         for (place, answer) in answers.into_iter().enumerate() {
             let mistake = unguarded.iter().find(|(at, ..)| *at == place);
-            let code = answer.error.as_ref().map(|e| e.code);
+            let error = answer.error.as_ref().map(AnswerError::to_error_object);
             let one = match mistake {
-                Some((_, (_, call), governed)) if !refused_before_the_body(code) => {
+                Some((_, (_, call), governed))
+                    if !error.as_ref().is_some_and(refused_before_the_body) =>
+                {
                     MethodResponse::error(answer.id, call.error(governed.as_ref()))
                 }
                 Some((_, _, Some(governed))) => {
@@ -519,9 +526,20 @@ async fn refusal_stored(call: &GovernedCall, response: &MethodResponse) -> Optio
     Some(store_refusal(call, refusal).await)
 }
 
-/// Whether an answer with this error code is jsonrpsee's own, before any method body ran.
-fn refused_before_the_body(code: Option<i32>) -> bool {
-    matches!(code, Some(INVALID_PARAMS_CODE | METHOD_NOT_FOUND_CODE))
+/// Whether an answer with this error is jsonrpsee's own, before any method body ran: to a
+/// method it does not know, or to params whose types do not decode, which it answers
+/// "Invalid params" with the decoder's message as a string. A body's own -32602 of another
+/// shape (no data, an object) is the body's, and its missing guard is named (it was stored
+/// as the key's outcome, and the retry ran the body again: helper-97).
+fn refused_before_the_body(error: &ErrorObjectOwned) -> bool {
+    match error.code() {
+        METHOD_NOT_FOUND_CODE => true,
+        INVALID_PARAMS_CODE => {
+            let data_is_text = error.data().is_some_and(|d| d.get().starts_with('"'));
+            error.message() == INVALID_PARAMS_MSG && data_is_text
+        }
+        _ => false,
+    }
 }
 
 /// One answer of a batch, as jsonrpsee wrote it: each member kept as its JSON text, and a
