@@ -131,14 +131,15 @@ pub(super) fn naming(path: &Path, error: std::io::Error) -> std::io::Error {
     std::io::Error::new(error.kind(), format!("{}: {error}", path.display()))
 }
 
-/// Undoes, before a batch, what an application's write may have changed on the writer's
-/// connection through its API rather than in SQL (which the authorizer refuses): a statement
-/// left running ([`statements_reset`]), the busy timeout (`busy_timeout(0)` failed every
-/// batch that met another connection's lock, an operator's purge: helper-93).
-pub(super) fn writer_restored(conn: &Connection) {
+/// Undoes what an application's code may have changed on one of the store's connections
+/// through its API rather than in SQL (which the writer's authorizer refuses): a statement
+/// left running ([`statements_reset`]), the busy timeout (`busy_timeout(0)` in a write failed
+/// every batch that met another connection's lock, an operator's purge: helper-93). Run by
+/// the writer before each batch, and by a reader after each read.
+pub(super) fn restored(conn: &Connection) {
     statements_reset(conn);
     if let Err(error) = conn.busy_timeout(BUSY_TIMEOUT) {
-        tracing::error!(%error, "the writer's busy timeout could not be set again");
+        tracing::error!(%error, "a store connection's busy timeout could not be set again");
     }
 }
 
@@ -148,7 +149,7 @@ pub(super) fn writer_restored(conn: &Connection) {
 /// stored keys ran again (helper-93), the writer could begin no batch, and no checkpoint
 /// could copy the log back past it. Every statement of the connection's that still runs is
 /// rewound, cached or not (one leaked outside the cache was out of reach: helper-96).
-pub(super) fn statements_reset(conn: &Connection) {
+fn statements_reset(conn: &Connection) {
     if !conn.is_busy() {
         return;
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 use tokio::sync::{oneshot, Semaphore};
 
-use crate::store::sqlite::connection::statements_reset;
+use crate::store::sqlite::connection::restored;
 use crate::store::sqlite::no_answer;
 use crate::store::{at_most, ReadJob, StoreError};
 
@@ -130,7 +130,7 @@ fn serve(conn: &Connection, jobs: &Mutex<mpsc::Receiver<ReadJob>>) {
             Ok(job) => {
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(conn)));
                 end_transaction_left_open(conn);
-                statements_reset(conn);
+                restored(conn);
             }
             Err(_closed) => return,
         }

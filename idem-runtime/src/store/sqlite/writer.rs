@@ -25,7 +25,7 @@ use crate::store::sqlite::application_writes;
 use crate::store::sqlite::batch::{Batch, Change};
 use crate::store::sqlite::checkpointer::Restart;
 use crate::store::sqlite::commit_gate::CommitGate;
-use crate::store::sqlite::connection::writer_restored;
+use crate::store::sqlite::connection::restored;
 use crate::store::sqlite::entries;
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::job::Job;
@@ -198,7 +198,7 @@ impl Writer {
         touches: &HashMap<String, u64>,
         careful: bool,
     ) -> Result<Attempt, StoreError> {
-        writer_restored(&self.conn);
+        restored(&self.conn);
         self.gate.begin(&self.conn)?;
         self.note_purges()?;
         let now_ms = self.clock.now_millis();

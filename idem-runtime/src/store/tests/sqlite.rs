@@ -1731,6 +1731,26 @@ async fn a_read_that_leaves_a_statement_running_hides_nothing_later() {
     assert_eq!(copied, log, "frames copied back of the log's");
 }
 
+/// A read that sets its connection's busy timeout through the API leaves it for the next
+/// read on that reader no more than a write leaves the writer's (helper-96).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_sets_the_busy_timeout_leaves_the_reader_s_own() {
+    use crate::store::Database;
+
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let db = Database::new(cache.store().clone());
+    // Sequential reads over four readers: each thread serves several.
+    for n in 0..20 {
+        let found = db.read(|conn| {
+            let found: i64 = conn.query_row("PRAGMA busy_timeout", [], |row| row.get(0))?;
+            conn.busy_timeout(Duration::ZERO)?;
+            Ok::<_, rusqlite::Error>(found)
+        });
+        assert_eq!(found.await.unwrap(), 5_000, "read {n}");
+    }
+}
+
 /// The same in an application's write (an `INSERT ... RETURNING` stepped once): every later
 /// batch failed ("cannot commit transaction - SQL statements in progress") until a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
