@@ -389,9 +389,15 @@ mod tests {
             let config = IdempotencyConfig::default().with(zero);
             let error = config.checked().unwrap_err();
             assert_eq!(error.variable, format!("IdempotencyConfig::{field}"));
-            let opened = crate::Idempotency::open(dir.path().join("a.db"), config);
+            let opened = crate::Idempotency::open(dir.path().join("a.db"), config.clone());
             let Err(crate::store::StoreError::Config(refused)) = opened else {
                 panic!("{field} = 0 must be refused by the builder")
+            };
+            assert_eq!(refused, error);
+            // And by a store opened on its own (it was not: helper-96).
+            let store = crate::store::SqliteStore::open(dir.path().join("b.db"), &config);
+            let Err(crate::store::StoreError::Config(refused)) = store else {
+                panic!("{field} = 0 must be refused by the store")
             };
             assert_eq!(refused, error);
         }

@@ -170,6 +170,9 @@ impl PostgresStore {
         config: &IdempotencyConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
+        // The builders check too; a store connected on its own is held to the same values
+        // (a lease of 10 ms ran out before its renewal: helper-94, helper-96).
+        config.checked()?;
         let (lease, ttl) = (config.claim_lease, config.ttl_seconds);
         let pool = pool_of(&options, options.pool_size, lease, ttl)?;
         create_schema(&pool, ttl).await?;

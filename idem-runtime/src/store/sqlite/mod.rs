@@ -154,6 +154,8 @@ impl SqliteStore {
         config: &IdempotencyConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
+        // The builders check too; a store opened on its own is held to the same values.
+        config.checked()?;
         let path = path.as_ref().to_path_buf();
         create_private_file(&path)?;
         let lock = ServingLock::acquire(&path)?;
