@@ -8,6 +8,9 @@ use idem::Caller;
 use jsonrpsee::server::HttpRequest;
 use tower::util::MapRequestLayer;
 
+/// What leads the name of a caller whose header value is not UTF-8.
+const NOT_TEXT: char = '\u{7f}';
+
 /// The layer, in front of the idempotency layer, which reads the [`Caller`] it inserts.
 pub fn layer(
     header: Option<HeaderName>,
@@ -25,9 +28,11 @@ pub fn layer(
 
 /// The caller a header's value names: none (the global keys) where it is absent or empty.
 /// Any other value is a caller of its own, whatever its bytes: a name in UTF-8 (`josé`) is
-/// that text, and one that is not UTF-8 (a proxy's Latin-1) is kept apart from every text
-/// name by a NUL, which no header value holds. Both used to fall into the global keys, where
-/// every such caller, and every anonymous one, replayed the others' entries (a review).
+/// that text, and one that is not UTF-8 (a proxy's Latin-1) is its bytes in hex after a DEL,
+/// which no header value holds, so it is apart from every text name. Both used to fall into
+/// the global keys, where every such caller, and every anonymous one, replayed the others'
+/// entries (a review). A DEL, not a NUL: `idem-admin --principal` can be given it, and a NUL
+/// no command line can carry (helper-94).
 fn caller(value: Option<&HeaderValue>) -> Caller {
     let Some(bytes) = value.map(|value| value.as_bytes().trim_ascii()) else {
         return Caller::Unauthenticated;
@@ -39,7 +44,7 @@ fn caller(value: Option<&HeaderValue>) -> Caller {
         Ok(name) => Caller::authenticated(name),
         Err(_) => {
             let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-            Caller::authenticated(format!("\0{hex}"))
+            Caller::authenticated(format!("{NOT_TEXT}{hex}"))
         }
     }
 }
