@@ -362,16 +362,21 @@ async fn collision_in_flight(target: &Target) -> Result<(), String> {
 }
 
 /// AC-3 (§6.3): past `ttl_seconds` the same request is new: executed again, not replayed, and
-/// cached afresh; 2 s before the TTL ends (where it is over 2 s) it is still the replay.
+/// cached afresh; 2 s before the TTL ends (where it is over 2 s) it is still the replay. Past
+/// it, another body under an expired key is new too, "the same M1 and body B (or any body)":
+/// an expired entry that kept its key's binding answered it the 422 (helper-99).
 pub async fn ac3(target: &Target, ttl_seconds: u64) -> Result<(), String> {
     ensure(ttl_seconds <= MAX_AC3_TTL_SECONDS, || {
         format!("ttl_seconds {ttl_seconds} is too long to wait for")
     })?;
     let body = send(1, &new_message_id(), "idempotency-v1-ac3", json!({}));
+    let other_key = new_message_id();
     let before = target.side_effects.snapshot()?;
     let first = target.post(&body).await?;
     let cached_at = Instant::now();
     expect_fresh(&first, "first send")?;
+    let other = send(2, &other_key, "idempotency-v1-ac3, a second key", json!({}));
+    expect_fresh(&target.post(&other).await?, "first send of a second key")?;
     let replay = target.post(&body).await?;
     expect_replay_of(&first, &replay, "retry within the TTL")?;
     // Still replayed near the TTL's end, not only at once (entries that expire early), 2 s
@@ -392,9 +397,14 @@ pub async fn ac3(target: &Target, ttl_seconds: u64) -> Result<(), String> {
     // Executed anew: not a replay (§6.3). Its body may be the same (a deterministic server);
     // the side effects, where they can be counted, say it ran.
     expect_fresh(&later, "retry past the TTL")?;
-    target
-        .side_effects
-        .expect_added(before, 2, "the send and the retry past the TTL")?;
+    let changed = send(2, &other_key, "idempotency-v1-ac3, another body", json!({}));
+    let what = "another body past the TTL, under the second key (§6.3: or any body)";
+    expect_fresh(&target.post(&changed).await?, what)?;
+    target.side_effects.expect_added(
+        before,
+        4,
+        "two sends, and past the TTL the retry and the second key's other body",
+    )?;
     let again = target.post(&body).await?;
     expect_replay_of(&later, &again, "retry of the new execution")
 }

@@ -181,6 +181,38 @@ async fn a_server_whose_entries_expire_early_fails_ac3() {
     assert!(failed.contains("retry 2 s before the TTL ends"), "{failed}");
 }
 
+/// Past the TTL, another body under an expired key is new (§6.3, "or any body"). A server
+/// whose expired entry kept its key's binding answers it the 422: here the proxy sends it
+/// under a key whose entry is live, which the server answers the same way. The harness sent
+/// only the same body past the TTL, and passed such a server (helper-99).
+#[tokio::test]
+async fn a_server_whose_expired_keys_stay_bound_fails_ac3() {
+    let first_key: Mutex<Option<String>> = Mutex::default();
+    let stays_bound = Arc::new(move |json: &mut Value| {
+        let text = json.pointer("/params/message/parts/0/text").cloned();
+        let Some(message) = message(json) else { return };
+        let mut first = first_key.lock().unwrap();
+        match text.as_ref().and_then(Value::as_str) {
+            Some("idempotency-v1-ac3") if first.is_none() => {
+                *first = message
+                    .get("messageId")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+            }
+            Some("idempotency-v1-ac3, another body") => {
+                let bound = first.clone().expect("the first key was sent first");
+                message.insert("messageId".into(), bound.into());
+            }
+            _ => {}
+        }
+    });
+    let mutant = Mutant::start(&[("AIWG_IDEMPOTENCY_TTL", "3")], stays_bound).await;
+    let failed = idem_conformance::ac3(&mutant.target(), 3)
+        .await
+        .unwrap_err();
+    assert!(failed.contains("another body past the TTL"), "{failed}");
+}
+
 #[tokio::test]
 async fn a_server_that_refuses_uuidv7_keys_fails_the_malformed_id_scenario() {
     let refuses_v7 = Arc::new(|json: &mut Value| {
