@@ -23,6 +23,8 @@ pub mod side_effects;
 pub mod sse;
 mod streams;
 
+pub use streams::stream_collision;
+
 use std::time::{Duration, Instant};
 
 use futures::future::{join_all, BoxFuture};

@@ -319,8 +319,10 @@ pub async fn stream_replay(target: &Target) -> Result<(), String> {
 }
 
 /// `stream-collision`: another payload under the messageId of a stream is the 422 of §4.5, an
-/// ordinary JSON response; the stream's entry survives it.
+/// ordinary JSON response; the stream's entry survives it. While the stream still runs, it
+/// never gets the stream's events: a 422, a 409, or a stream of its own.
 pub async fn stream_collision(target: &Target) -> Result<(), String> {
+    collision_while_streaming(target).await?;
     let message_id = new_message_id();
     let original = StreamCall::v0_3(&message_id, "B", SHORT_MS);
     let changed = StreamCall::v0_3(&message_id, "B-prime", SHORT_MS);
@@ -341,6 +343,42 @@ pub async fn stream_collision(target: &Target) -> Result<(), String> {
     target
         .side_effects
         .expect_added(before, 1, "the stream, the collision and the retry")
+}
+
+/// §7.3: another payload that arrives while the original still streams never gets the
+/// original's events: a 422, a 409, or a stream of its own. Checked only after the stream had
+/// ended, a server that attached any request of the same messageId to its running stream
+/// passed (helper-99).
+async fn collision_while_streaming(target: &Target) -> Result<(), String> {
+    let message_id = new_message_id();
+    let original = StreamCall::v0_3(&message_id, "streaming", LIVE_MS);
+    let changed = StreamCall::v0_3(&message_id, "streaming, changed", LIVE_MS);
+    let mut running = original.open(target, false, "a long stream").await?;
+    let first = running
+        .next_event()
+        .await?
+        .ok_or("a long stream: it ended before its first event")?;
+    let reply = target.post(&changed.body).await?;
+    let what = "another payload while the original streams";
+    let checked = match reply.status {
+        409 => expect_refused(&reply, 409),
+        422 => expect_collision(&reply, &message_id, &original.body, &changed.body),
+        _ => {
+            // A stream of its own names a task (or message) of its own, never the original's.
+            let result = &first["result"];
+            let own = result["id"].as_str().or(result["messageId"].as_str());
+            let body = String::from_utf8_lossy(&reply.body);
+            ensure(!own.is_some_and(|id| body.contains(id)), || {
+                format!("got the original's events.\n  original: {first}\n  this one: {body}")
+            })
+        }
+    };
+    checked.map_err(|e| format!("{what}: {e}"))?;
+    running
+        .rest()
+        .await
+        .map(drop)
+        .map_err(|e| format!("a long stream: {e}"))
 }
 
 /// `stream-malformed-id`: a streaming request with a malformed messageId is refused before any

@@ -181,6 +181,26 @@ async fn a_server_whose_entries_expire_early_fails_ac3() {
     assert!(failed.contains("retry 2 s before the TTL ends"), "{failed}");
 }
 
+/// A server that attaches another payload to the running stream of its messageId fails
+/// stream-collision: here the proxy makes the changed request the original's, which the server
+/// attaches. The harness checked another payload only after the stream had ended, and passed
+/// such a server (helper-99).
+#[tokio::test]
+async fn a_server_that_attaches_another_payload_to_a_running_stream_fails_stream_collision() {
+    let same_as_the_original = Arc::new(|json: &mut Value| {
+        if let Some(text) = json.pointer_mut("/params/message/parts/0/text") {
+            if text == "streaming, changed" {
+                *text = "streaming".into();
+            }
+        }
+    });
+    let mutant = Mutant::start(&[], same_as_the_original).await;
+    let failed = idem_conformance::stream_collision(&mutant.target())
+        .await
+        .unwrap_err();
+    assert!(failed.contains("while the original streams"), "{failed}");
+}
+
 /// Past the TTL, another body under an expired key is new (§6.3, "or any body"). A server
 /// whose expired entry kept its key's binding answers it the 422: here the proxy sends it
 /// under a key whose entry is live, which the server answers the same way. The harness sent
