@@ -54,6 +54,13 @@ pub async fn main() -> ExitCode {
         }
     };
     let target = Target::new(&args.url, args.db.clone());
+    // Every scenario reads the card first: one that cannot be read fails them all, once (a
+    // server that never answered held the harness a minute a scenario: helper-99).
+    if let Err(error) = target.client.card().await {
+        println!("FAIL {}: AgentCard: {error}", Scenario::AgentCard.name());
+        println!("no scenario can run without the AgentCard");
+        return ExitCode::FAILURE;
+    }
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     let mut required_not_run = Vec::new();
     for scenario in Scenario::ALL {

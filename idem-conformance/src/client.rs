@@ -17,6 +17,22 @@ pub(crate) const AGENT_CARD_PATH: &str = "/.well-known/agent-card.json";
 /// A hung server must fail a scenario, not hang the harness.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The most of one response body the harness reads: a server whose body never ends fails its
+/// scenario, instead of filling the harness's memory (16 GB in 40 s: helper-99).
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Appends `chunk` to `body`, or says that the body outgrew [`MAX_BODY_BYTES`].
+pub(crate) fn append(body: &mut Vec<u8>, chunk: &[u8]) -> Result<(), String> {
+    if body.len() + chunk.len() > MAX_BODY_BYTES {
+        let mib = MAX_BODY_BYTES >> 20;
+        return Err(format!(
+            "the response body is over {mib} MiB: not read further"
+        ));
+    }
+    body.extend_from_slice(chunk);
+    Ok(())
+}
+
 /// A server under test, reached at `url` (e.g. `http://127.0.0.1:8080`).
 #[derive(Clone)]
 pub struct Client {
@@ -71,17 +87,21 @@ impl Client {
         body: impl Into<reqwest::Body>,
         headers: &[(&str, &str)],
     ) -> Result<Reply, String> {
-        let response = self.send(body, headers).await?;
+        let mut response = self.send(body, headers).await?;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
-        let body = response
-            .bytes()
+        let mut body = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
             .await
-            .map_err(|e| format!("reading the response body: {e}"))?;
+            .map_err(|e| format!("reading the response body: {e}"))?
+        {
+            append(&mut body, &chunk)?;
+        }
         Ok(Reply {
             status,
             headers,
-            body: body.to_vec(),
+            body,
         })
     }
 

@@ -133,7 +133,7 @@ impl SseReply {
             }
             match self.response.chunk().await {
                 Ok(Some(chunk)) => {
-                    self.reply.body.extend_from_slice(&chunk);
+                    crate::client::append(&mut self.reply.body, &chunk)?;
                     self.parser.feed(&chunk);
                 }
                 Ok(None) => {
@@ -162,7 +162,7 @@ impl SseReply {
             .await
             .map_err(|e| format!("reading the response body: {e}"))?
         {
-            self.reply.body.extend_from_slice(&chunk);
+            crate::client::append(&mut self.reply.body, &chunk)?;
         }
         Ok(self.reply)
     }
