@@ -425,7 +425,7 @@ impl<'a> Unguarded<'a> {
     }
 
     /// jsonrpsee refused the call before the guard saw it: params whose types do not decode
-    /// are the call's outcome, stored as any failure is ([`refusal_stored`]); for a method
+    /// are the call's outcome, stored as any failure is ([`store_refusal`]); for a method
     /// jsonrpsee does not know, its error stands, unless another payload holds the key, which
     /// is still the spec's 422 (§4.3). Any other answer came from a method without
     /// `#[idempotent]`, which ran undeduplicated with its staged writes dropped: answered as
@@ -438,14 +438,15 @@ impl<'a> Unguarded<'a> {
         let error = response
             .is_error()
             .then(|| decode(response.as_json().get().as_bytes()));
-        let refusal = error.flatten().and_then(Result::err);
-        if refusal.as_ref().is_some_and(refused_before_the_body) {
+        let error = error.flatten().and_then(Result::err);
+        if let Some(refusal) = error.filter(refused_before_the_body) {
             return match governed {
-                Some(call) => match refusal_stored(&call, &response).await {
-                    Some(payload) => answer(call.id.clone(), payload, call.max_response_bytes)
-                        .with_extensions(response.extensions().clone()),
-                    None => collision_instead(&call, response).await,
-                },
+                Some(call) if refusal.code() == INVALID_PARAMS_CODE => {
+                    let payload = store_refusal(&call, refusal).await;
+                    answer(call.id.clone(), payload, call.max_response_bytes)
+                        .with_extensions(response.extensions().clone())
+                }
+                Some(call) => collision_instead(&call, response).await,
                 None => response,
             };
         }
@@ -470,20 +471,17 @@ impl<'a> Unguarded<'a> {
         for (place, answer) in answers.into_iter().enumerate() {
             let mistake = unguarded.iter().find(|(at, ..)| *at == place);
             let error = answer.error.as_ref().map(AnswerError::to_error_object);
-            let one = match mistake {
-                Some((_, (_, call), governed))
-                    if !error.as_ref().is_some_and(refused_before_the_body) =>
-                {
+            let one = match (mistake, error.filter(refused_before_the_body)) {
+                (Some((_, (_, call), governed)), None) => {
                     MethodResponse::error(answer.id, call.error(governed.as_ref()))
                 }
-                Some((_, _, Some(governed))) => {
-                    let refusal = answer.error.as_ref().map(AnswerError::to_error_object);
-                    match refusal.filter(|e| e.code() == INVALID_PARAMS_CODE) {
-                        Some(refusal) => {
+                (Some((_, _, Some(governed))), Some(refusal)) => {
+                    match refusal.code() == INVALID_PARAMS_CODE {
+                        true => {
                             let payload = store_refusal(governed, refusal).await;
                             self::answer(answer.id, payload, governed.max_response_bytes)
                         }
-                        None => match held_by_another(governed).await {
+                        false => match held_by_another(governed).await {
                             Some(collision) => MethodResponse::error(answer.id, collision),
                             None => answer.written_again(),
                         },
@@ -514,16 +512,6 @@ impl<'a> Unguarded<'a> {
             .with_detail("method", self.method.as_ref())
             .to_error_object()
     }
-}
-
-/// The stored outcome of a call whose params' types jsonrpsee refused ([`store_refusal`]);
-/// `None` for any other answer.
-async fn refusal_stored(call: &GovernedCall, response: &MethodResponse) -> Option<Payload> {
-    if response.as_error_code() != Some(INVALID_PARAMS_CODE) {
-        return None;
-    }
-    let refusal = decode(response.as_json().get().as_bytes())?.err()?;
-    Some(store_refusal(call, refusal).await)
 }
 
 /// Whether an answer with this error is jsonrpsee's own, before any method body ran: to a
