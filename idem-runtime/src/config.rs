@@ -311,17 +311,17 @@ fn spoken_duration(seconds: u64) -> String {
 
 fn positive_integer(variable: &'static str, value: &str) -> Result<u64, ConfigError> {
     let reason = "expected a whole number from 1 to 9223372036854775807 (2^63 - 1)";
-    whole_number(variable, value, i64::MAX as u64, reason)
+    whole_number(variable, value, 1..=i64::MAX as u64, reason)
 }
 
 fn whole_number(
     variable: &'static str,
     value: &str,
-    max: u64,
+    range: std::ops::RangeInclusive<u64>,
     reason: &'static str,
 ) -> Result<u64, ConfigError> {
     match value.trim().parse::<u64>() {
-        Ok(n) if n > 0 && n <= max => Ok(n),
+        Ok(n) if range.contains(&n) => Ok(n),
         _ => Err(ConfigError {
             variable,
             value: value.to_owned(),
@@ -338,15 +338,9 @@ pub(crate) const MAX_POSTGRES_TIMEOUT_MS: u64 = i32::MAX as u64;
 fn a_claim_lease(variable: &'static str, value: &str) -> Result<Duration, ConfigError> {
     let reason = "expected a whole number of milliseconds from 300 (the shortest lease a \
                   replica can renew in time) to 2147483647 (PostgreSQL's largest timeout)";
-    let lease = whole_number(variable, value, MAX_POSTGRES_TIMEOUT_MS, reason)?;
-    match Duration::from_millis(lease) {
-        lease if lease < IdempotencyConfig::MIN_CLAIM_LEASE => Err(ConfigError {
-            variable,
-            value: value.to_owned(),
-            reason,
-        }),
-        lease => Ok(lease),
-    }
+    let shortest = IdempotencyConfig::MIN_CLAIM_LEASE.as_millis() as u64;
+    whole_number(variable, value, shortest..=MAX_POSTGRES_TIMEOUT_MS, reason)
+        .map(Duration::from_millis)
 }
 
 fn byte_count(variable: &'static str, value: &str) -> Result<usize, ConfigError> {
