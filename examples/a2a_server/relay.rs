@@ -173,12 +173,12 @@ impl Attempt {
     }
 
     /// What to record of this attempt at `event`.
-    fn took(&mut self, event: &Pending, complete: bool) -> Took {
+    fn took(&mut self, event: &Pending) -> Took {
         Took {
             event: event.id,
             task: event.task_id.clone(),
             configs: std::mem::take(&mut self.took),
-            complete,
+            complete: self.complete(),
         }
     }
 }
@@ -381,18 +381,14 @@ impl Delivery {
             // while it was posted is owed it still (helper-95): the pass ends, and the next
             // read posts it there before the task's next event (helper-96).
             Ok(mut attempt) if attempt.complete() => {
-                match self
-                    .store
-                    .record_deliveries(attempt.took(event, true))
-                    .await
-                {
+                match self.store.record_deliveries(attempt.took(event)).await {
                     Ok(marked) => (Ok(()), marked),
                     Err(error) => (Err(error), true),
                 }
             }
             Ok(mut attempt) => {
                 pass.undelivered_before = true;
-                let took = attempt.took(event, false);
+                let took = attempt.took(event);
                 let recorded = match took.configs.is_empty() {
                     true => Ok(()),
                     false => self.store.record_deliveries(took).await.map(drop),
