@@ -932,6 +932,44 @@ async fn governed_calls_over_websocket_are_refused() {
     assert_eq!(get["result"], 0, "ungoverned methods are served");
 }
 
+/// Only a GET opens a WebSocket (RFC 6455 §4.1): a POST that asks for an upgrade is served as
+/// the HTTP request it is, deduplicated, where jsonrpsee took it for a handshake and answered
+/// 200 in plain text, its call unread (helper-103). A GET handshake jsonrpsee cannot complete
+/// is a 400 -32600 that says why.
+#[tokio::test]
+async fn only_a_get_is_a_handshake_and_a_broken_one_is_a_json_rpc_error() {
+    let db = Db::new();
+    let server = db.server(config()).await;
+    let upgrade = [
+        ("A2A-Extensions", URI),
+        ("Connection", "Upgrade"),
+        ("Upgrade", "websocket"),
+    ];
+    let body = send(1, &new_id(), "upgrade");
+    let first = post(&server.url, body.clone(), &upgrade).await;
+    assert_eq!(first.status, 200);
+    assert!(first.json()["result"].is_object(), "{}", first.json());
+    let again = post(&server.url, body, &upgrade).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(server.executions(), 1);
+
+    let keyless = reqwest::Client::new()
+        .get(&server.url)
+        .header("Connection", "Upgrade")
+        .header("Upgrade", "websocket")
+        .header("Sec-WebSocket-Version", "13")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(keyless.status(), 400);
+    assert_eq!(keyless.headers()["content-type"], "application/json");
+    let error: serde_json::Value = keyless.json().await.unwrap();
+    assert_eq!(error["error"]["code"], -32600, "{error}");
+    let reason = error["error"]["data"]["reason"].as_str().unwrap();
+    assert!(reason.contains("Sec-WebSocket-Key"), "{reason}");
+}
+
 /// Every spelling RFC 9110 allows of a JSON Content-Type in UTF-8 is served, and deduplicated,
 /// as `application/json` is (jsonrpsee answered 415 to `application/json ; charset=utf-8` and
 /// to a quoted charset: helper-62); another charset is still refused.

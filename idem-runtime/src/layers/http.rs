@@ -166,13 +166,14 @@ where
 
     fn call(&mut self, mut request: HttpRequest<HttpBody>) -> Self::Future {
         if jsonrpsee::server::ws::is_upgrade_request(&request) {
-            // One scope would serve every call of the connection: the RPC layer refuses
-            // governed calls over WebSocket instead.
-            request.extensions_mut().insert(WebSocket);
-            let upgraded = self.inner.call(request);
-            return Box::pin(
-                async move { Ok(invalid_request::refusal_as_json_rpc(upgraded.await?)) },
-            );
+            if request.method() == http::Method::GET {
+                return self.handshake(request);
+            }
+            // RFC 6455 §4.1: only a GET opens a WebSocket. Another request that asks for one
+            // is served as the HTTP request it is (RFC 9110 §7.8 lets a server ignore
+            // Upgrade): jsonrpsee took a POST for a handshake, read none of its body and
+            // answered 200 in plain text (helper-103).
+            request.headers_mut().remove(http::header::UPGRADE);
         }
         content_type::spelled_for_jsonrpsee(request.headers_mut());
         let activated = activated(&self.state, request.headers());
@@ -190,6 +191,24 @@ where
             }
             Ok(response)
         })
+    }
+}
+
+impl<S> HttpService<S>
+where
+    S: tower::Service<HttpRequest<HttpBody>, Response = HttpResponse<HttpBody>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    /// A WebSocket handshake, for jsonrpsee to complete. One scope would serve every call of
+    /// the connection: the RPC layer refuses governed calls over WebSocket instead.
+    fn handshake(
+        &mut self,
+        mut request: HttpRequest<HttpBody>,
+    ) -> BoxFuture<Result<HttpResponse<HttpBody>, S::Error>> {
+        request.extensions_mut().insert(WebSocket);
+        let upgraded = self.inner.call(request);
+        Box::pin(async move { Ok(invalid_request::handshake_refusal(upgraded.await?).await) })
     }
 }
 

@@ -32,7 +32,8 @@
 //! become a -32600 whose `data` says what to send, and a 405 names the one method allowed
 //! (`Allow`, which RFC 9110 §15.5.6 requires of it); its 429, to any request past
 //! `max_connections` (which counts HTTP requests in flight), becomes a -32603 that says
-//! nothing ran, with `Retry-After: 1`. The HTTP layer's own refusals of a body that is not
+//! nothing ran, with `Retry-After: 1`; its 200 in plain text to a WebSocket handshake it could
+//! not complete becomes a 400 -32600 with its reason. The HTTP layer's own refusals of a body that is not
 //! UTF-8 or cannot be read are written here too ([`not_utf8`], [`unreadable_body`]).
 
 use std::borrow::Cow;
@@ -179,6 +180,20 @@ pub(crate) fn refusal_as_json_rpc(response: HttpResponse) -> HttpResponse {
         Some(refusal) if plain_text(&response) => refusal,
         _ => response,
     }
+}
+
+/// jsonrpsee's answer to a WebSocket handshake, its refusals as JSON-RPC. One it could not
+/// complete (no `Sec-WebSocket-Key`, a version other than 13) it answers 200 in plain text,
+/// with its reason: that is a 400 -32600 with the reason (helper-103).
+pub(crate) async fn handshake_refusal(response: HttpResponse) -> HttpResponse {
+    if response.status() != StatusCode::OK {
+        return refusal_as_json_rpc(response);
+    }
+    let reason = match response.into_body().collect().await {
+        Ok(body) => String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+        Err(error) => error.to_string(),
+    };
+    refused(StatusCode::BAD_REQUEST, INVALID, reason)
 }
 
 /// jsonrpsee's refusal with `status` of a request it did not read, as JSON-RPC; `None` for
