@@ -178,7 +178,41 @@ async fn a_server_whose_entries_expire_early_fails_ac3() {
     let failed = idem_conformance::ac3(&mutant.target(), 5)
         .await
         .unwrap_err();
-    assert!(failed.contains("retry 2 s before the TTL ends"), "{failed}");
+    assert!(failed.contains("retry near the TTL's end"), "{failed}");
+}
+
+/// At a TTL of 2 s, the one the harness starts servers with, a server whose entries live 0.5 s
+/// fails AC-3 too: its late retry was skipped there, and such a server passed (helper-103).
+#[tokio::test]
+async fn a_server_whose_entries_expire_early_fails_ac3_at_a_ttl_of_2() {
+    // Each key is the server's for 0.5 s, then another: a new execution each time.
+    let mapped: Mutex<Vec<(String, String, Instant)>> = Mutex::default();
+    let forgets_early = Arc::new(move |json: &mut Value| {
+        let Some(message) = message(json) else { return };
+        let Some(id) = message.get("messageId").and_then(Value::as_str) else {
+            return;
+        };
+        let mut map = mapped.lock().unwrap();
+        let server_key = match map.iter_mut().find(|(key, _, _)| key == id) {
+            None => {
+                map.push((id.to_owned(), id.to_owned(), Instant::now()));
+                return;
+            }
+            Some((_, server_key, at)) => {
+                if at.elapsed() > Duration::from_millis(500) {
+                    *server_key = uuid::Uuid::new_v4().to_string();
+                    *at = Instant::now();
+                }
+                server_key.clone()
+            }
+        };
+        message.insert("messageId".into(), server_key.into());
+    });
+    let mutant = Mutant::start(&[("AIWG_IDEMPOTENCY_TTL", "2")], forgets_early).await;
+    let failed = idem_conformance::ac3(&mutant.target(), 2)
+        .await
+        .unwrap_err();
+    assert!(failed.contains("retry near the TTL's end"), "{failed}");
 }
 
 /// A server that attaches another payload to the running stream of its messageId fails
