@@ -47,16 +47,24 @@ impl PushConfig {
         self.id.clone().unwrap_or_else(|| task_id.to_owned())
     }
 
-    /// The config's id and the JSON it is stored as, given the task it belongs to.
-    pub fn stored(&self, task_id: &str) -> (String, String) {
+    /// The config as it is stored, given the task it belongs to.
+    pub fn stored(&self, task_id: &str) -> StoredConfig {
         let mut config = self.clone();
         let id = config.id_for(task_id);
         config.id = Some(id.clone());
-        (
+        StoredConfig {
             id,
-            serde_json::to_string(&config).expect("a config serializes"),
-        )
+            json: serde_json::to_string(&config).expect("a config serializes"),
+            url: config.url,
+        }
     }
+}
+
+/// A config as its task's row holds it.
+pub struct StoredConfig {
+    pub id: String,
+    pub json: String,
+    pub url: String,
 }
 
 /// The A2A version a push method was called in.
@@ -99,12 +107,12 @@ impl PushConfigs {
         config: Value,
     ) -> RpcResult<Value> {
         let config = PushConfig::parse(&config)?;
-        let (id, json) = config.stored(&task_id);
-        self.store.set_push_config(&task_id, &id, json).await?;
+        let stored = config.stored(&task_id);
+        self.store.set_push_config(&task_id, &stored).await?;
         Ok(spelling.render(
             &task_id,
             &PushConfig {
-                id: Some(id),
+                id: Some(stored.id),
                 ..config
             },
         ))
@@ -174,8 +182,8 @@ impl PushConfigs {
         task_id: &str,
         config: &PushConfig,
     ) -> RpcResult<()> {
-        let (id, json) = config.stored(task_id);
-        self.store.stage_push_config(unit, task_id, &id, json)
+        self.store
+            .stage_push_config(unit, task_id, &config.stored(task_id))
     }
 
     /// The configs of an existing task (-32001 otherwise).

@@ -158,7 +158,7 @@ impl Pass {
 
 /// What one attempt to deliver an event did.
 struct Attempt {
-    /// The webhooks (config ids) that took it in this attempt, with their configs' JSON.
+    /// The webhooks (config ids) that took it in this attempt, with the URLs they took it at.
     took: Vec<(String, String)>,
     /// A webhook of its task was behind, and not posted it.
     held_back: bool,
@@ -377,7 +377,7 @@ impl Delivery {
     async fn settle(&self, event: &Pending, pass: &mut Pass) -> bool {
         let first = !pass.undelivered_before;
         let (stored, go_on) = match self.attempt(event, pass).await {
-            // Marked delivered where every webhook its task has now took it. One set again
+            // Marked delivered where every webhook its task has now took it. One re-pointed
             // while it was posted is owed it still (helper-95): the pass ends, and the next
             // read posts it there before the task's next event (helper-96).
             Ok(mut attempt) if attempt.complete() => {
@@ -497,7 +497,7 @@ impl Delivery {
         let posted = futures::future::join_all(posts).await;
         for ((id, config), posted) in due.into_iter().zip(posted) {
             match posted {
-                Ok(()) => attempt.took.push((id, config.stored(&event.task_id).1)),
+                Ok(()) => attempt.took.push((id, config.url.clone())),
                 Err(why) => {
                     pass.behind.insert(id);
                     attempt.failure.get_or_insert(why);

@@ -27,6 +27,7 @@ use serde_json::Value;
 use crate::clock;
 use crate::errors;
 use crate::model::Task;
+use crate::push::StoredConfig;
 
 /// An outbox row to write with a task change.
 pub struct Event {
@@ -39,7 +40,7 @@ pub struct Event {
 pub struct Took {
     pub event: i64,
     pub task: String,
-    /// Each webhook's config id, with its config's JSON as it was posted.
+    /// Each webhook's config id, with the URL it was posted to.
     pub configs: Vec<(String, String)>,
     /// No webhook the attempt meant to post failed or was held back.
     pub complete: bool,
@@ -104,15 +105,18 @@ struct PushRow {
     task_id: String,
     config_id: String,
     config_json: String,
+    /// The config's URL: set again to the same one, the webhook keeps what it took.
+    url: String,
     now: i64,
 }
 
 impl PushRow {
-    fn of(task_id: &str, config_id: &str, config_json: String) -> Self {
+    fn of(task_id: &str, config: &StoredConfig) -> Self {
         Self {
             task_id: task_id.to_owned(),
-            config_id: config_id.to_owned(),
-            config_json,
+            config_id: config.id.clone(),
+            config_json: config.json.clone(),
+            url: config.url.clone(),
             now: clock::now_ms() as i64,
         }
     }
@@ -198,10 +202,9 @@ impl TaskStore {
         &self,
         unit: &UnitOfWork,
         task_id: &str,
-        config_id: &str,
-        config_json: String,
+        config: &StoredConfig,
     ) -> RpcResult<()> {
-        let row = PushRow::of(task_id, config_id, config_json);
+        let row = PushRow::of(task_id, config);
         match &self.db {
             Backend::Sqlite(_) => sqlite::stage_push_config(unit, row),
             Backend::Postgres(_) => postgres::stage_push_config(unit, row),
@@ -209,14 +212,9 @@ impl TaskStore {
     }
 
     /// Sets (or replaces) a webhook of task `task_id`, which must exist (-32001).
-    pub async fn set_push_config(
-        &self,
-        task_id: &str,
-        config_id: &str,
-        config_json: String,
-    ) -> RpcResult<()> {
+    pub async fn set_push_config(&self, task_id: &str, config: &StoredConfig) -> RpcResult<()> {
         self.load(task_id.to_owned()).await?;
-        let row = PushRow::of(task_id, config_id, config_json);
+        let row = PushRow::of(task_id, config);
         let set = match &self.db {
             Backend::Sqlite(db) => sqlite::set_push_config(db, row).await,
             Backend::Postgres(pool) => postgres::set_push_config(pool, row).await,

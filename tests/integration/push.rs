@@ -183,6 +183,25 @@ fn outbox(server: &ServerProcess, task_id: &str) -> Vec<(i64, String, bool)> {
     rows.unwrap().map(Result::unwrap).collect()
 }
 
+/// The example server on a database of its own, `name`, which outlives it; `None` (the test
+/// skipped, saying so of `what`) without PostgreSQL.
+async fn on_postgres(name: &str, what: &str) -> Option<(ServerProcess, crate::replicas::Database)> {
+    let db = crate::replicas::Database::shared(name, what).await?;
+    Some((ServerProcess::start_on(Some(db.url()), &[], &[]), db))
+}
+
+/// Waits until every event of task `task_id` is marked delivered; panics after 5 s.
+async fn until_marked_delivered(server: &ServerProcess, task_id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !outbox(server, task_id)
+        .iter()
+        .all(|(_, _, delivered)| *delivered)
+    {
+        assert!(Instant::now() < deadline, "delivered, never marked");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 fn rpc(method: &str, params: Value) -> String {
     json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string()
 }
@@ -238,14 +257,7 @@ async fn every_event_reaches_a_webhook_that_fails_and_restarts_across_a_server_c
     let events = outbox(&server, &task_id);
     let types: Vec<&str> = events.iter().map(|(_, t, _)| t.as_str()).collect();
     assert_eq!(types, ["mission.assigned", "mission.completed"]);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !outbox(&server, &task_id)
-        .iter()
-        .all(|(_, _, delivered)| *delivered)
-    {
-        assert!(Instant::now() < deadline, "delivered, never marked");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    until_marked_delivered(&server, &task_id).await;
     for delivery in receiver.taken() {
         // A duplicate is the same event: its id names the outbox row of its type.
         let row = events.iter().find(|(id, _, _)| *id == delivery.event_id);
@@ -817,11 +829,10 @@ async fn a_webhook_set_again_while_its_old_url_takes_an_event_gets_it_too() {
 #[tokio::test]
 async fn a_webhook_set_again_while_its_old_url_takes_an_event_gets_it_too_on_postgres() {
     let what = "webhooks set again mid-post on PostgreSQL";
-    let Some(db) = crate::replicas::Database::shared("idem_push_mid_post", what).await else {
+    let Some((server, _db)) = on_postgres("idem_push_mid_post", what).await else {
         return;
     };
-    set_again_while_its_old_url_takes_an_event(ServerProcess::start_on(Some(db.url()), &[], &[]))
-        .await;
+    set_again_while_its_old_url_takes_an_event(server).await;
 }
 
 async fn set_again_while_its_old_url_takes_an_event(server: ServerProcess) {
@@ -838,6 +849,71 @@ async fn set_again_while_its_old_url_takes_an_event(server: ServerProcess) {
     set_webhook(&server, &task_id, "x", &new).await;
     new.wait_for("mission.completed").await;
     failing.wait_for("mission.completed").await;
+}
+
+/// A receiver that sets its webhook again with a new token (the same id and URL) while it is
+/// being posted an event, then takes it, is posted each event once: the same webhook, whose
+/// record stands. Its record was refused (the config was no longer the one posted), and a
+/// receiver that rotated its token at every delivery was posted the first event for good
+/// (helper-103).
+#[tokio::test]
+async fn a_webhook_whose_token_is_rotated_mid_post_is_posted_each_event_once() {
+    rotated_mid_post(ServerProcess::start(&[])).await;
+}
+
+/// The same on PostgreSQL, where the set takes the config's row's lock before it forgets.
+#[tokio::test]
+async fn a_webhook_whose_token_is_rotated_mid_post_is_posted_each_event_once_on_postgres() {
+    let what = "webhooks rotated mid-post on PostgreSQL";
+    let Some((server, _db)) = on_postgres("idem_push_rotated", what).await else {
+        return;
+    };
+    rotated_mid_post(server).await;
+}
+
+async fn rotated_mid_post(server: ServerProcess) {
+    let receiver = Receiver::start(0).await;
+    *receiver.answer_after.lock().unwrap() = Duration::from_millis(1500);
+    let webhook = |token: &str| json!({"id": "x", "url": receiver.url(), "token": token});
+    let task_id = send_with_webhook(&server, webhook("old"), 300).await;
+    receiver
+        .wait_until("a post of the first event", |taken| !taken.is_empty())
+        .await;
+    let set = json!({"taskId": task_id, "pushNotificationConfig": webhook("new")});
+    let set = call(&server.url, "tasks/pushNotificationConfig/set", set).await;
+    assert!(set["result"].is_object(), "{set}");
+    receiver.wait_for("mission.completed").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let taken: Vec<(String, Option<String>)> = receiver
+        .taken()
+        .into_iter()
+        .map(|d| (d.event_type, d.token))
+        .collect();
+    let expected = [("mission.assigned", "old"), ("mission.completed", "new")]
+        .map(|(event, token)| (event.to_owned(), Some(token.to_owned())));
+    assert_eq!(taken, expected);
+}
+
+/// A webhook set again with a new token, the same URL, after it took an event that another
+/// webhook of its task still fails: it is not posted that event again at the retry. The set
+/// forgot its records as if it were another webhook (helper-103).
+#[tokio::test]
+async fn a_webhook_whose_token_is_rotated_keeps_what_it_took() {
+    let server = ServerProcess::start(&[]);
+    let failing = Receiver::failing(Some("mission.completed"), 6).await;
+    let kept = Receiver::start(0).await;
+    let webhook = |token: &str| json!({"id": "x", "url": kept.url(), "token": token});
+    let task_id = send_with_webhook(&server, webhook("old"), 100).await;
+    set_webhook(&server, &task_id, "w", &failing).await;
+    kept.wait_for("mission.completed").await;
+    let set = json!({"taskId": task_id, "pushNotificationConfig": webhook("new")});
+    let set = call(&server.url, "tasks/pushNotificationConfig/set", set).await;
+    assert!(set["result"].is_object(), "{set}");
+    failing.wait_for("mission.completed").await;
+    until_marked_delivered(&server, &task_id).await;
+    let completions = kept.taken().into_iter();
+    let completions = completions.filter(|d| d.event_type == "mission.completed");
+    assert_eq!(completions.count(), 1, "{:?}", kept.taken());
 }
 
 /// Sets webhook `id` of task `task_id` to `receiver`'s URL.

@@ -88,17 +88,21 @@ pub async fn set_push_config(pool: &Pool, row: PushRow) -> Result<(), Failure> {
     Ok(tx.commit().await?)
 }
 
-/// The config, and its webhook's delivery records forgotten, as on SQLite: a send that set
-/// it again (to another URL) kept them, and the new URL skipped what the old one took
-/// (found by helper-77).
+/// The config, its webhook's delivery records forgotten first where it moves to another URL,
+/// as on SQLite: a send that set it again (to another URL) kept them, and the new URL skipped
+/// what the old one took (found by helper-77).
 async fn upsert_push_config(
     tx: &Transaction<'_>,
     row: &PushRow,
 ) -> Result<(), tokio_postgres::Error> {
+    let webhook: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+        [&row.task_id, &row.config_id, &row.url];
+    tx.execute(sql::LOCK_PUSH_CONFIG, &webhook[..2]).await?;
+    tx.execute(sql::FORGET_DELIVERIES_IF_MOVED_LOCKED, &webhook)
+        .await?;
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
         [&row.task_id, &row.config_id, &row.config_json, &row.now];
     tx.execute(sql::UPSERT_PUSH_CONFIG, &params).await?;
-    tx.execute(sql::FORGET_DELIVERIES, &params[..2]).await?;
     Ok(())
 }
 

@@ -157,8 +157,7 @@ pub const DELETE_PUSH_CONFIG: &str =
     "DELETE FROM push_configs WHERE task_id = $1 AND config_id = $2";
 
 /// `$1` task id, `$2` config id: what the webhook of that id took of the task's events, run
-/// where the id is set again or deleted. A config re-pointed under its id is another webhook:
-/// kept, its records had the new URL skip the events the old one took (helper-69).
+/// where the id is deleted (where it is set, [`FORGET_DELIVERIES_IF_MOVED`]).
 pub const FORGET_DELIVERIES: &str = "DELETE FROM outbox_deliveries WHERE config_id = $2
     AND event_id IN (SELECT id FROM outbox WHERE task_id = $1)";
 
@@ -220,16 +219,36 @@ pub const PRUNE_DELIVERED: &str = "DELETE FROM outbox WHERE id IN (
 /// `$1` event id: the webhooks (config ids) that took it already.
 pub const DELIVERED_TO: &str = "SELECT config_id FROM outbox_deliveries WHERE event_id = $1";
 
-/// `$1` event id, `$2` config id, `$3` now, `$4` task id, `$5` the config's JSON as it was
-/// posted: that webhook took it, unless its config was set again or deleted meanwhile. Set
-/// again (to another URL, say), it is another webhook, owed the event; recorded all the same,
-/// the new one was never posted it (helper-95).
+// A webhook is its config's id and URL: set again with another token or authentication, it
+// is the same webhook, which keeps what it took. One whose receiver rotated its token on
+// every delivery was posted the same event again and again, for good (helper-103).
+
+/// The URL of a stored config, on SQLite, which reads JSON text as it is.
+macro_rules! url_on_sqlite {
+    () => {
+        "(config_json ->> 'url')"
+    };
+}
+
+/// The URL of a stored config, on PostgreSQL, which reads JSON once cast.
+macro_rules! url_on_postgres {
+    () => {
+        "(config_json::json ->> 'url')"
+    };
+}
+
+/// `$1` event id, `$2` config id, `$3` now, `$4` task id, `$5` the URL it was posted to: that
+/// webhook took it, unless its config was re-pointed or deleted meanwhile. Re-pointed, it is
+/// another webhook, owed the event; recorded all the same, the new URL was never posted it
+/// (helper-95).
 macro_rules! record_delivery {
-    ($lock:literal) => {
+    ($url:expr, $lock:literal) => {
         concat!(
             "INSERT INTO outbox_deliveries (event_id, config_id, delivered_at)
              SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM push_configs
-               WHERE task_id = $4 AND config_id = $2 AND config_json = $5",
+               WHERE task_id = $4 AND config_id = $2 AND ",
+            $url,
+            " = $5",
             $lock,
             ") ON CONFLICT (event_id, config_id) DO NOTHING"
         )
@@ -237,11 +256,40 @@ macro_rules! record_delivery {
 }
 
 /// [`record_delivery!`] on SQLite, whose one writer runs a config's set apart from it.
-pub const RECORD_DELIVERY: &str = record_delivery!("");
+pub const RECORD_DELIVERY: &str = record_delivery!(url_on_sqlite!(), "");
 
 /// [`record_delivery!`] on PostgreSQL: the config's row is locked until the record commits, so
-/// a set of it meanwhile forgets the record ([`FORGET_DELIVERIES`]) after, not before.
-pub const RECORD_DELIVERY_LOCKING: &str = record_delivery!(" FOR SHARE");
+/// a set of it meanwhile ([`LOCK_PUSH_CONFIG`]) forgets the record after, not before.
+pub const RECORD_DELIVERY_LOCKING: &str = record_delivery!(url_on_postgres!(), " FOR SHARE");
+
+/// `$1` task id, `$2` config id, `$3` the URL it is set to: what the webhook of that id took of
+/// the task's events, forgotten before its config is set, unless it keeps its URL. A config
+/// re-pointed under its id is another webhook: kept, its records had the new URL skip the
+/// events the old one took (helper-69).
+macro_rules! forget_deliveries_if_moved {
+    ($url:expr) => {
+        concat!(
+            "DELETE FROM outbox_deliveries WHERE config_id = $2
+               AND event_id IN (SELECT id FROM outbox WHERE task_id = $1)
+               AND NOT EXISTS (SELECT 1 FROM push_configs
+                 WHERE task_id = $1 AND config_id = $2 AND ",
+            $url,
+            " = $3)"
+        )
+    };
+}
+
+/// [`forget_deliveries_if_moved!`] on SQLite.
+pub const FORGET_DELIVERIES_IF_MOVED: &str = forget_deliveries_if_moved!(url_on_sqlite!());
+
+/// [`forget_deliveries_if_moved!`] on PostgreSQL, run once [`LOCK_PUSH_CONFIG`] holds the row.
+pub const FORGET_DELIVERIES_IF_MOVED_LOCKED: &str = forget_deliveries_if_moved!(url_on_postgres!());
+
+/// `$1` task id, `$2` config id: its row locked until the set commits, so that a record of a
+/// delivery to its old URL (which shares the lock) is committed before the set's forget
+/// reads the records, or reads the set's URL.
+pub const LOCK_PUSH_CONFIG: &str =
+    "SELECT 1 FROM push_configs WHERE task_id = $1 AND config_id = $2 FOR UPDATE";
 
 /// `$1` event id, `$2` now: delivered, once every webhook of its task took it.
 pub const MARK_DELIVERED_TO_ALL: &str = "UPDATE outbox SET delivered_at = $2 WHERE id = $1

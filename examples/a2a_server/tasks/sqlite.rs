@@ -79,7 +79,10 @@ pub async fn set_push_config(db: &Database, row: PushRow) -> Result<(), Failure>
     Ok(set.await?)
 }
 
+/// The config, its webhook's delivery records forgotten first where it moves to another URL.
 fn upsert_push_config(conn: &Connection, row: &PushRow) -> rusqlite::Result<()> {
+    conn.prepare_cached(&sqlite(sql::FORGET_DELIVERIES_IF_MOVED))?
+        .execute(params![row.task_id, row.config_id, row.url])?;
     conn.prepare_cached(&sqlite(sql::UPSERT_PUSH_CONFIG))?
         .execute(params![
             row.task_id,
@@ -87,7 +90,7 @@ fn upsert_push_config(conn: &Connection, row: &PushRow) -> rusqlite::Result<()> 
             row.config_json,
             row.now
         ])?;
-    forget_deliveries(conn, &row.task_id, &row.config_id)
+    Ok(())
 }
 
 fn forget_deliveries(conn: &Connection, task_id: &str, config_id: &str) -> rusqlite::Result<()> {
