@@ -462,7 +462,9 @@ impl Missions {
     /// On a database that several replicas share: completes, every [`OVERDUE_SWEEP`], the
     /// missions overdue by more than that, whichever replica assigned them (one that was
     /// killed no longer will). Completing is conditional on the row, so two replicas never
-    /// complete a task twice.
+    /// complete a task twice. Due times are stamped by the assigning replica's clock: one
+    /// more than [`OVERDUE_SWEEP`] behind the others has its missions completed early
+    /// (README: keep the replicas' clocks in step).
     pub fn sweep_overdue(&self) {
         let missions = self.clone();
         tokio::spawn(async move {
