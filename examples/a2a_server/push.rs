@@ -33,6 +33,12 @@ impl PushConfig {
         let refused =
             |why: String| errors::invalid_params(format!("push notification config: {why}"));
         let url = reqwest::Url::parse(&config.url).map_err(|e| refused(format!("url: {e}")))?;
+        // A token the relay cannot send as a header failed every post before it left, for a
+        // day of retries (helper-101).
+        if let Some(token) = &config.token {
+            http::HeaderValue::from_str(token)
+                .map_err(|_| refused("token: not a valid HTTP header value".into()))?;
+        }
         match (url.scheme(), url.host()) {
             ("http", Some(_)) => Ok(config),
             ("https", _) => Err(refused(

@@ -1236,6 +1236,15 @@ async fn push_configs_on(server: ServerProcess) {
         let bad = call(url, "tasks/pushNotificationConfig/set", bad).await;
         assert_eq!(bad["error"]["code"], -32602, "{hook}: {bad}");
     }
+    // And tokens it cannot send as a header: every post failed before it left (helper-101).
+    for token in ["a\nb", "\0\r\nX-Evil: 1"] {
+        let config = json!({"url": "http://127.0.0.1:9/hook", "token": token});
+        let bad = json!({"taskId": task_id, "pushNotificationConfig": config});
+        let bad = call(url, "tasks/pushNotificationConfig/set", bad).await;
+        assert_eq!(bad["error"]["code"], -32602, "{token}: {bad}");
+        let reason = bad["error"]["data"]["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("token"), "{bad}");
+    }
 }
 
 /// Two replicas on one PostgreSQL database share its outbox, and only one relay delivers it:
