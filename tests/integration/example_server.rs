@@ -1331,6 +1331,15 @@ async fn invalid_requests_get_32600_and_notifications_no_answer() {
     }
     let batch = post(&server.url, "[1]", &[]).await;
     assert_eq!((batch.status, batch.json()), (200, json!([invalid])));
+    // An id named twice is said to be so, not of the wrong type (helper-101).
+    let twice = r#"{"jsonrpc":"2.0","id":5,"id":6,"method":"tasks/get","params":{"id":"x"}}"#;
+    let reason = "the request names its id more than once; the call was not run";
+    let mut duplicated = invalid.clone();
+    duplicated["error"]["data"] = json!({ "reason": reason });
+    let reply = post(&server.url, twice, &[]).await;
+    assert_eq!((reply.status, reply.json()), (400, duplicated.clone()));
+    let reply = post(&server.url, format!("[{twice}]"), &[]).await;
+    assert_eq!((reply.status, reply.json()), (200, json!([duplicated])));
     // Ids jsonrpsee cannot read: it answered nothing, as to a notification, and ran nothing.
     let reason = "the request's id must be a string, an integer from 0 to 18446744073709551615, or null; the call was not run";
     let mut unreadable = invalid.clone();

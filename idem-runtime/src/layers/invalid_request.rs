@@ -37,7 +37,6 @@
 //! UTF-8 or cannot be read are written here too ([`not_utf8`], [`unreadable_body`]).
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
@@ -62,6 +61,12 @@ const UNREADABLE_ID: &str = concat!(
     r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request","#,
     r#""data":{"reason":"the request's id must be a string, an integer from 0 to "#,
     r#"18446744073709551615, or null; the call was not run"}}}"#
+);
+/// The answer to a request that names its id twice, which jsonrpsee reads as a notification:
+/// not [`UNREADABLE_ID`], whose reason sent the client after the id's type (helper-101).
+const DUPLICATE_ID: &str = concat!(
+    r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid request","#,
+    r#""data":{"reason":"the request names its id more than once; the call was not run"}}}"#
 );
 
 /// The end of jsonrpsee's own -32600 to a request whose id it read (the id comes before).
@@ -366,21 +371,35 @@ fn taken(entry: &str) -> Taken {
     }
     let object = entry.trim_start().starts_with('{');
     if serde_json::from_str::<Notif<'_>>(entry).is_ok() {
-        return if !object {
-            Taken::Unanswered(INVALID_REQUEST)
-        } else if names_an_id(entry) {
-            Taken::Unanswered(UNREADABLE_ID)
-        } else {
-            Taken::Notification
+        return match (object, id_members(entry)) {
+            (false, _) => Taken::Unanswered(INVALID_REQUEST),
+            (true, 0) => Taken::Notification,
+            (true, 1) => Taken::Unanswered(UNREADABLE_ID),
+            (true, _) => Taken::Unanswered(DUPLICATE_ID),
         };
     }
     Taken::Invalid { object }
 }
 
-/// Whether an object has an `id` member, whatever it holds (and however many times).
-fn names_an_id(object: &str) -> bool {
-    let members = serde_json::from_str::<BTreeMap<String, IgnoredAny>>(object);
-    members.is_ok_and(|members| members.contains_key("id"))
+/// How many `id` members an object has, whatever they hold (0 where it is no object).
+fn id_members(object: &str) -> usize {
+    struct Ids;
+    impl<'de> serde::de::Visitor<'de> for Ids {
+        type Value = usize;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+            let mut ids = 0;
+            while let Some(name) = map.next_key::<Cow<'de, str>>()? {
+                map.next_value::<IgnoredAny>()?;
+                ids += usize::from(name == "id");
+            }
+            Ok(ids)
+        }
+    }
+    let mut reader = serde_json::Deserializer::from_str(object);
+    serde::Deserializer::deserialize_map(&mut reader, Ids).unwrap_or(0)
 }
 
 /// Whether `request` is one Request object (JSON-RPC 2.0 §4: `jsonrpc` "2.0" and a `method`),
