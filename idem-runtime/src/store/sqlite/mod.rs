@@ -89,6 +89,8 @@ const SWEEP_CHUNK: u64 = 100;
 pub struct SqliteStore {
     path: PathBuf,
     ttl_seconds: u64,
+    /// The LRU bound: the sweep evicts down to it, a chunk a step, where it was lowered.
+    max_entries: u64,
     /// How long a write waits for the disk (see [`IdempotencyConfig::disk_timeout`]).
     disk_timeout: Duration,
     /// The writes of calls that stopped waiting for the disk, by key, until the calls give
@@ -201,6 +203,7 @@ impl SqliteStore {
         Ok(Self {
             path,
             ttl_seconds: config.ttl_seconds,
+            max_entries: config.max_cache_entries,
             disk_timeout: config.disk_timeout,
             unsettled: Mutex::new(HashMap::default()),
             live_streams: LiveStreams::default(),
@@ -536,18 +539,23 @@ impl Store for SqliteStore {
     }
 
     async fn sweep(&self) -> Result<u64, StoreError> {
-        let ttl = self.ttl_seconds;
-        let mut total = 0;
+        let (ttl, max_entries) = (self.ttl_seconds, self.max_entries);
+        let (mut total, mut eviction_steps) = (0, None);
         loop {
             let live = self.live_streams.clone();
             let (tier, reloaded_for) = (self.tier.clone(), self.index_reloaded_for.load(SeqCst));
-            let (deleted, reloaded) = self
+            let (deleted, reloaded, over_by) = self
                 .write(Unanswered::Forgotten, true, 0, move |conn, batch| {
                     let now = batch.now_ms / 1000;
                     let n = sweep_chunk(conn, ttl, now, &live, &mut batch.changes)?;
                     if n == SWEEP_CHUNK {
                         batch.rows = batch.rows.saturating_sub(n);
-                        return Ok((n, None));
+                        return Ok((n, None, None));
+                    }
+                    // Over the LRU bound by more than the chunk the writer evicts after this
+                    // step (a bound lowered across a restart): another step.
+                    if batch.rows > max_entries.saturating_add(SWEEP_CHUNK) {
+                        return Ok((n, None, Some(batch.rows - max_entries)));
                     }
                     // The last step counts the rows again, and after an operator's purge
                     // reloads the key index: the purge deleted rows the writer never counted
@@ -557,17 +565,25 @@ impl Store for SqliteStore {
                     // Read under the write lock: no purge commits between the two.
                     let purges_seen = tier.purges_seen();
                     if purges_seen == reloaded_for {
-                        return Ok((n, None));
+                        return Ok((n, None, None));
                     }
                     batch.changes.push(Change::Reloaded(stored_keys(conn)?));
-                    Ok((n, Some(purges_seen)))
+                    Ok((n, Some(purges_seen), None))
                 })
                 .await?;
             if let Some(purges_seen) = reloaded {
                 self.index_reloaded_for.store(purges_seen, SeqCst);
             }
             total += deleted;
-            if deleted < SWEEP_CHUNK {
+            if let Some(over_by) = over_by {
+                // As many steps as the rows over it take, counted once: a count that drifted
+                // never keeps the sweep going.
+                let left = eviction_steps.get_or_insert(over_by / SWEEP_CHUNK + 1);
+                *left -= 1;
+                if *left == 0 {
+                    return Ok(total);
+                }
+            } else if deleted < SWEEP_CHUNK {
                 return Ok(total);
             }
         }

@@ -1099,6 +1099,28 @@ async fn rows_the_admin_tool_purged_are_not_counted_against_the_bound() {
     two_more_keep_the_third(&store).await;
 }
 
+/// A bound lowered across a restart is reached a chunk at a time: a call's commit evicts at
+/// most a sweep chunk (100) more than it stores, and the sweep the rest, step by step, none of
+/// it counted as expired. One commit evicted all the rows over it: 199,000 took 9 s and wrote
+/// an 800 MB log while every call waited (helper-102).
+#[tokio::test]
+async fn a_bound_lowered_across_a_restart_is_reached_a_chunk_at_a_time() {
+    let fx = Fixture::sqlite();
+    let store = SqliteStore::open(&fx.path, &config(86_400, 1_000)).unwrap();
+    futures::future::join_all((1..=350).map(|n| put(&store, n, "old"))).await;
+    store.close();
+    let store = SqliteStore::open(&fx.path, &config(86_400, 10)).unwrap();
+    put(&store, 1_000, "new").await;
+    assert_eq!(
+        store.row_count().await.unwrap(),
+        351 - 101,
+        "one chunk more"
+    );
+    assert_eq!(store.sweep().await.unwrap(), 0, "nothing expired");
+    assert_eq!(store.row_count().await.unwrap(), 10);
+    assert_eq!(body_of(&store, 1_000).await.unwrap(), b"new");
+}
+
 /// Two more entries in a store bounded at 3 that holds key 3 alone: key 3 stays.
 async fn two_more_keep_the_third(store: &SqliteStore) {
     put(store, 4, "new").await;
