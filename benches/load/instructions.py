@@ -133,12 +133,20 @@ def per_call(binary, mode, n1, n2, workdir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/idem-target"))
-    parser.add_argument("--bin", default=os.path.join(target, "release/examples/a2a_server"))
+    parser.add_argument("--bin", help="the server to measure (default: the release example, "
+                        "built here into $CARGO_TARGET_DIR or ~/.cache/idem-target, as run.sh does)")
     parser.add_argument("--n1", type=int, default=400)
     parser.add_argument("--n2", type=int, default=2000)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
+    if args.bin is None:
+        # Built here, into the directory it is then read from: a `cargo build` of its own
+        # went to ./target while the script read another, older binary (helper-105).
+        target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/idem-target"))
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        subprocess.run(["cargo", "build", "--quiet", "--release", "--example", "a2a_server"],
+                       cwd=repo, env={**os.environ, "CARGO_TARGET_DIR": target}, check=True)
+        args.bin = os.path.join(target, "release/examples/a2a_server")
     with tempfile.TemporaryDirectory() as workdir:
         off = per_call(args.bin, "off", args.n1, args.n2, workdir)
         required = per_call(args.bin, "required", args.n1, args.n2, workdir)

@@ -7,7 +7,7 @@
 #![warn(missing_docs)]
 
 // The request's path, in the order it runs: the HTTP layer and the RPC layer (`layers/`), the
-// guard that `#[idempotent]` expands to (`guard/`), the claim (`claim.rs`), the store
+// guard that `#[idempotent]` expands to (`guard/`), the claim (`claim/`), the store
 // (`store/`, one folder per backend). `hash/` and `message_id.rs` turn a request into its key
 // and hash; `idempotency.rs` builds it all, `state.rs` is what the parts share.
 pub mod admin;

@@ -38,7 +38,7 @@ impl SmallFs {
                 if std::env::var("IDEM_REQUIRE_FAULTS").as_deref() == Ok("1") {
                     panic!("{message} (IDEM_REQUIRE_FAULTS=1)");
                 }
-                eprintln!("SKIPPED (root and a loop device needed): {message}");
+                eprintln!("*** SKIPPED: {message} (root and a loop device needed) ***");
                 return None;
             }
         }

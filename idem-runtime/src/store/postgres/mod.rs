@@ -1,6 +1,6 @@
 //! The durable [`Store`] on PostgreSQL, for replicas that share one database.
 //!
-//! Every process keeps its own table of the calls it runs (`claim.rs`), and the database
+//! Every process keeps its own table of the calls it runs (`claim/in_flight.rs`), and the database
 //! arbitrates between processes: a claim is a row of `idempotency_claims`, won with one
 //! `INSERT ... ON CONFLICT`, held as a lease that the winner renews while it executes, and
 //! stamped with a fencing number from a sequence, so a later claim of the key always carries
