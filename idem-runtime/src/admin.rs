@@ -32,7 +32,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::message_id::MessageId;
 use crate::store::settings;
-use crate::store::sqlite::{file_lock, purge_watch};
+use crate::store::sqlite::{connection, file_lock, purge_watch};
 use crate::store::{ReadAt, StoreError, StoreStats};
 
 /// One key as the database holds it.
@@ -475,7 +475,7 @@ fn open_sqlite(path: &Path) -> Result<Connection, StoreError> {
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.busy_timeout(connection::BUSY_TIMEOUT)?;
     let table = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1";
     let has = |name: &str| conn.prepare(table)?.exists([name]);
     if !has("idempotency_cache")? {

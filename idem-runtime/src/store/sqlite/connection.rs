@@ -79,8 +79,8 @@ pub(super) fn create_tables(path: &Path) -> Result<(), StoreError> {
 }
 
 /// How long a connection waits for another's lock on the file (an operator's purge, another
-/// connection of the application's).
-const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// connection of the application's, a server's writer for the admin tool).
+pub(crate) const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)?;

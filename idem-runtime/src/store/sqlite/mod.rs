@@ -14,7 +14,7 @@ pub(crate) mod application_writes;
 mod batch;
 mod checkpointer;
 mod commit_gate;
-mod connection;
+pub(crate) mod connection;
 mod entries;
 mod file_identity;
 pub(crate) mod file_lock;
