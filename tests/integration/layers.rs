@@ -1222,6 +1222,37 @@ async fn a_response_over_the_limit_is_never_answered_with_a2a_s_32008() {
     assert_eq!(reply.batch_answer(2)["result"], "x".repeat(10));
 }
 
+/// A batch whose answers together outgrow the limit: jsonrpsee runs its calls in order up to
+/// the one whose answer passes it and answered its own -32011 alone, which said nothing of
+/// what ran. The answer says it, as `IDEMPOTENCY_RESPONSE_TOO_LARGE`; what ran replays, the
+/// rest runs when sent alone.
+#[tokio::test]
+async fn a_batch_whose_answers_outgrow_the_limit_says_what_ran() {
+    let db = Db::new();
+    let server = db
+        .server(config().with(|c| c.max_response_body_bytes = 4096))
+        .await;
+    let sends: Vec<String> = (1..=5)
+        .map(|n| send(n, &new_id(), &"x".repeat(1000)))
+        .collect();
+    let reply = post_activated(&server.url, format!("[{}]", sends.join(","))).await;
+    assert_eq!(reply.error_code(), -32603, "{}", reply.describe());
+    assert_eq!(reply.data_code(), "IDEMPOTENCY_RESPONSE_TOO_LARGE");
+    let data = &reply.json()["error"]["data"];
+    assert_eq!(data["limit_bytes"], 4096);
+    assert!(
+        data["reason"].as_str().unwrap().contains("did not run"),
+        "{data}"
+    );
+    let ran = server.executions();
+    assert!((1..5).contains(&ran), "{ran} of 5 ran");
+    for (n, alone) in sends.iter().enumerate() {
+        let again = post_activated(&server.url, alone.clone()).await;
+        assert_eq!(again.replayed(), n < ran, "call {n}");
+    }
+    assert_eq!(server.executions(), 5);
+}
+
 /// jsonrpsee cuts a response over its limit after the guard stored it: the extension answers,
 /// stores and replays the failure instead, so every answer is the one the client first got.
 #[tokio::test]

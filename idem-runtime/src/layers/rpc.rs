@@ -16,7 +16,7 @@ use jsonrpsee::core::middleware::{Batch, BatchEntry, BatchEntryErr, Notification
 use jsonrpsee::core::server::BatchResponseBuilder;
 use jsonrpsee::types::error::{
     INVALID_PARAMS_CODE, INVALID_PARAMS_MSG, METHOD_NOT_FOUND_CODE, OVERSIZED_RESPONSE_CODE,
-    OVERSIZED_RESPONSE_MSG,
+    OVERSIZED_RESPONSE_MSG, TOO_BIG_BATCH_RESPONSE_CODE,
 };
 use jsonrpsee::types::{ErrorObject, ErrorObjectOwned, Id, Request};
 use jsonrpsee::{MethodResponse, ResponsePayload};
@@ -158,7 +158,7 @@ where
                 true => response,
                 false => Unguarded::in_batch(response, &governed).await,
             };
-            oversized_told_apart_in_batch(response, limit)
+            cut_short(oversized_told_apart_in_batch(response, limit), limit)
         }
     }
 
@@ -371,6 +371,24 @@ fn batch_of(
     }
     let extensions = replaced.extensions().clone();
     MethodResponse::from_batch(rebuilt.finish()).with_extensions(extensions)
+}
+
+/// jsonrpsee stops a batch whose answers together outgrow the limit at the call whose answer
+/// passes it, and answers its own -32011 alone: the calls up to that one ran (and their
+/// retries are replays), the later ones never did, and nothing said so. Said as the
+/// extension's `IDEMPOTENCY_RESPONSE_TOO_LARGE`, naming the limit.
+fn cut_short(response: MethodResponse, limit: usize) -> MethodResponse {
+    if response.as_error_code() != Some(TOO_BIG_BATCH_RESPONSE_CODE) {
+        return response;
+    }
+    let reason = "the batch's answers together outgrow the limit: its calls ran in order up \
+                  to the one whose answer passed it (their retries are replays), the later \
+                  ones did not run; send them in smaller batches, or one at a time";
+    let error = IdempotencyError::new(ErrorCode::ResponseTooLarge)
+        .with_detail("limit_bytes", limit)
+        .with_detail("reason", reason);
+    MethodResponse::error(Id::Null, error.to_error_object())
+        .with_extensions(response.extensions().clone())
 }
 
 fn too_large(limit: usize) -> ErrorObjectOwned {
