@@ -1,6 +1,7 @@
 //! A call's commit whose connection was lost: whether it landed, whether another replica took
 //! the key over meanwhile, or the database was out of reach.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use deadpool_postgres::GenericClient;
@@ -8,35 +9,63 @@ use deadpool_postgres::GenericClient;
 use crate::message_id::MessageId;
 use crate::store::postgres::rows::{query_one, query_opt};
 use crate::store::postgres::PostgresStore;
-use crate::store::StoreError;
+use crate::store::{Lease, StoreError};
+
+/// A call's commit, fenced by its key's claim.
+pub(super) struct FencedCommit<'a> {
+    pub key: &'a MessageId,
+    /// The claim's fence.
+    pub fence: i64,
+    /// The id of the transaction that stores the call's entry, once it has one: its commit
+    /// ends the claim too.
+    pub storing: &'a OnceLock<i64>,
+}
+
+impl<'a> FencedCommit<'a> {
+    pub(super) fn new(key: &'a MessageId, lease: &Lease, storing: &'a OnceLock<i64>) -> Self {
+        let fence = lease.fence();
+        Self {
+            key,
+            fence,
+            storing,
+        }
+    }
+}
 
 impl PostgresStore {
     /// What a call's transaction that failed with `error` answers. One whose connection was
     /// cut off (the server ends the session of a replica frozen mid-commit, see [`pool_of`](super::pool::pool_of))
     /// failed as neither a staged write nor the database did: the claim, read again on another
     /// connection, tells whether another replica took the key over meanwhile
-    /// ([`StoreError::ClaimLost`]) or the database was out of reach. `storing`: the id of the
-    /// transaction that stored the call's entry, whose commit ends the claim too: where the
-    /// connection was lost after that `COMMIT` reached the database, PostgreSQL says it
-    /// committed, and the call succeeded (found by helper-55: it was told another replica had
-    /// taken its key; and by helper-57: an entry of the same bytes is no proof, a takeover
-    /// may answer alike).
+    /// ([`StoreError::ClaimLost`]) or the database was out of reach. Where the connection was
+    /// lost after the `COMMIT` of the transaction storing the entry reached the database,
+    /// PostgreSQL says it committed, and the call succeeded (found by helper-55: it was told
+    /// another replica had taken its key; and by helper-57: an entry of the same bytes is no
+    /// proof, a takeover may answer alike).
     pub(super) async fn cut_off(
         &self,
-        key: &MessageId,
-        fence: i64,
+        commit: &FencedCommit<'_>,
         error: StoreError,
-        storing: Option<i64>,
     ) -> Result<(), StoreError> {
-        if !connection_lost(&error) {
-            return Err(error);
+        match connection_lost(&error) {
+            true => self.classify(commit, error).await,
+            false => Err(error),
         }
+    }
+
+    /// What a call's commit whose answer was lost (`error`) answers: committed, its claim
+    /// taken over, or `error`, where the claim is still its own or cannot be read.
+    pub(super) async fn classify(
+        &self,
+        commit: &FencedCommit<'_>,
+        error: StoreError,
+    ) -> Result<(), StoreError> {
         let Ok(client) = self.client().await else {
             return Err(error);
         };
         // Asked first: a COMMIT still running when its connection dropped (waiting on a
         // synchronous standby, say) holds the claim as ours until it lands (helper-59).
-        if let Some(transaction) = storing {
+        if let Some(&transaction) = commit.storing.get() {
             match self.outcome_of(&client, transaction).await {
                 Some(true) => return Ok(()),
                 Some(false) => {} // rolled back: the claim says whether it was taken over
@@ -45,8 +74,13 @@ impl PostgresStore {
         }
         let ours = "SELECT 1 FROM idempotency_claims
                     WHERE message_id = $1 AND fence = $2 AND owner = $3";
-        match query_opt(&client, ours, &[&key.as_str(), &fence, &self.owner]).await {
-            Ok(None) => Err(StoreError::ClaimLost(key.to_string())),
+        let claim = [
+            &commit.key.as_str() as _,
+            &commit.fence as _,
+            &self.owner as _,
+        ];
+        match query_opt(&client, ours, &claim).await {
+            Ok(None) => Err(StoreError::ClaimLost(commit.key.to_string())),
             Ok(Some(_)) | Err(_) => Err(match error {
                 StoreError::Write(cause) => StoreError::Backend {
                     backend: "postgres",

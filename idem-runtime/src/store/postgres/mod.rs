@@ -30,7 +30,7 @@ mod one_ttl;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,6 +42,7 @@ use crate::hash::RequestHash;
 use crate::message_id::MessageId;
 use crate::store::postgres::claims::{end_claim, fenced, held, lease_ms, JustWon};
 use crate::store::postgres::listener::Listener;
+use crate::store::postgres::lost_commit::FencedCommit;
 use crate::store::postgres::lru::EVICTION_CHUNK;
 use crate::store::postgres::one_ttl::named;
 use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds, session_settings};
@@ -237,15 +238,38 @@ impl PostgresStore {
         // (it overflowed, and the waiting call's task panicked; found by helper-85).
         let bound = wait.saturating_add(statement).saturating_add(idle);
         let answered = at_most(bound, operation).await;
-        answered.unwrap_or_else(|| {
-            // The operation dropped its connection back into the pool, its statement still
-            // unanswered: none of the idle ones is to be trusted with the next call.
-            drop(self.pool.retain(|_, _| false));
-            Err(StoreError::Backend {
-                backend: "postgres",
-                cause: format!("no answer from the database in {} ms", bound.as_millis()).into(),
-            })
-        })
+        answered.unwrap_or_else(|| Err(self.no_answer(bound)))
+    }
+
+    /// [`in_time`](Self::in_time), for a commit fenced by its key's claim: one whose
+    /// bound ran out answers as one whose connection was cut off does
+    /// ([`cut_off`](Self::cut_off)), asked in one lease more. A replica frozen past the bound
+    /// (SIGSTOP, a paused VM) finds its timers run out as it wakes, while another replica took
+    /// its key over: it answered that the database had not answered (found by helper-104).
+    async fn fenced_in_time(
+        &self,
+        commit: &FencedCommit<'_>,
+        operation: impl Future<Output = Result<(), StoreError>>,
+    ) -> Result<(), StoreError> {
+        let (idle, statement) = session_bounds(self.lease);
+        let bound = statement.saturating_add(idle);
+        if let Some(answered) = at_most(bound, operation).await {
+            return answered;
+        }
+        let asked = self.classify(commit, self.no_answer(bound));
+        let answered = at_most(self.lease, asked).await;
+        answered.unwrap_or_else(|| Err(self.no_answer(bound)))
+    }
+
+    /// That the database did not answer in `bound`. The operation dropped its connection back
+    /// into the pool, its statement still unanswered: none of the idle ones is to be trusted
+    /// with the next call.
+    fn no_answer(&self, bound: Duration) -> StoreError {
+        drop(self.pool.retain(|_, _| false));
+        StoreError::Backend {
+            backend: "postgres",
+            cause: format!("no answer from the database in {} ms", bound.as_millis()).into(),
+        }
     }
 
     /// How long the server lets one of the sessions' statements run (two leases).
@@ -440,13 +464,19 @@ impl Store for PostgresStore {
         writes: Vec<SqlWrite>,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        self.in_time(async {
+        let (alone, storing) = (writes.is_empty(), OnceLock::new());
+        let commit = FencedCommit::new(&entry.message_id, lease, &storing);
+        let stored = async {
             lease.end();
             let mut client = self.client().await?;
             if writes.is_empty() {
                 // One statement, its own transaction; the bound, if due, in another.
                 let (fence, ttl) = (lease.fence(), self.ttl_seconds);
-                if self.store_entry(&client, &entry, fence, ttl).await?.past_the_bound {
+                if self
+                    .store_entry(&client, &entry, fence, ttl)
+                    .await?
+                    .past_the_bound
+                {
                     let bound = async {
                         let tx = client.transaction().await?;
                         let stored = Some(&entry.message_id);
@@ -461,16 +491,14 @@ impl Store for PostgresStore {
                 }
                 return Ok(());
             }
-            let mut transaction = None;
             let committed = async {
                 let tx = client.transaction().await?;
                 apply_writes(&tx, writes).await?;
                 // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
                 let (fence, ttl) = (lease.fence(), self.ttl_seconds);
-                transaction = Some(self.store_in(&tx, &entry, fence, ttl).await?);
+                let _ = storing.set(self.store_in(&tx, &entry, fence, ttl).await?);
                 Ok(tx.commit().await?)
             };
-            let fence = lease.fence();
             match committed.await.map_err(the_staged_writes) {
                 Ok(()) => {
                     hand_back(client, self.restore.clone(), self.statement_bound());
@@ -480,12 +508,16 @@ impl Store for PostgresStore {
                     // Its slot back first: asking on another connection must not wait for
                     // the very one it holds (a full pool reported a landed commit as failed).
                     discard(client);
-                    let key = &entry.message_id;
-                    self.cut_off(key, fence, error, transaction).await
+                    self.cut_off(&commit, error).await
                 }
             }
-        })
-        .await
+        };
+        // An entry stored alone ends its claim in its own statement, whose transaction has no
+        // id to ask about: a claim gone is no proof that it was taken over.
+        match alone {
+            true => self.in_time(stored).await,
+            false => self.fenced_in_time(&commit, stored).await,
+        }
     }
 
     async fn open_stream(
@@ -495,9 +527,10 @@ impl Store for PostgresStore {
         writes: Vec<SqlWrite>,
         lease: &Lease,
     ) -> Result<(), StoreError> {
-        self.in_time(async {
+        let storing = OnceLock::new();
+        let commit = FencedCommit::new(&stream.message_id, lease, &storing);
+        let opened = async {
             let mut client = self.client().await?;
-            let mut transaction = None;
             let opened = async {
                 let tx = client.transaction().await?;
                 apply_writes(&tx, writes).await?;
@@ -532,7 +565,7 @@ impl Store for PostgresStore {
                     &[&id, &first_event.as_ref()],
                 )
                 .await?;
-                transaction = Some(first.get(0));
+                let _ = storing.set(first.get(0));
                 Ok(tx.commit().await?)
             };
             match opened.await.map_err(the_staged_writes) {
@@ -544,12 +577,11 @@ impl Store for PostgresStore {
                 // `put` asks (a start that landed was reported as the store's failure).
                 Err(error) => {
                     discard(client);
-                    let key = &stream.message_id;
-                    self.cut_off(key, lease.fence(), error, transaction).await
+                    self.cut_off(&commit, error).await
                 }
             }
-        })
-        .await
+        };
+        self.fenced_in_time(&commit, opened).await
     }
 
     async fn append_events(
@@ -623,10 +655,11 @@ impl Store for PostgresStore {
     }
 
     async fn close_stream(&self, entry: Arc<Entry>, lease: &Lease) -> Result<(), StoreError> {
-        self.in_time(async {
+        let storing = OnceLock::new();
+        let commit = FencedCommit::new(&entry.message_id, lease, &storing);
+        let closed = async {
             lease.end();
             let mut client = self.client().await?;
-            let mut transaction = None;
             let closed = async {
                 let tx = client.transaction().await?;
                 // The claim's row first, as `open_stream` locks it: two replicas closing and
@@ -646,19 +679,18 @@ impl Store for PostgresStore {
                 // 24 h's, and a retry 5 s later ran the stream again).
                 let started_with = record.and_then(|row| stored_ttl(row.get(0), row.get(1)));
                 let ttl = started_with.unwrap_or(self.ttl_seconds);
-                transaction = Some(self.store_in(&tx, &entry, lease.fence(), ttl).await?);
+                let _ = storing.set(self.store_in(&tx, &entry, lease.fence(), ttl).await?);
                 Ok(tx.commit().await?)
             };
             match closed.await {
                 Ok(()) => Ok(()),
                 Err(error) => {
                     drop(client);
-                    let key = &entry.message_id;
-                    self.cut_off(key, lease.fence(), error, transaction).await
+                    self.cut_off(&commit, error).await
                 }
             }
-        })
-        .await
+        };
+        self.fenced_in_time(&commit, closed).await
     }
 
     async fn apply(&self, writes: Vec<SqlWrite>) -> Result<(), StoreError> {

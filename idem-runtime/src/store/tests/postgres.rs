@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::claim::{Claim, IdempotencyCache, Ticket, Waited};
 use crate::hash::{request_hash, RequestHash};
+use crate::message_id::MessageId;
 use crate::store::StoreError;
 use crate::IdempotencyConfig;
 
@@ -289,15 +290,7 @@ async fn a_commit_whose_session_was_ended_answers_for_what_happened() {
     let frozen = won(&a, &key(2), "message/send", &hash).await;
     let completing = tokio::spawn(frozen.complete_with(response("a"), vec![idle_past_the_lease()]));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // Its renewals stop with the replica: the lease runs out. (Here its renewer lives on,
-    // and may renew the claim once the server has ended the frozen session: then again.)
-    let winner = loop {
-        fx.execute("UPDATE idempotency_claims SET lease_until = 0")
-            .await;
-        if let Claim::Execute(ticket) = b.claim(&key(2), "message/send", &hash).await.unwrap() {
-            break ticket;
-        }
-    };
+    let winner = taken_over(&fx, &b, &key(2), &hash).await;
     // The same answer as the frozen call's: that the key's entry holds its bytes is no proof
     // that its own commit landed (found by helper-57).
     winner
@@ -308,6 +301,55 @@ async fn a_commit_whose_session_was_ended_answers_for_what_happened() {
     assert!(matches!(woken, Err(StoreError::ClaimLost(_))), "{woken:?}");
     assert_eq!(fx.effects().await, vec!["b".to_owned()], "nothing of a's");
     assert_eq!(cached_body(&a, &key(2)).await.unwrap(), b"a");
+}
+
+/// The same for a replica frozen past the bound of its commit (SIGSTOP, a paused VM): woken,
+/// its timers have run out, and it answered that the database had not answered, though
+/// another replica had taken its key over meanwhile (found by helper-104). Here its staged
+/// write outlasts the bound (4.5 s at a lease of 1.5 s), idle in its transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_frozen_past_its_bound_answers_claim_lost_once_taken_over() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_millis(1500)).await;
+    fx.create_effects(a.store()).await;
+    let hash = request_hash(b"{}").unwrap();
+    let past_the_bound = crate::unit_of_work::SqlWrite::postgres(|tx| {
+        Box::pin(async move {
+            tx.execute("INSERT INTO effects (name) VALUES ('a')", &[])
+                .await?;
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            Ok(())
+        })
+    });
+    let frozen = won(&a, &key(1), "message/send", &hash).await;
+    let completing = tokio::spawn(frozen.complete_with(response("a"), vec![past_the_bound]));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let winner = taken_over(&fx, &b, &key(1), &hash).await;
+    winner
+        .complete_with(response("b"), vec![fx.effect("b")])
+        .await
+        .unwrap();
+    let woken = completing.await.unwrap();
+    assert!(matches!(woken, Err(StoreError::ClaimLost(_))), "{woken:?}");
+    assert_eq!(fx.effects().await, vec!["b".to_owned()], "nothing of a's");
+}
+
+/// `key`'s claim, taken over by `b` from a frozen replica. Its renewals stop with the
+/// replica: the lease runs out. (Here its renewer lives on, and may renew the claim once the
+/// server has ended the frozen session: then again.)
+async fn taken_over(
+    fx: &Fixture,
+    b: &IdempotencyCache,
+    key: &MessageId,
+    hash: &RequestHash,
+) -> Ticket {
+    loop {
+        fx.execute("UPDATE idempotency_claims SET lease_until = 0")
+            .await;
+        if let Claim::Execute(ticket) = b.claim(key, "message/send", hash).await.unwrap() {
+            return ticket;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
