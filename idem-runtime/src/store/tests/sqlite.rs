@@ -1121,6 +1121,33 @@ async fn a_bound_lowered_across_a_restart_is_reached_a_chunk_at_a_time() {
     assert_eq!(body_of(&store, 1_000).await.unwrap(), b"new");
 }
 
+/// The same where the sweep also deletes expired rows: they are counted out before the bound
+/// is looked at. Counted in, the steps evicted live entries below the bound, all 300 of them
+/// here for a bound of 10 (helper-106).
+#[tokio::test]
+async fn a_lowered_bound_keeps_its_entries_when_the_sweep_also_expires_rows() {
+    let fx = Fixture::sqlite();
+    let wide = config(60, 1_000);
+    let store = SqliteStore::open_with_clock(&fx.path, &wide, fx.clock.clone()).unwrap();
+    futures::future::join_all((1..=50).map(|n| put(&store, n, "expires"))).await;
+    fx.clock.advance(Duration::from_secs(30));
+    for n in 51..=350 {
+        put(&store, n, "live").await;
+        fx.clock.advance(Duration::from_millis(1));
+    }
+    store.close();
+    fx.clock.advance(Duration::from_secs(31));
+    let narrow = config(60, 10);
+    let store = SqliteStore::open_with_clock(&fx.path, &narrow, fx.clock.clone()).unwrap();
+    assert_eq!(store.sweep().await.unwrap(), 50, "the expired rows");
+    assert_eq!(
+        store.row_count().await.unwrap(),
+        10,
+        "the bound's live entries"
+    );
+    assert_eq!(body_of(&store, 350).await.unwrap(), b"live");
+}
+
 /// Two more entries in a store bounded at 3 that holds key 3 alone: key 3 stays.
 async fn two_more_keep_the_third(store: &SqliteStore) {
     put(store, 4, "new").await;
