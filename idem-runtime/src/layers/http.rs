@@ -438,7 +438,14 @@ fn sse_response(source: StreamSource) -> HttpResponse<HttpBody> {
     let events = recording.reader();
     match reframe_for {
         None => sse::response(events),
-        Some(id) => sse::response(events.map(move |event| sse::reframe(&event, &id))),
+        Some(id) => {
+            let id = serde_json::to_vec(&id).expect("an id serializes");
+            let reframed = events.flat_map(move |event| {
+                let (start, rest) = sse::reframe(event, &id);
+                futures::stream::iter(start.into_iter().chain([rest]))
+            });
+            sse::response(reframed)
+        }
     }
 }
 
