@@ -96,9 +96,9 @@ pub struct IdempotencyConfig {
     /// spec's one global key space (callers marked [`crate::Caller::Unauthenticated`] always
     /// share it). On, a governed call that comes with no `Caller` at all is refused
     /// (`IDEMPOTENCY_LAYER_MISSING`). Turn it on where callers do not trust each other and
-    /// their keys might meet. Changed on a database that holds entries, it re-keys every
-    /// authenticated caller: retries of calls answered before the change run again, for one
-    /// TTL (README, "Key scoping").
+    /// their keys might meet. A store refuses to open a database that holds entries stored
+    /// with the other setting ([`crate::store::StoreError::ScopingChanged`]): it would re-key
+    /// every authenticated caller, and the retries of calls answered before would run again.
     pub scope_keys_by_principal: bool,
     /// Whether a replay to a caller the application marks [`crate::Caller::Unauthenticated`]
     /// carries `Idempotent-Replayed: true` (spec §7.4: the header confirms cache state, which

@@ -54,6 +54,19 @@ pub enum StoreError {
     /// A write the call staged refused; nothing of the call was stored.
     Write(WriteError),
     #[error(
+        "this database's entries were stored with keys {}, and this store would key them {} \
+         (scope_keys_by_principal): the retries of calls answered before would find no entry \
+         and run again; keep the setting, or change it on a database that holds no entries \
+         (every retry of the calls they answered then runs again)",
+        if *scoped { "in one global key space" } else { "scoped by principal" },
+        if *scoped { "scoped by principal" } else { "in one global key space" }
+    )]
+    /// The cache holds entries stored with keys scoped otherwise than this store would.
+    ScopingChanged {
+        /// Whether this store scopes keys by principal.
+        scoped: bool,
+    },
+    #[error(
         "another replica serves this database and keeps entries for {theirs} s, where this \
          one is configured for {ours} s: replicas that share a database must keep entries for \
          the same time (AIWG_IDEMPOTENCY_TTL), or the shorter TTL's sweep deletes entries the \
@@ -164,6 +177,7 @@ impl StoreError {
             Self::Commit(_) => "commit",
             Self::Write(_) => "write",
             Self::TtlMismatch { .. } => "ttl_mismatch",
+            Self::ScopingChanged { .. } => "scoping_changed",
             Self::InUse { .. } => "in_use",
             Self::ServedElsewhere { .. } => "served_elsewhere",
             Self::HardLinked { .. } => "hard_linked",

@@ -5,6 +5,13 @@
 //! again). So each store records its TTL when it opens the database, and the tool counts
 //! what is expired by that (`admin.rs`). Several replicas on one database serve with one TTL
 //! (`postgres/one_ttl.rs` refuses a replica of another); the last to open records it.
+//!
+//! And whether keys are scoped by principal: switched on a database that holds entries, every
+//! authenticated caller's keys change, and the retries of calls answered before the switch
+//! would find nothing and run again (helper-107). A store that opens such a database with the
+//! other setting is refused ([`scoping_kept`]).
+
+use crate::store::StoreError;
 
 /// The table, in both backends.
 pub(crate) const TABLE: &str = "
@@ -21,6 +28,33 @@ ON CONFLICT (name) DO UPDATE SET value = excluded.value";
 /// The TTL the stores recorded, if one did.
 pub(crate) const RECORDED_TTL: &str =
     "SELECT value FROM idempotency_settings WHERE name = 'ttl_seconds'";
+
+/// Records whether keys are scoped by principal, `$1` (1 or 0; run after [`TABLE`]).
+pub(crate) const RECORD_SCOPING: &str = "
+INSERT INTO idempotency_settings (name, value) VALUES ('keys_scoped_by_principal', $1)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+
+/// Whether the stores that stored the entries scoped keys by principal, if one recorded it.
+pub(crate) const RECORDED_SCOPING: &str =
+    "SELECT value FROM idempotency_settings WHERE name = 'keys_scoped_by_principal'";
+
+/// Whether the cache holds an entry.
+pub(crate) const HOLDS_ENTRIES: &str = "SELECT EXISTS (SELECT 1 FROM idempotency_cache)";
+
+/// [`StoreError::ScopingChanged`] where the cache holds entries stored with keys scoped
+/// otherwise (`recorded`, 1 or 0) than this store's (`scoped`).
+pub(crate) fn scoping_kept(
+    recorded: Option<i64>,
+    scoped: bool,
+    holds_entries: bool,
+) -> Result<(), StoreError> {
+    match recorded {
+        Some(recorded) if (recorded != 0) != scoped && holds_entries => {
+            Err(StoreError::ScopingChanged { scoped })
+        }
+        _ => Ok(()),
+    }
+}
 
 /// A TTL as the table holds it: seconds, at most `i64::MAX` (the configuration refuses more).
 pub(crate) fn stored(ttl_seconds: u64) -> i64 {

@@ -176,7 +176,7 @@ impl PostgresStore {
         config.checked()?;
         let (lease, ttl) = (config.claim_lease, config.ttl_seconds);
         let pool = pool_of(&options, options.pool_size, lease, ttl)?;
-        create_schema(&pool, ttl).await?;
+        create_schema(&pool, ttl, config.scope_keys_by_principal).await?;
         let mut listen = named(options.listen_url.as_ref().unwrap_or(&options.url), ttl)?;
         bound_the_link(&mut listen, lease);
         let owner = owner();

@@ -95,7 +95,11 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
 /// replica of another TTL serves the database (the lock orders replicas that open at once).
 /// Then the indexes that are missing, built in the background.
-pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), StoreError> {
+pub(super) async fn create_schema(
+    pool: &Pool,
+    ttl_seconds: u64,
+    scoped: bool,
+) -> Result<(), StoreError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
@@ -109,6 +113,12 @@ pub(super) async fn create_schema(pool: &Pool, ttl_seconds: u64) -> Result<(), S
     tx.batch_execute(settings::TABLE).await?;
     let ttl = settings::stored(ttl_seconds);
     tx.execute(settings::RECORD_TTL, &[&ttl]).await?;
+    // Under the schema lock: replicas that open at once see each other's record.
+    let recorded = tx.query_opt(settings::RECORDED_SCOPING, &[]).await?;
+    let holds_entries = tx.query_one(settings::HOLDS_ENTRIES, &[]).await?.get(0);
+    settings::scoping_kept(recorded.map(|row| row.get(0)), scoped, holds_entries)?;
+    tx.execute(settings::RECORD_SCOPING, &[&i64::from(scoped)])
+        .await?;
     tx.commit().await?;
     // The indexes make the sweep and the bound fast, not the calls right, so the replica
     // serves while they are built: a start held for the build of an earlier version's large

@@ -36,7 +36,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use crate::clock::{Clock, SystemClock};
@@ -165,6 +165,7 @@ impl SqliteStore {
         let conn = connect(&path)?;
         let ttl = settings::stored(config.ttl_seconds);
         conn.execute(settings::RECORD_TTL, rusqlite::named_params! {"$1": ttl})?;
+        keep_scoping(&conn, config.scope_keys_by_principal)?;
         purge_watch::prepare(&conn)?;
         // The checkpointer's thread copies the log back; the writer only when asked to start it
         // over (see there).
@@ -693,6 +694,22 @@ fn apply_writes(
             return Err(ended_the_transaction());
         }
     }
+    Ok(())
+}
+
+/// Refuses a file whose entries were stored with keys scoped otherwise, and records how this
+/// store scopes them (the process holds the file's lock: no other store opens it meanwhile).
+fn keep_scoping(conn: &Connection, scoped: bool) -> Result<(), StoreError> {
+    let recorded = conn
+        .query_row(settings::RECORDED_SCOPING, [], |row| row.get(0))
+        .optional()?;
+    let holds_entries = conn.query_row(settings::HOLDS_ENTRIES, [], |row| row.get(0))?;
+    settings::scoping_kept(recorded, scoped, holds_entries)?;
+    let scoped = i64::from(scoped);
+    conn.execute(
+        settings::RECORD_SCOPING,
+        rusqlite::named_params! {"$1": scoped},
+    )?;
     Ok(())
 }
 

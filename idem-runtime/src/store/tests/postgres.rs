@@ -654,6 +654,35 @@ async fn a_replica_of_another_ttl_is_refused_while_one_serves() {
     }
 }
 
+/// A replica that would key entries otherwise than those the database holds were stored
+/// with is refused, in a rolling restart too: the retries of the calls they answered would
+/// find nothing and run again (helper-107). With the setting kept, it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_keyed_otherwise_is_refused_while_the_database_holds_entries() {
+    let Some(fx) = fixture().await else { return };
+    let connect = |scoped: bool| {
+        let options = PostgresOptions::new(fx.url.clone().unwrap());
+        let config = config(86_400, 1000).with(|c| c.scope_keys_by_principal = scoped);
+        let clock = fx.clock.clone();
+        async move { PostgresStore::connect_with(options, &config, clock).await }
+    };
+    let serving = connect(false).await.expect("the first replica");
+    let cache = IdempotencyCache::from_arc(std::sync::Arc::new(serving));
+    let hash = request_hash(b"{}").unwrap();
+    let stored = won(&cache, &key(1), "message/send", &hash).await;
+    stored.complete(response("global")).await.unwrap();
+    match connect(true).await {
+        Err(StoreError::ScopingChanged { scoped: true }) => {}
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a replica keyed otherwise served beside the entries"),
+    }
+    connect(false).await.expect("a replica of the same setting");
+    fx.execute("DELETE FROM idempotency_cache").await;
+    connect(true)
+        .await
+        .expect("served once the database holds no entries");
+}
+
 /// Each entry, and each open stream, lives for the TTL of the replica that stored it, on
 /// every replica: one of another TTL can still be admitted beside live ones (right after a
 /// PostgreSQL outage, before their sessions are back; or beside one whose URL names its

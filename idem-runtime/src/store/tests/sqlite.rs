@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::claim::{Claim, IdempotencyCache, Waited};
 use crate::hash::request_hash;
-use crate::store::{Entry, SqlWrite, SqliteStore, Store};
+use crate::store::{Entry, SqlWrite, SqliteStore, Store, StoreError};
 use crate::IdempotencyConfig;
 
 use crate::store::tests::fixture::Fixture;
@@ -1146,6 +1146,45 @@ async fn a_lowered_bound_keeps_its_entries_when_the_sweep_also_expires_rows() {
         "the bound's live entries"
     );
     assert_eq!(body_of(&store, 350).await.unwrap(), b"live");
+}
+
+/// A file whose entries were stored with keys scoped otherwise is refused: the retries of
+/// the calls they answered would find nothing under their new keys and run again
+/// (helper-107). Kept as it was, or on a file that holds no entries, it opens.
+#[tokio::test]
+async fn a_file_keyed_otherwise_is_refused_while_it_holds_entries() {
+    let fx = Fixture::sqlite();
+    let global = config(86_400, 100);
+    let scoped = global.clone().with(|c| c.scope_keys_by_principal = true);
+    let store = SqliteStore::open(&fx.path, &global).unwrap();
+    put(&store, 1, "global").await;
+    store.close();
+    let refused = SqliteStore::open(&fx.path, &scoped).err();
+    assert!(
+        matches!(refused, Some(StoreError::ScopingChanged { scoped: true })),
+        "{refused:?}"
+    );
+    let message = refused.unwrap().to_string();
+    assert!(message.contains("scope_keys_by_principal"), "{message}");
+    let store = SqliteStore::open(&fx.path, &global).unwrap();
+    assert_eq!(
+        body_of(&store, 1).await.unwrap(),
+        b"global",
+        "kept as it was"
+    );
+    store.close();
+    rusqlite::Connection::open(&fx.path)
+        .unwrap()
+        .execute("DELETE FROM idempotency_cache", [])
+        .unwrap();
+    let store = SqliteStore::open(&fx.path, &scoped).unwrap();
+    put(&store, 2, "scoped").await;
+    store.close();
+    let refused = SqliteStore::open(&fx.path, &global).err();
+    assert!(
+        matches!(refused, Some(StoreError::ScopingChanged { scoped: false })),
+        "recorded by the store that opened the empty file: {refused:?}"
+    );
 }
 
 /// Two more entries in a store bounded at 3 that holds key 3 alone: key 3 stays.
