@@ -54,14 +54,15 @@ pub enum StoreError {
     /// A write the call staged refused; nothing of the call was stored.
     Write(WriteError),
     #[error(
-        "this database's entries were stored with keys {}, and this store would key them {} \
-         (scope_keys_by_principal): the retries of calls answered before would find no entry \
-         and run again; keep the setting, or change it on a database that holds no entries \
-         (every retry of the calls they answered then runs again)",
+        "the stores that opened this database last keyed calls {}, and this one would key \
+         them {} (scope_keys_by_principal), while the database holds keys (entries, open \
+         streams or claims): their retries would find nothing under the new keys and run \
+         again; keep the setting, or change it on a database that holds none (every retry of \
+         the calls it held then runs again)",
         if *scoped { "in one global key space" } else { "scoped by principal" },
         if *scoped { "scoped by principal" } else { "in one global key space" }
     )]
-    /// The cache holds entries stored with keys scoped otherwise than this store would.
+    /// The database holds keys, and its stores recorded another key scoping than this one's.
     ScopingChanged {
         /// Whether this store scopes keys by principal.
         scoped: bool,

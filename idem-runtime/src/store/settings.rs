@@ -9,7 +9,7 @@
 //! And whether keys are scoped by principal: switched on a database that holds entries, every
 //! authenticated caller's keys change, and the retries of calls answered before the switch
 //! would find nothing and run again (helper-107). A store that opens such a database with the
-//! other setting is refused ([`scoping_kept`]).
+//! other setting is refused while it holds keys ([`scoping_kept`]).
 
 use crate::store::StoreError;
 
@@ -38,18 +38,21 @@ ON CONFLICT (name) DO UPDATE SET value = excluded.value";
 pub(crate) const RECORDED_SCOPING: &str =
     "SELECT value FROM idempotency_settings WHERE name = 'keys_scoped_by_principal'";
 
-/// Whether the cache holds an entry.
-pub(crate) const HOLDS_ENTRIES: &str = "SELECT EXISTS (SELECT 1 FROM idempotency_cache)";
+/// Whether the database holds a key: an entry, or a stream left open by a process that died
+/// (its retry must get the interrupted outcome, under its key: helper-108).
+pub(crate) const HOLDS_KEYS: &str = "SELECT EXISTS (SELECT 1 FROM idempotency_cache)
+    OR EXISTS (SELECT 1 FROM idempotency_open_streams)";
 
-/// [`StoreError::ScopingChanged`] where the cache holds entries stored with keys scoped
-/// otherwise (`recorded`, 1 or 0) than this store's (`scoped`).
+/// [`StoreError::ScopingChanged`] where the database holds keys and the stores recorded
+/// another setting (`recorded`, 1 or 0) than this store's (`scoped`). A database without a
+/// record (new, or of an earlier version) takes either: the first store records its own.
 pub(crate) fn scoping_kept(
     recorded: Option<i64>,
     scoped: bool,
-    holds_entries: bool,
+    holds_keys: bool,
 ) -> Result<(), StoreError> {
     match recorded {
-        Some(recorded) if (recorded != 0) != scoped && holds_entries => {
+        Some(recorded) if (recorded != 0) != scoped && holds_keys => {
             Err(StoreError::ScopingChanged { scoped })
         }
         _ => Ok(()),

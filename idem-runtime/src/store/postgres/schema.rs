@@ -92,6 +92,11 @@ pub(crate) const INDEX_LOCK: i64 = 0x1de3_0003;
 /// another transaction before they give up.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// [`settings::HOLDS_KEYS`], with the claims of calls running on live replicas, rows here.
+const HOLDS_KEYS_OR_CLAIMS: &str = "SELECT EXISTS (SELECT 1 FROM idempotency_cache)
+    OR EXISTS (SELECT 1 FROM idempotency_open_streams)
+    OR EXISTS (SELECT 1 FROM idempotency_claims)";
+
 /// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
 /// replica of another TTL serves the database (the lock orders replicas that open at once).
 /// Then the indexes that are missing, built in the background.
@@ -115,8 +120,8 @@ pub(super) async fn create_schema(
     tx.execute(settings::RECORD_TTL, &[&ttl]).await?;
     // Under the schema lock: replicas that open at once see each other's record.
     let recorded = tx.query_opt(settings::RECORDED_SCOPING, &[]).await?;
-    let holds_entries = tx.query_one(settings::HOLDS_ENTRIES, &[]).await?.get(0);
-    settings::scoping_kept(recorded.map(|row| row.get(0)), scoped, holds_entries)?;
+    let holds_keys = tx.query_one(HOLDS_KEYS_OR_CLAIMS, &[]).await?.get(0);
+    settings::scoping_kept(recorded.map(|row| row.get(0)), scoped, holds_keys)?;
     tx.execute(settings::RECORD_SCOPING, &[&i64::from(scoped)])
         .await?;
     tx.commit().await?;

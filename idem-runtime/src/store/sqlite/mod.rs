@@ -703,8 +703,8 @@ fn keep_scoping(conn: &Connection, scoped: bool) -> Result<(), StoreError> {
     let recorded = conn
         .query_row(settings::RECORDED_SCOPING, [], |row| row.get(0))
         .optional()?;
-    let holds_entries = conn.query_row(settings::HOLDS_ENTRIES, [], |row| row.get(0))?;
-    settings::scoping_kept(recorded, scoped, holds_entries)?;
+    let holds_keys = conn.query_row(settings::HOLDS_KEYS, [], |row| row.get(0))?;
+    settings::scoping_kept(recorded, scoped, holds_keys)?;
     let scoped = i64::from(scoped);
     conn.execute(
         settings::RECORD_SCOPING,

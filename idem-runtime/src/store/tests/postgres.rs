@@ -669,8 +669,14 @@ async fn a_replica_keyed_otherwise_is_refused_while_the_database_holds_entries()
     let serving = connect(false).await.expect("the first replica");
     let cache = IdempotencyCache::from_arc(std::sync::Arc::new(serving));
     let hash = request_hash(b"{}").unwrap();
-    let stored = won(&cache, &key(1), "message/send", &hash).await;
-    stored.complete(response("global")).await.unwrap();
+    // A call running on it, the cache still empty: its claim is a key too (helper-108).
+    let running = won(&cache, &key(1), "message/send", &hash).await;
+    let refused = connect(true).await.err();
+    assert!(
+        matches!(refused, Some(StoreError::ScopingChanged { scoped: true })),
+        "admitted beside a live replica's claim: {refused:?}"
+    );
+    running.complete(response("global")).await.unwrap();
     match connect(true).await {
         Err(StoreError::ScopingChanged { scoped: true }) => {}
         Err(other) => panic!("refused for another reason: {other}"),

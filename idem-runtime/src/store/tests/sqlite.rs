@@ -1187,6 +1187,32 @@ async fn a_file_keyed_otherwise_is_refused_while_it_holds_entries() {
     );
 }
 
+/// The same for a file whose only key is a stream its process left open as it died: its
+/// retry must get the interrupted outcome under its key, not run under a new one
+/// (helper-108).
+#[tokio::test]
+async fn a_file_keyed_otherwise_is_refused_while_it_holds_an_open_stream() {
+    let fx = Fixture::sqlite();
+    let global = config(86_400, 100);
+    let scoped = global.clone().with(|c| c.scope_keys_by_principal = true);
+    let store = Arc::new(SqliteStore::open(&fx.path, &global).unwrap());
+    let cache = IdempotencyCache::from_arc(store.clone());
+    let hash = request_hash(b"{}").unwrap();
+    let mut ticket = won(&cache, &key(1), "message/stream", &hash).await;
+    let event = bytes_of("data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":0}\n\n");
+    ticket
+        .open_stream("5".into(), event, Vec::new())
+        .await
+        .unwrap();
+    std::mem::forget(ticket); // the process dies mid-stream
+    store.close();
+    let refused = SqliteStore::open(&fx.path, &scoped).err();
+    assert!(
+        matches!(refused, Some(StoreError::ScopingChanged { scoped: true })),
+        "{refused:?}"
+    );
+}
+
 /// Two more entries in a store bounded at 3 that holds key 3 alone: key 3 stays.
 async fn two_more_keep_the_third(store: &SqliteStore) {
     put(store, 4, "new").await;
