@@ -192,8 +192,8 @@ pub async fn record_deliveries(pool: &Pool, took: Took, now: i64) -> Result<bool
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let statement = tx.prepare_cached(sql::RECORD_DELIVERY_LOCKING).await?;
-    for (config_id, json) in &took.configs {
-        let params: [&(dyn ToSql + Sync); 5] = [&took.event, config_id, &now, &took.task, json];
+    for (config_id, url) in &took.configs {
+        let params: [&(dyn ToSql + Sync); 5] = [&took.event, config_id, &now, &took.task, url];
         tx.execute(&statement, &params).await?;
     }
     let marked = match took.complete {

@@ -157,8 +157,8 @@ pub async fn delivered_to(db: &Database, id: i64) -> Result<Vec<String>, Failure
 pub async fn record_deliveries(db: &Database, took: Took, now: i64) -> Result<bool, Failure> {
     let recorded = db.transact(move |conn| {
         let mut statement = conn.prepare_cached(&sqlite(sql::RECORD_DELIVERY))?;
-        for (config_id, json) in &took.configs {
-            statement.execute(params![took.event, config_id, now, took.task, json])?;
+        for (config_id, url) in &took.configs {
+            statement.execute(params![took.event, config_id, now, took.task, url])?;
         }
         if !took.complete {
             return Ok(false);

@@ -233,10 +233,7 @@ impl PostgresStore {
         wait: Duration,
         operation: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let (idle, statement) = session_bounds(self.lease);
-        // Saturating: `in_flight_wait` may be `Duration::MAX`, "as long as the original runs"
-        // (it overflowed, and the waiting call's task panicked; found by helper-85).
-        let bound = wait.saturating_add(statement).saturating_add(idle);
+        let bound = self.bound(wait);
         let answered = at_most(bound, operation).await;
         answered.unwrap_or_else(|| Err(self.no_answer(bound)))
     }
@@ -251,8 +248,7 @@ impl PostgresStore {
         commit: &FencedCommit<'_>,
         operation: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), StoreError> {
-        let (idle, statement) = session_bounds(self.lease);
-        let bound = statement.saturating_add(idle);
+        let bound = self.bound(Duration::ZERO);
         if let Some(answered) = at_most(bound, operation).await {
             return answered;
         }
@@ -270,6 +266,15 @@ impl PostgresStore {
             backend: "postgres",
             cause: format!("no answer from the database in {} ms", bound.as_millis()).into(),
         }
+    }
+
+    /// How long an operation that may wait `wait` on purpose waits for the database: that,
+    /// the sessions' statement bound and their idle bound.
+    fn bound(&self, wait: Duration) -> Duration {
+        let (idle, statement) = session_bounds(self.lease);
+        // Saturating: `in_flight_wait` may be `Duration::MAX`, "as long as the original runs"
+        // (it overflowed, and the waiting call's task panicked; found by helper-85).
+        wait.saturating_add(statement).saturating_add(idle)
     }
 
     /// How long the server lets one of the sessions' statements run (two leases).
@@ -471,7 +476,7 @@ impl Store for PostgresStore {
             let mut client = self.client().await?;
             if writes.is_empty() {
                 // One statement, its own transaction; the bound, if due, in another.
-                let (fence, ttl) = (lease.fence(), self.ttl_seconds);
+                let (fence, ttl) = (commit.fence, self.ttl_seconds);
                 if self
                     .store_entry(&client, &entry, fence, ttl)
                     .await?
@@ -495,7 +500,7 @@ impl Store for PostgresStore {
                 let tx = client.transaction().await?;
                 apply_writes(&tx, writes).await?;
                 // Fenced last: if the claim was lost meanwhile, the writes roll back with it.
-                let (fence, ttl) = (lease.fence(), self.ttl_seconds);
+                let (fence, ttl) = (commit.fence, self.ttl_seconds);
                 let _ = storing.set(self.store_in(&tx, &entry, fence, ttl).await?);
                 Ok(tx.commit().await?)
             };
@@ -679,7 +684,7 @@ impl Store for PostgresStore {
                 // 24 h's, and a retry 5 s later ran the stream again).
                 let started_with = record.and_then(|row| stored_ttl(row.get(0), row.get(1)));
                 let ttl = started_with.unwrap_or(self.ttl_seconds);
-                let _ = storing.set(self.store_in(&tx, &entry, lease.fence(), ttl).await?);
+                let _ = storing.set(self.store_in(&tx, &entry, commit.fence, ttl).await?);
                 Ok(tx.commit().await?)
             };
             match closed.await {
