@@ -158,9 +158,42 @@ async fn a_replica_of_another_ttl_refuses_to_start_beside_a_serving_one() {
     let body = send_with(1, "message/send", &new_id(), "hello", json!({}));
     let first = post_activated(&serving.url, body.clone()).await;
     assert_eq!(first.status, 200, "{}", first.describe());
+    let said = refused_beside_a_live_replica(&db, &[], &[("AIWG_IDEMPOTENCY_TTL", "3")]);
+    let both = "keeps entries for 86400 s, where this one is configured for 3 s";
+    assert!(said.contains(both), "{said}");
+    let replay = post_activated(&serving.url, body).await;
+    assert!(replay.replayed(), "{}", replay.describe());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(db.counts(), (1, 1));
+}
+
+/// A replica that would key calls otherwise (by principal, or not) than a serving one's
+/// refuses to start, before the database holds any key too: the two would key one caller's
+/// retry apart, and it would run again (helper-108).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_keyed_otherwise_refuses_to_start_beside_a_serving_one() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let serving = replica(&db, &[]);
+    let scoped = ["--principal-header", "X-Principal"];
+    let said = refused_beside_a_live_replica(&db, &scoped, &[]);
+    let both = "keys calls in one global key space, where this one would key them scoped by \
+                principal";
+    assert!(said.contains(both), "{said}");
+    let body = send_with(1, "message/send", &new_id(), "hello", json!({}));
+    let first = post_activated(&serving.url, body.clone()).await;
+    assert_eq!(first.status, 200, "{}", first.describe());
+    assert_eq!(db.counts(), (1, 1));
+}
+
+/// Starts the example server on `db` with `args` and `envs`, beside a live replica, and
+/// returns what it said as it refused to start (exit code 2).
+fn refused_beside_a_live_replica(db: &Database, args: &[&str], envs: &[(&str, &str)]) -> String {
     let mut other = std::process::Command::new(example_binary("a2a_server"))
         .args(["--listen", "127.0.0.1:0", "--db", db.url()])
-        .env("AIWG_IDEMPOTENCY_TTL", "3")
+        .args(args)
+        .envs(envs.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -172,19 +205,14 @@ async fn a_replica_of_another_ttl_refuses_to_start_beside_a_serving_one() {
             None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
             None => {
                 let _ = other.kill().and_then(|()| other.wait());
-                panic!("a replica of another TTL served beside a live one");
+                panic!("a replica of another setting served beside a live one");
             }
         }
     };
     let mut said = String::new();
     std::io::Read::read_to_string(&mut other.stderr.take().unwrap(), &mut said).unwrap();
     assert_eq!(exited.code(), Some(2), "{said}");
-    let both = "keeps entries for 86400 s, where this one is configured for 3 s";
-    assert!(said.contains(both), "{said}");
-    let replay = post_activated(&serving.url, body).await;
-    assert!(replay.replayed(), "{}", replay.describe());
-    assert_eq!(replay.body, first.body);
-    assert_eq!(db.counts(), (1, 1));
+    said
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,7 +438,7 @@ async fn the_conformance_scenarios_pass_on_postgres() {
     // Its sessions end once PostgreSQL notices the kill; until then a replica of another TTL
     // is refused (as it should be), so the next one waits for them.
     let ttl_4 = "SELECT COUNT(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND application_name = 'idem ttl=4'";
+                 WHERE datname = current_database() AND application_name LIKE 'idem ttl=4 %'";
     let deadline = Instant::now() + Duration::from_secs(20);
     while postgres::count(db.url(), ttl_4, None).unwrap() > 0 {
         assert!(

@@ -81,6 +81,19 @@ pub enum StoreError {
         theirs: u64,
     },
     #[error(
+        "another replica serves this database and keys calls {}, where this one would key \
+         them {} (scope_keys_by_principal): a retry served by another replica than the one \
+         that answered would find nothing and run again; replicas that share a database must \
+         key calls alike, so to change it, stop them all first",
+        if *scoped { "in one global key space" } else { "scoped by principal" },
+        if *scoped { "scoped by principal" } else { "in one global key space" }
+    )]
+    /// A live replica on the same PostgreSQL database scopes keys otherwise.
+    ScopingMismatch {
+        /// Whether this store scopes keys by principal.
+        scoped: bool,
+    },
+    #[error(
         "database {} is already served by process {pid} (it holds the lock on {}); \
          one process serves a database file at a time",
         path.display(),
@@ -179,6 +192,7 @@ impl StoreError {
             Self::Write(_) => "write",
             Self::TtlMismatch { .. } => "ttl_mismatch",
             Self::ScopingChanged { .. } => "scoping_changed",
+            Self::ScopingMismatch { .. } => "scoping_mismatch",
             Self::InUse { .. } => "in_use",
             Self::ServedElsewhere { .. } => "served_elsewhere",
             Self::HardLinked { .. } => "hard_linked",

@@ -4,12 +4,13 @@
 //! expired" with `AIWG_IDEMPOTENCY_TTL=5` in the operator's shell, and their keys executed
 //! again). So each store records its TTL when it opens the database, and the tool counts
 //! what is expired by that (`admin.rs`). Several replicas on one database serve with one TTL
-//! (`postgres/one_ttl.rs` refuses a replica of another); the last to open records it.
+//! (`postgres/replica_settings.rs` refuses a replica of another); the last to open records it.
 //!
 //! And whether keys are scoped by principal: switched on a database that holds entries, every
 //! authenticated caller's keys change, and the retries of calls answered before the switch
 //! would find nothing and run again (helper-107). A store that opens such a database with the
-//! other setting is refused while it holds keys ([`scoping_kept`]).
+//! other setting is refused while it holds keys ([`scoping_kept`]); on PostgreSQL, a replica
+//! beside a live one of the other setting is refused too (`postgres/replica_settings.rs`).
 
 use crate::store::StoreError;
 

@@ -22,10 +22,10 @@
 //! `entries.rs` (an entry read, or stored with the end of its claim), `lost_commit.rs` (a
 //! commit whose answer was lost), `listener.rs` (ends announced), `lru.rs` and `sweep.rs`
 //! (the bound and the sweep), `rows.rs` (statements and row decoding), `schema.rs` and
-//! `one_ttl.rs` (the tables, and one TTL per database).
+//! `replica_settings.rs` (the tables, and one TTL and key scoping per database).
 
 mod listener;
-mod one_ttl;
+mod replica_settings;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -44,9 +44,9 @@ use crate::store::postgres::claims::{end_claim, fenced, held, lease_ms, JustWon}
 use crate::store::postgres::listener::Listener;
 use crate::store::postgres::lost_commit::FencedCommit;
 use crate::store::postgres::lru::EVICTION_CHUNK;
-use crate::store::postgres::one_ttl::named;
 use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds, session_settings};
 use crate::store::postgres::renewer::Renewer;
+use crate::store::postgres::replica_settings::{named, Serving};
 use crate::store::postgres::rows::{
     delete_events, execute, expires_at, query_one, query_opt, select_after_claim,
     select_open_stream, select_open_stream_alone, stored_ttl,
@@ -160,7 +160,8 @@ pub struct PostgresStore {
 
 impl PostgresStore {
     /// Connects to the database at `url`, on the system clock, and creates the tables. Fails
-    /// with [`StoreError::TtlMismatch`] while a replica of another TTL serves the database.
+    /// with [`StoreError::TtlMismatch`] while a replica of another TTL serves the database,
+    /// and [`StoreError::ScopingMismatch`] while one that scopes keys otherwise does.
     pub async fn connect(url: &str, config: &IdempotencyConfig) -> Result<Self, StoreError> {
         Self::connect_with(PostgresOptions::new(url), config, Arc::new(SystemClock)).await
     }
@@ -174,16 +175,20 @@ impl PostgresStore {
         // The builders check too; a store connected on its own is held to the same values
         // (a lease of 10 ms ran out before its renewal: helper-94, helper-96).
         config.checked()?;
-        let (lease, ttl) = (config.claim_lease, config.ttl_seconds);
-        let pool = pool_of(&options, options.pool_size, lease, ttl)?;
-        create_schema(&pool, ttl, config.scope_keys_by_principal).await?;
-        let mut listen = named(options.listen_url.as_ref().unwrap_or(&options.url), ttl)?;
+        let lease = config.claim_lease;
+        let serving = Serving {
+            ttl_seconds: config.ttl_seconds,
+            scoped: config.scope_keys_by_principal,
+        };
+        let pool = pool_of(&options, options.pool_size, lease, serving)?;
+        create_schema(&pool, serving).await?;
+        let mut listen = named(options.listen_url.as_ref().unwrap_or(&options.url), serving)?;
         bound_the_link(&mut listen, lease);
         let owner = owner();
         let store = Self {
             listener: Listener::start(listen),
             // A connection of its own: renewals never queue behind the calls' commits.
-            renewer: Renewer::start(pool_of(&options, 1, lease, ttl)?, owner.clone(), lease),
+            renewer: Renewer::start(pool_of(&options, 1, lease, serving)?, owner.clone(), lease),
             owner,
             ttl_seconds: config.ttl_seconds,
             max_entries: config.max_cache_entries,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-use crate::store::postgres::one_ttl::named;
+use crate::store::postgres::replica_settings::{named, Serving};
 use crate::store::StoreError;
 
 /// Where and how the PostgreSQL store connects.
@@ -74,9 +74,9 @@ pub(super) fn pool_of(
     options: &PostgresOptions,
     size: usize,
     lease: Duration,
-    ttl_seconds: u64,
+    serving: Serving,
 ) -> Result<Pool, StoreError> {
-    let mut config = named(&options.url, ttl_seconds)?;
+    let mut config = named(&options.url, serving)?;
     bound_the_link(&mut config, lease);
     let set: Arc<str> = session_settings(lease).into();
     let set_idle_bound = Hook::async_fn(move |client, _| {

@@ -37,7 +37,7 @@ pub(super) async fn execute(
 }
 
 /// When a row stored at `inserted_at` by a replica of `ttl_seconds` expires: its
-/// `expires_at`, which every replica honours, whatever its own TTL (see `one_ttl.rs`).
+/// `expires_at`, which every replica honours, whatever its own TTL (see `replica_settings.rs`).
 pub(super) fn expires_at(inserted_at: u64, ttl_seconds: u64) -> i64 {
     i64::try_from(inserted_at.saturating_add(ttl_seconds)).unwrap_or(i64::MAX)
 }

@@ -2,15 +2,15 @@
 
 use deadpool_postgres::Pool;
 
-use crate::store::postgres::one_ttl;
+use crate::store::postgres::replica_settings::{self, Serving};
 use crate::store::{settings, StoreError};
 
 /// The advisory lock key under which replicas that open at once create the schema in turn.
 const SCHEMA_LOCK: i64 = 0x1de3_0001;
 
 /// Spec §4.4's table (BLOB is BYTEA, epoch seconds a BIGINT), the two columns SQLite has too,
-/// each row's expiry (see [`one_ttl`]), the claims, and the streams being recorded. Created
-/// under an advisory lock, so replicas that start together do not race on it.
+/// each row's expiry (see [`replica_settings`]), the claims, and the streams being recorded.
+/// Created under an advisory lock, so replicas that start together do not race on it.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idempotency_cache (
     message_id       TEXT NOT NULL PRIMARY KEY,
@@ -98,18 +98,19 @@ const HOLDS_KEYS_OR_CLAIMS: &str = "SELECT EXISTS (SELECT 1 FROM idempotency_cac
     OR EXISTS (SELECT 1 FROM idempotency_claims)";
 
 /// The tables, and this replica's TTL recorded for the operator's tool; refused while a live
-/// replica of another TTL serves the database (the lock orders replicas that open at once).
+/// replica of another TTL or key scoping serves the database (the lock orders replicas that
+/// open at once).
 /// Then the indexes that are missing, built in the background.
-pub(super) async fn create_schema(
-    pool: &Pool,
-    ttl_seconds: u64,
-    scoped: bool,
-) -> Result<(), StoreError> {
+pub(super) async fn create_schema(pool: &Pool, serving: Serving) -> Result<(), StoreError> {
+    let Serving {
+        ttl_seconds,
+        scoped,
+    } = serving;
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .await?;
-    one_ttl::refuse_another(&tx, ttl_seconds).await?;
+    replica_settings::refuse_another(&tx, serving).await?;
     // A column added waits for the table's lock behind a long transaction (a `pg_dump`), and
     // every replica's calls would queue behind the wait: bounded, and the start refused.
     let bound = format!("SET LOCAL lock_timeout = {}", LOCK_WAIT.as_millis());
@@ -171,8 +172,9 @@ async fn create_indexes(client: deadpool_postgres::ClientWrapper) -> Result<(), 
         tracing::info!("another replica builds the indexes of idempotency_cache: not waited for");
         return Ok(());
     }
-    // Not named as a serving replica (`one_ttl.rs`): a build that outlives its replica (the
-    // server ends a statement only when it is done) must not refuse a replica of another TTL.
+    // Not named as a serving replica (`replica_settings.rs`): a build that outlives its replica
+    // (the server ends a statement only when it is done) must not refuse a replica of another
+    // setting.
     let bounds = format!(
         "SET application_name = 'idem index build'; SET statement_timeout = 0; \
          SET lock_timeout = {}",

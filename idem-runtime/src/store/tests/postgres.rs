@@ -654,39 +654,82 @@ async fn a_replica_of_another_ttl_is_refused_while_one_serves() {
     }
 }
 
+/// A replica that would key calls otherwise than a live replica is refused, even before the
+/// database holds a key: the two would key the same retry apart (helper-108). With the
+/// setting kept, it serves; once the other has stopped, it serves with its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_keyed_otherwise_than_a_live_one_is_refused() {
+    let Some(fx) = fixture().await else { return };
+    let serving = scoped_replica(&fx, false, None).await.expect("the first");
+    match scoped_replica(&fx, true, None).await {
+        Err(StoreError::ScopingMismatch { scoped: true }) => {}
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a replica keyed otherwise served beside a live one"),
+    }
+    let agreeing = scoped_replica(&fx, false, None).await;
+    agreeing.expect("a replica of the same setting");
+    drop(serving);
+    admitted_once_the_others_end(&fx, true).await;
+}
+
 /// A replica that would key entries otherwise than those the database holds were stored
 /// with is refused, in a rolling restart too: the retries of the calls they answered would
-/// find nothing and run again (helper-107). With the setting kept, it serves.
+/// find nothing and run again (helper-107). The replica here names its own sessions, so the
+/// check of live replicas cannot see it: the keys it holds are what refuse the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_keyed_otherwise_is_refused_while_the_database_holds_entries() {
     let Some(fx) = fixture().await else { return };
-    let connect = |scoped: bool| {
-        let options = PostgresOptions::new(fx.url.clone().unwrap());
-        let config = config(86_400, 1000).with(|c| c.scope_keys_by_principal = scoped);
-        let clock = fx.clock.clone();
-        async move { PostgresStore::connect_with(options, &config, clock).await }
-    };
-    let serving = connect(false).await.expect("the first replica");
+    let hidden = Some("hidden-from-the-check");
+    let serving = scoped_replica(&fx, false, hidden).await.expect("the first");
     let cache = IdempotencyCache::from_arc(std::sync::Arc::new(serving));
     let hash = request_hash(b"{}").unwrap();
     // A call running on it, the cache still empty: its claim is a key too (helper-108).
     let running = won(&cache, &key(1), "message/send", &hash).await;
-    let refused = connect(true).await.err();
+    let refused = scoped_replica(&fx, true, None).await.err();
     assert!(
         matches!(refused, Some(StoreError::ScopingChanged { scoped: true })),
         "admitted beside a live replica's claim: {refused:?}"
     );
     running.complete(response("global")).await.unwrap();
-    match connect(true).await {
+    match scoped_replica(&fx, true, None).await {
         Err(StoreError::ScopingChanged { scoped: true }) => {}
         Err(other) => panic!("refused for another reason: {other}"),
         Ok(_) => panic!("a replica keyed otherwise served beside the entries"),
     }
-    connect(false).await.expect("a replica of the same setting");
+    let agreeing = scoped_replica(&fx, false, None).await;
+    drop(agreeing.expect("a replica of the same setting"));
     fx.execute("DELETE FROM idempotency_cache").await;
-    connect(true)
-        .await
-        .expect("served once the database holds no entries");
+    admitted_once_the_others_end(&fx, true).await;
+}
+
+/// A replica on the test's database that scopes keys by principal or not, its sessions
+/// named `application_name` if given (then the others' check of live replicas cannot see it).
+async fn scoped_replica(
+    fx: &Fixture,
+    scoped: bool,
+    application_name: Option<&str>,
+) -> Result<PostgresStore, StoreError> {
+    let mut url = fx.url.clone().unwrap();
+    if let Some(name) = application_name {
+        url = format!("{url}?application_name={name}");
+    }
+    let config = config(86_400, 1000).with(|c| c.scope_keys_by_principal = scoped);
+    PostgresStore::connect_with(PostgresOptions::new(url), &config, fx.clock.clone()).await
+}
+
+/// Waits for a replica keyed `scoped` to be admitted: the sessions of those just dropped end
+/// within moments, as PostgreSQL sees them.
+async fn admitted_once_the_others_end(fx: &Fixture, scoped: bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match scoped_replica(fx, scoped, None).await {
+            Ok(_) => return,
+            Err(StoreError::ScopingMismatch { .. }) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(error) => panic!("not served once the others stopped: {error}"),
+        }
+    }
 }
 
 /// Each entry, and each open stream, lives for the TTL of the replica that stored it, on
