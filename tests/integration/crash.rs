@@ -194,10 +194,22 @@ async fn kill_and_retry_everything(servers: &mut [ServerProcess], side_effects: 
 /// event durable passed when the kill came right after it (found by helper-81).
 #[tokio::test]
 async fn a_stream_killed_after_its_first_event_is_never_executed_again() {
-    let mut server = ServerProcess::start(&[]);
+    killed_mid_stream(&[], ACTIVATED).await
+}
+
+/// The same with keys scoped by principal: the interrupted error names the client's
+/// messageId, not the key the store holds it under (found by helper-111).
+#[tokio::test]
+async fn a_caller_s_stream_killed_mid_way_is_never_executed_again() {
+    let headers = [ACTIVATED[0], ("X-Principal", "alice")];
+    killed_mid_stream(&["--principal-header", "X-Principal"], &headers).await
+}
+
+async fn killed_mid_stream(args: &[&str], headers: &[(&str, &str)]) {
+    let mut server = ServerProcess::start_with(args, &[]);
     let mid = new_id();
     let body = send_with(1, "message/stream", &mid, "go", json!({"durationMs": 6000}));
-    let mut first = SseReply::open(&server.url, body.clone(), ACTIVATED).await;
+    let mut first = SseReply::open(&server.url, body.clone(), headers).await;
     let task = first.next_event().await.expect("the first event");
     let working = first
         .next_event()
@@ -208,7 +220,7 @@ async fn a_stream_killed_after_its_first_event_is_never_executed_again() {
     let received = first.raw().to_vec();
 
     let url = server.restart(); // SIGKILL mid-stream: the next event was 3 s away
-    let mut retry = SseReply::open(&url, body.clone(), ACTIVATED).await;
+    let mut retry = SseReply::open(&url, body.clone(), headers).await;
     assert_eq!(retry.status, 200);
     assert_eq!(retry.content_type(), "text/event-stream");
     assert!(retry.replayed());
@@ -220,12 +232,14 @@ async fn a_stream_killed_after_its_first_event_is_never_executed_again() {
     );
     assert_eq!(events[..2], [task, working]);
     assert_eq!(events[2]["id"], 1);
+    let error = &events[2]["error"]["data"];
     assert_eq!(
-        events[2]["error"]["data"]["code"], "IDEMPOTENCY_STREAM_INTERRUPTED",
+        error["code"], "IDEMPOTENCY_STREAM_INTERRUPTED",
         "{events:?}"
     );
+    assert_eq!(error["message_id"], mid.as_str(), "{events:?}");
 
-    let mut again = SseReply::open(&url, body, ACTIVATED).await;
+    let mut again = SseReply::open(&url, body, headers).await;
     again.rest().await;
     assert!(again.replayed());
     assert_eq!(

@@ -511,7 +511,7 @@ pub(crate) fn interrupted(stream: &OpenStream, events: Vec<Bytes>) -> StoredResp
         .map(Id::into_owned)
         .unwrap_or(Id::Null);
     let error = IdempotencyError::new(ErrorCode::StreamInterrupted)
-        .with_detail("message_id", stream.message_id.as_str())
+        .with_detail("message_id", stream.message_id.message_id())
         .into();
     event_stream(recording::joined(&events, &error_frame(&id, error)))
 }
