@@ -457,6 +457,14 @@ mod live {
     impl FollowServer for Follower {
         async fn follow(&self, ext: &Extensions, id: String) -> RpcResult<EventStream<Value>> {
             let produced = self.produced.clone();
+            // Events of these sizes in bytes, all ready at once.
+            if let Some(sizes) = id.strip_prefix("sizes:") {
+                let events: Vec<RpcResult<Value>> = sizes
+                    .split(',')
+                    .map(|size| Ok(json!("x".repeat(size.parse().unwrap()))))
+                    .collect();
+                return EventStream::live(ext, futures::stream::iter(events));
+            }
             // One that takes a moment to set its stream up.
             if id == "slow" {
                 tokio::time::sleep(Duration::from_millis(400)).await;
@@ -511,6 +519,37 @@ async fn a_live_stream_stops_once_its_client_hangs_up() {
     assert_eq!(stream.next_event().await.unwrap()["result"]["n"], 1);
     drop(stream); // the client hangs up
     assert_stopped(&produced, Duration::from_millis(500)).await;
+}
+
+/// A live stream holds only what its client has not read: events ready together, 12 MiB in
+/// all, reach a client that reads them, where they were cut at 8 MiB as if unread
+/// (helper-111); one event over 8 MiB alone still ends the stream with the error that says so.
+#[tokio::test]
+async fn a_live_stream_s_events_ready_together_reach_a_client_that_reads_them() {
+    let (_db, server, _produced) = follower_server().await;
+    let four_mib = 4 * 1024 * 1024;
+    let follow = |sizes: String| {
+        let params = json!({"id": format!("sizes:{sizes}")});
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/resubscribe", "params": params})
+            .to_string()
+    };
+    let all = SseReply::open(
+        &server.url,
+        follow(format!("{four_mib},{four_mib},{four_mib}")),
+        &[],
+    );
+    let events = all.await.rest().await;
+    let lengths: Vec<_> = events
+        .iter()
+        .map(|event| event["result"].as_str().map(str::len))
+        .collect();
+    assert_eq!(lengths, [Some(four_mib); 3], "every event, whole");
+    let over = idem::config::MAX_RECORDED_STREAM_BYTES;
+    let cut = SseReply::open(&server.url, follow(format!("1,{over}")), &[]);
+    let events = cut.await.rest().await;
+    assert_eq!(events.len(), 2, "the first, then the error");
+    let code = &events[1]["error"]["data"]["code"];
+    assert_eq!(code, "IDEMPOTENCY_STREAM_TOO_LARGE", "{}", events[1]);
 }
 
 /// Over WebSocket a live stream has no HTTP response to go out in: the call is told so, as a

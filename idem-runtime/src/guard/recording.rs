@@ -14,8 +14,8 @@ use tokio::sync::{watch, Notify};
 /// The most bytes a recorded stream may hold. A stream that would grow past it is ended with a
 /// JSON-RPC error event (-32603, `IDEMPOTENCY_STREAM_TOO_LARGE` in `data.code`) and stored so,
 /// which keeps memory bounded and the replay equal to what the first caller saw. A live
-/// stream holds only what its client has not read: it is ended so only when its client falls
-/// this far behind (or one event is larger).
+/// stream holds only what its client has not read: its events wait while its client is this
+/// far behind, and it is ended so only by one event larger than this alone.
 pub const MAX_RECORDED_STREAM_BYTES: usize = 8 * 1024 * 1024;
 
 /// The frames of one execution.
@@ -27,6 +27,8 @@ pub(crate) struct Recording {
     /// Whether a reader ever came, and the news that one did.
     read: AtomicBool,
     first_reader: Notify,
+    /// A live stream's reader took a frame: room made for the next.
+    drained: Notify,
     /// Whether read frames are kept (for replays and retries that attach), or dropped (a live
     /// stream's, whose one reader has them).
     keeps_read: bool,
@@ -56,6 +58,7 @@ impl Recording {
             changed: watch::Sender::new(0),
             read: AtomicBool::new(false),
             first_reader: Notify::new(),
+            drained: Notify::new(),
             keeps_read: true,
         }
     }
@@ -88,6 +91,23 @@ impl Recording {
     /// of frames not pushed yet.
     pub(crate) fn fits(&self, pending: usize, frame: &[u8]) -> bool {
         self.lock().bytes + pending + frame.len() <= MAX_RECORDED_STREAM_BYTES
+    }
+
+    /// Like [`fits`](Self::fits), but a live recording, which holds only what its reader has
+    /// not read, waits for its reader to make room: its client reads at its own pace, as it
+    /// would from a stream outside the extension. Only a frame larger than the limit alone
+    /// never fits there. Frames that a stream had ready together counted as unread, and a
+    /// client reading at once was cut all the same (helper-111).
+    pub(crate) async fn has_room(&self, pending: usize, frame: &[u8]) -> bool {
+        if self.keeps_read || pending + frame.len() > MAX_RECORDED_STREAM_BYTES {
+            return self.fits(pending, frame);
+        }
+        // `notify_one` keeps a permit when no one waits: a frame read between the look and
+        // the wait is not missed.
+        while !self.fits(pending, frame) {
+            self.drained.notified().await;
+        }
+        true
     }
 
     pub(crate) fn push(&self, frame: Bytes) {
@@ -158,6 +178,7 @@ impl Recording {
                                 state.frames.pop_front();
                                 state.dropped += 1;
                                 state.bytes -= frame.len();
+                                rec.drained.notify_one();
                             }
                             drop(state);
                             return Some((frame, (rec, next + 1, changes)));
@@ -229,15 +250,23 @@ mod tests {
         let mut reader = Box::pin(rec.clone().reader());
         let frame = Bytes::from(vec![0; MAX_RECORDED_STREAM_BYTES / 2]);
         for _ in 0..5 {
-            assert!(rec.fits(0, &frame), "what was read is not held");
+            assert!(rec.has_room(0, &frame).await, "what was read is not held");
             rec.push(frame.clone());
             assert_eq!(reader.next().await.unwrap(), frame);
         }
         rec.push(frame.clone());
         rec.push(frame.clone());
-        assert!(!rec.fits(0, b"x"), "a reader that falls the limit behind");
+        let mut waiting = Box::pin(rec.has_room(0, b"x"));
+        assert!(
+            futures::poll!(waiting.as_mut()).is_pending(),
+            "a reader the limit behind holds the next frame back"
+        );
+        assert_eq!(reader.next().await.unwrap(), frame);
+        assert!(waiting.await, "room once the reader took a frame");
+        let larger = vec![0; MAX_RECORDED_STREAM_BYTES + 1];
+        assert!(!rec.has_room(0, &larger).await, "one frame over the limit");
         rec.finish();
-        assert_eq!(reader.collect::<Vec<_>>().await.len(), 2);
+        assert_eq!(reader.collect::<Vec<_>>().await.len(), 1);
     }
 
     #[tokio::test]

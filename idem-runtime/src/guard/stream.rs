@@ -383,7 +383,7 @@ async fn next_frame<T: Serialize>(
         Err(_panic) => Err(IdempotencyError::new(ErrorCode::ExecutionPanicked).into()),
     };
     let frame = sse::frame(&response_bytes(id, &payload));
-    if !recording.fits(pending, &frame) {
+    if !recording.has_room(pending, &frame).await {
         return Next::Last(error_frame(id, too_large()));
     }
     match payload {
