@@ -1,9 +1,8 @@
 //! The arguments of `#[idempotent(...)]`.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
+use proc_macro2::{Span, TokenStream};
 use proc_macro_crate::FoundCrate;
-use syn::parse::Parser;
-use syn::punctuated::Punctuated;
+use syn::parse::{ParseStream, Parser};
 use syn::{
     Error, Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Meta, MetaNameValue, Path, Result, Token,
 };
@@ -16,19 +15,7 @@ pub(crate) struct Args {
 
 /// Parses the attribute's arguments: empty, or `crate = "path"` / `crate = path`.
 pub(crate) fn parse(attr: TokenStream) -> Result<Args> {
-    let names_the_crate = starts_with_crate(&attr);
-    let metas = Punctuated::<Meta, Token![,]>::parse_terminated
-        .parse2(attr)
-        .map_err(|not_meta| {
-            // `crate = idem::` was told that the attribute takes no value (helper-92).
-            let message = match names_the_crate {
-                true => "`crate` takes the path of the idem crate, e.g. `crate = \"::idem\"`",
-                false => {
-                    "#[idempotent] takes no value here: its only argument is `crate = \"...\"`"
-                }
-            };
-            Error::new(not_meta.span(), message)
-        })?;
+    let metas = metas.parse2(attr)?;
     let mut krate = None;
     for meta in metas {
         if !meta.path().is_ident("crate") {
@@ -53,12 +40,30 @@ pub(crate) fn parse(attr: TokenStream) -> Result<Args> {
     })
 }
 
-/// Whether `attr` begins `crate =`, however the rest is written.
-fn starts_with_crate(attr: &TokenStream) -> bool {
-    let mut tokens = attr.clone().into_iter();
-    let first = tokens.next();
-    let is_crate = matches!(&first, Some(TokenTree::Ident(ident)) if ident == "crate");
-    is_crate && matches!(tokens.next(), Some(TokenTree::Punct(p)) if p.as_char() == '=')
+/// The arguments, separated by commas. A missing comma is syn's "expected `,`" where it is
+/// missing: it was told that the crate path was wrong (helper-109).
+fn metas(input: ParseStream<'_>) -> Result<Vec<Meta>> {
+    let mut metas = Vec::new();
+    while !input.is_empty() {
+        metas.push(meta(input)?);
+        if !input.is_empty() {
+            input.parse::<Token![,]>()?;
+        }
+    }
+    Ok(metas)
+}
+
+/// One argument, with what it should have been where it is none.
+fn meta(input: ParseStream<'_>) -> Result<Meta> {
+    let names_the_crate = input.peek(Token![crate]) && input.peek2(Token![=]);
+    input.parse::<Meta>().map_err(|not_meta| {
+        // `crate = idem::` was told that the attribute takes no value (helper-92).
+        let message = match names_the_crate {
+            true => "`crate` takes the path of the idem crate, e.g. `crate = \"::idem\"`",
+            false => "#[idempotent] takes no value here: its only argument is `crate = \"...\"`",
+        };
+        Error::new(not_meta.span(), message)
+    })
 }
 
 /// `::idem`, or the name the user's `Cargo.toml` gives the `idem` package

@@ -45,7 +45,14 @@ pub(crate) fn expand(args: &Args, method: Method) -> TokenStream {
             // return type, as the async shape's are: a type the guard cannot store is
             // reported there.
             let run = outer_spanned(quote!(.run(#future).await), span);
+            // A return type holding an `impl Trait` cannot be a closure's: left to inference
+            // there, as in the async shape's block (it was refused, where the method compiles
+            // without the attribute: helper-109).
             let ret = &func.sig.output;
+            let ret = match names_impl_trait(quote!(#ret)) {
+                true => TokenStream::new(),
+                false => quote!(#ret),
+            };
             quote! {
                 let #guard = #krate::__private::Guard::of(#ext);
                 ::std::boxed::Box::pin(async move {

@@ -164,13 +164,22 @@ fn shape(sig: &Signature) -> Result<Shape> {
         Some(Type::ImplTrait(imp)) if imp.bounds.iter().any(is_future_bound) => {
             Ok(Shape::ImplFuture)
         }
+        // Told to return a boxed future, which it does, but not a `Send` one (helper-109).
+        Some(Type::Path(path)) if last_ident_is(&path.path, "LocalBoxFuture") => {
+            Err(Error::new_spanned(
+                path,
+                "a `LocalBoxFuture` is not `Send`, and jsonrpsee runs a method's future on \
+                 any thread: return a `BoxFuture<...>`, or make this an `async fn`",
+            ))
+        }
         _ => {
             let (fn_token, ident) = (&sig.fn_token, &sig.ident);
             Err(Error::new_spanned(
                 quote!(#fn_token #ident),
                 "#[idempotent] wraps the method body in a future: make this an `async fn`, \
                  here and in the `#[rpc]` trait (or return `Pin<Box<dyn Future<...>>>`, \
-                 `BoxFuture<...>` or `impl Future<...>`)",
+                 `BoxFuture<...>` or `impl Future<...>`, spelled out: the attribute sees \
+                 tokens, and cannot see through a type alias of one)",
             ))
         }
     }
