@@ -32,6 +32,8 @@ pub struct ServerProcess {
 struct Launch {
     /// The `--db` argument: a file path or a database URL.
     db: String,
+    /// A shell command run before the server, which `sh -c` then execs.
+    setup: Option<String>,
     args: Vec<String>,
     env: Vec<(String, String)>,
     /// The tail of what the server wrote to stderr, for failure messages.
@@ -53,10 +55,21 @@ impl ServerProcess {
 
     /// Like [`start_with`](Self::start_with), on the database `db` (`--db`) if one is given.
     pub fn start_on(db: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::launch(db, None, args, env)
+    }
+
+    /// Like [`start_with`](Self::start_with), started by `sh -c` after the shell command
+    /// `setup` (a `ulimit`, say), which each restart runs too.
+    pub fn start_after(setup: &str, args: &[&str]) -> Self {
+        Self::launch(None, Some(setup), args, &[])
+    }
+
+    fn launch(db: Option<&str>, setup: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let file = dir.path().join("a2a.db");
         let launch = Launch {
             db: db.map_or_else(|| file.display().to_string(), str::to_owned),
+            setup: setup.map(str::to_owned),
             args: args.iter().map(|a| a.to_string()).collect(),
             env: env
                 .iter()
@@ -127,6 +140,11 @@ impl ServerProcess {
         self.launch.more_stdout.lock().unwrap().clone()
     }
 
+    /// How the process ended, if it has.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("wait")
+    }
+
     /// SIGKILL: the process dies at once, mid-call if it is in one.
     pub fn kill(&mut self) {
         // `Child::kill` is SIGKILL on Unix; an already exited child is not an error here.
@@ -163,7 +181,19 @@ pub fn example_binary(name: &str) -> PathBuf {
 
 impl Launch {
     fn spawn(&self) -> (Child, String) {
-        let mut child = Command::new(example_binary("a2a_server"))
+        let binary = example_binary("a2a_server");
+        let mut command = match &self.setup {
+            None => Command::new(binary),
+            Some(setup) => {
+                let mut shell = Command::new("sh");
+                shell
+                    .arg("-c")
+                    .arg(format!("{setup} && exec \"$0\" \"$@\""));
+                shell.arg(binary);
+                shell
+            }
+        };
+        let mut child = command
             .args(["--listen", "127.0.0.1:0", "--db"])
             .arg(&self.db)
             .args(&self.args)

@@ -32,7 +32,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::message_id::MessageId;
 use crate::store::settings;
-use crate::store::sqlite::{connection, file_lock, purge_watch};
+use crate::store::sqlite::{connection, file_lock, file_size_limit, purge_watch};
 use crate::store::{ReadAt, StoreError, StoreStats};
 
 /// One key as the database holds it.
@@ -473,6 +473,8 @@ fn open_sqlite(path: &Path) -> Result<Connection, StoreError> {
              serves, or stop it first",
         ));
     }
+    // A purge writes the log as a server does.
+    file_size_limit::ignore_the_signal();
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(connection::BUSY_TIMEOUT)?;

@@ -86,9 +86,10 @@ pub const METRICS: &[Metric] = &[
         name: STORE_ERRORS,
         kind: "counter",
         labels: &["kind"],
-        help: "Store failures answered to a call (nothing of it was stored): backend, write \
-               (a staged write refused), claim_lost, commit (a lost transaction), closed, \
-               corrupt, io",
+        help: "Store failures answered to a call: backend, write (a staged write refused), \
+               claim_lost, commit (a lost transaction), closed, corrupt, io. Nothing of the \
+               call was stored, except after a disk or database that did not answer in time: \
+               its writes may still commit, and a retry then replays them",
     },
     Metric {
         name: EVICTIONS,

@@ -303,19 +303,22 @@ fn still_running(key: &MessageId) -> Result<ExitCode, String> {
     Ok(ExitCode::from(1))
 }
 
-/// `--yes`, or a `y` typed on the terminal; never a guess from a pipe.
+/// `--yes`, or a `y` typed on the terminal; never a guess from a pipe. The question goes to
+/// stderr, as `rm -i` asks: with stdout redirected it was asked into the file, and the tool
+/// waited with nothing on the screen (helper-110).
 fn confirmed(yes: bool, what: &str) -> Result<bool, String> {
     if yes {
         return Ok(true);
     }
-    if !std::io::stdin().is_terminal() {
+    if !std::io::stdin().is_terminal() || !std::io::stderr().is_terminal() {
         return Err(format!(
-            "{what}: pass --yes to confirm (stdin is not a terminal)"
+            "{what}: pass --yes to confirm (stdin or stderr is not a terminal, so no one \
+             would see the question or answer it)"
         ));
     }
-    let mut stdout = std::io::stdout().lock();
-    write!(stdout, "{what}? [y/N] ")
-        .and_then(|()| stdout.flush())
+    let mut stderr = std::io::stderr().lock();
+    write!(stderr, "{what}? [y/N] ")
+        .and_then(|()| stderr.flush())
         .map_err(|e| e.to_string())?;
     let mut answer = String::new();
     std::io::stdin()

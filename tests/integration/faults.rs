@@ -13,7 +13,9 @@ use std::process::Command;
 use idem_conformance::server_process::ServerProcess;
 use idem_conformance::side_effects::{Counts, SideEffects};
 
-use crate::support::{metric, new_id, post, post_activated, send, until_completed, Reply};
+use crate::support::{
+    metric, new_id, post, post_activated, send, try_post, until_completed, Reply, ACTIVATED,
+};
 
 /// A small ext4 file system, mounted on a temporary directory; unmounted on drop.
 struct SmallFs {
@@ -219,6 +221,49 @@ async fn a_full_disk_fails_the_calls_it_cannot_store_and_service_resumes_when_ro
 
     std::fs::remove_file(filler).unwrap();
     recovered(&mut server, &failed, before).await;
+}
+
+/// A file-size limit (`ulimit -f`, systemd's `LimitFSIZE=`) that the store's files reach is
+/// a disk without room, not a kill: by default SIGXFSZ killed the server at its first write
+/// past it, every call in flight lost with its connection (helper-110). No root needed.
+#[tokio::test]
+async fn a_file_size_limit_fails_the_calls_it_cannot_store_and_kills_nothing() {
+    // 2 or 4 MiB (the shell's blocks are 512 or 1024 bytes): room for a few calls.
+    let mut server = ServerProcess::start_after("ulimit -f 4096", &[]);
+    let stored = send(1, &new_id(), "stored before");
+    let answered = post_activated(&server.url, stored.clone()).await;
+    assert!(
+        answered.json()["result"].is_object(),
+        "{}",
+        answered.describe()
+    );
+    let big = "x".repeat(256 * 1024);
+    let mut refused = None;
+    for _ in 0..64 {
+        let body = send(1, &new_id(), &big);
+        match try_post(&server.url, body, ACTIVATED).await {
+            Ok(reply) if reply.json()["error"].is_object() => {
+                refused = Some(reply);
+                break;
+            }
+            Ok(_) => {}
+            Err(error) => panic!(
+                "{error}; the server {:?}:\n{}",
+                server.exited(),
+                server.stderr()
+            ),
+        }
+    }
+    let refused = refused.expect("the limit reached within 16 MiB of calls");
+    assert_store_error(&refused);
+    assert_eq!(server.exited(), None, "{}", server.stderr());
+    let replay = post_activated(&server.url, stored).await;
+    assert_eq!(
+        replay.body, answered.body,
+        "what was stored is still answered"
+    );
+    let errors = "idempotency_store_errors_total{kind=\"commit\"}";
+    assert!(metric(&server.url, errors).await >= 1.0);
 }
 
 #[tokio::test]

@@ -386,6 +386,82 @@ fn send_body(key: &str, text: &str) -> String {
     send(1, key, text)
 }
 
+/// The tool asks on the terminal, as `rm -i` does, whatever stdout goes to: the question
+/// went to stdout, so with the output redirected the tool waited with nothing on the screen
+/// (helper-110). With stderr redirected, no one would see it: refused, not asked. Run under
+/// `script`, which gives the tool a terminal.
+#[tokio::test]
+async fn the_admin_tool_asks_on_the_terminal_not_into_redirected_output() {
+    let server = ServerProcess::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
+    let tool = env!("CARGO_BIN_EXE_idem-admin");
+    let db = server.db().display().to_string();
+    let in_a_terminal = |command: String, typed: &str| {
+        let mut script = Command::new("script")
+            .args(["-qec", &command, "/dev/null"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("script (util-linux), for a terminal");
+        use std::io::Write;
+        let mut stdin = script.stdin.take().unwrap();
+        stdin.write_all(typed.as_bytes()).unwrap();
+        let output = script.wait_with_output().unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let purge = format!("'{tool}' --db '{db}' purge --expired");
+    let (code, screen) = in_a_terminal(format!("{purge} > '{}'", out.display()), "y\n");
+    let written = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(code, Some(0), "{screen}");
+    assert!(
+        screen.contains("every expired entry") && screen.contains("[y/N]"),
+        "{screen}"
+    );
+    assert!(
+        !written.contains("[y/N]"),
+        "asked into the output: {written}"
+    );
+    assert!(written.contains("purged 0 expired entries"), "{written}");
+
+    let (code, screen) = in_a_terminal(format!("{purge} 2> '{}'", err.display()), "");
+    let said = std::fs::read_to_string(&err).unwrap();
+    assert_eq!(code, Some(2), "{screen}");
+    assert!(said.contains("pass --yes"), "{said}");
+}
+
+/// A named pipe given as the database is refused at once: opening it waited for a writer for
+/// ever (helper-110).
+#[test]
+fn the_admin_tool_refuses_a_named_pipe_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.db");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let mut tool = Command::new(env!("CARGO_BIN_EXE_idem-admin"))
+        .args(["--db", &fifo.display().to_string(), "stats"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tool.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = tool.kill().and_then(|()| tool.wait());
+            panic!("still waiting on the pipe after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = tool.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{said}");
+    assert!(said.contains("is not a regular file"), "{said}");
+}
+
 /// Runs `idem-admin` with these arguments (stdin closed: no terminal to confirm on).
 pub(crate) fn admin(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem-admin"))

@@ -192,8 +192,9 @@ fn lock_path(database: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Refuses a database file with more than one name, and a directory (whose links are its
-/// entries: it was taken for a file of several names).
+/// Refuses a database file with more than one name, a directory (whose links are its
+/// entries: it was taken for a file of several names), and whatever else is not a regular
+/// file (a named pipe's open waited for a writer for ever: helper-110).
 #[cfg(unix)]
 pub(crate) fn refuse_hard_links(database: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::MetadataExt;
@@ -201,6 +202,14 @@ pub(crate) fn refuse_hard_links(database: &Path) -> Result<(), StoreError> {
     if metadata.is_dir() {
         let kind = std::io::ErrorKind::IsADirectory;
         let message = format!("{} is a directory, not a database file", database.display());
+        return Err(std::io::Error::new(kind, message).into());
+    }
+    if !metadata.is_file() {
+        let kind = std::io::ErrorKind::InvalidInput;
+        let message = format!(
+            "{} is not a regular file (a pipe, a socket or a device): give a database file",
+            database.display()
+        );
         return Err(std::io::Error::new(kind, message).into());
     }
     match metadata.nlink() {

@@ -18,6 +18,7 @@ pub(crate) mod connection;
 mod entries;
 mod file_identity;
 pub(crate) mod file_lock;
+pub(crate) mod file_size_limit;
 pub(crate) mod job;
 pub(crate) mod key_index;
 pub(crate) mod memory_tier;
