@@ -225,7 +225,9 @@ async fn a_full_disk_fails_the_calls_it_cannot_store_and_service_resumes_when_ro
 
 /// A file-size limit (`ulimit -f`, systemd's `LimitFSIZE=`) that the store's files reach is
 /// a disk without room, not a kill: by default SIGXFSZ killed the server at its first write
-/// past it, every call in flight lost with its connection (helper-110). No root needed.
+/// past it, every call in flight lost with its connection (helper-110), and once the file and
+/// its log had both reached it, a restart under it at every start, before it served
+/// (helper-113). No root needed.
 #[tokio::test]
 async fn a_file_size_limit_fails_the_calls_it_cannot_store_and_kills_nothing() {
     // 2 or 4 MiB (the shell's blocks are 512 or 1024 bytes): room for a few calls.
@@ -237,15 +239,14 @@ async fn a_file_size_limit_fails_the_calls_it_cannot_store_and_kills_nothing() {
         "{}",
         answered.describe()
     );
-    let big = "x".repeat(256 * 1024);
-    let mut refused = None;
-    for _ in 0..64 {
+    let big = "x".repeat(64 * 1024);
+    let mut refused = Vec::new();
+    // Until both the file and its log are full: the checkpointer copies the log back into the
+    // file every 250 ms.
+    for _ in 0..200 {
         let body = send(1, &new_id(), &big);
         match try_post(&server.url, body, ACTIVATED).await {
-            Ok(reply) if reply.json()["error"].is_object() => {
-                refused = Some(reply);
-                break;
-            }
+            Ok(reply) if reply.json()["error"].is_object() => refused.push(reply),
             Ok(_) => {}
             Err(error) => panic!(
                 "{error}; the server {:?}:\n{}",
@@ -253,17 +254,26 @@ async fn a_file_size_limit_fails_the_calls_it_cannot_store_and_kills_nothing() {
                 server.stderr()
             ),
         }
+        if refused.len() == 5 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
-    let refused = refused.expect("the limit reached within 16 MiB of calls");
-    assert_store_error(&refused);
+    assert_eq!(refused.len(), 5, "the limit reached within 12 MiB of calls");
+    refused.iter().for_each(assert_store_error);
     assert_eq!(server.exited(), None, "{}", server.stderr());
-    let replay = post_activated(&server.url, stored).await;
+    let replay = post_activated(&server.url, stored.clone()).await;
     assert_eq!(
         replay.body, answered.body,
         "what was stored is still answered"
     );
     let errors = "idempotency_store_errors_total{kind=\"commit\"}";
     assert!(metric(&server.url, errors).await >= 1.0);
+
+    let url = server.restart(); // SIGKILL, then a start under the same limit
+    let replay = post_activated(&url, stored).await;
+    assert!(replay.replayed(), "{}", replay.describe());
+    assert_eq!(replay.body, answered.body, "durable before it was answered");
 }
 
 #[tokio::test]

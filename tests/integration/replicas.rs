@@ -438,7 +438,7 @@ async fn the_conformance_scenarios_pass_on_postgres() {
     // Its sessions end once PostgreSQL notices the kill; until then a replica of another TTL
     // is refused (as it should be), so the next one waits for them.
     let ttl_4 = "SELECT COUNT(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND application_name LIKE 'idem ttl=4 %'";
+                 WHERE datname = current_database() AND application_name = 'idem ttl=4'";
     let deadline = Instant::now() + Duration::from_secs(20);
     while postgres::count(db.url(), ttl_4, None).unwrap() > 0 {
         assert!(

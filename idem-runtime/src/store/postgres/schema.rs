@@ -110,19 +110,23 @@ pub(super) async fn create_schema(pool: &Pool, serving: Serving) -> Result<(), S
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .await?;
-    replica_settings::refuse_another(&tx, serving).await?;
+    // Under the schema lock: replicas that open at once see each other's record. Read
+    // first: a live replica whose name does not say its scoping is held to the record.
+    tx.batch_execute(settings::TABLE).await?;
+    let recorded: Option<i64> = tx
+        .query_opt(settings::RECORDED_SCOPING, &[])
+        .await?
+        .map(|row| row.get(0));
+    replica_settings::refuse_another(&tx, serving, recorded.map(|value| value != 0)).await?;
     // A column added waits for the table's lock behind a long transaction (a `pg_dump`), and
     // every replica's calls would queue behind the wait: bounded, and the start refused.
     let bound = format!("SET LOCAL lock_timeout = {}", LOCK_WAIT.as_millis());
     tx.batch_execute(&bound).await?;
     tx.batch_execute(SCHEMA).await.map_err(held_tables)?;
-    tx.batch_execute(settings::TABLE).await?;
     let ttl = settings::stored(ttl_seconds);
     tx.execute(settings::RECORD_TTL, &[&ttl]).await?;
-    // Under the schema lock: replicas that open at once see each other's record.
-    let recorded = tx.query_opt(settings::RECORDED_SCOPING, &[]).await?;
     let holds_keys = tx.query_one(HOLDS_KEYS_OR_CLAIMS, &[]).await?.get(0);
-    settings::scoping_kept(recorded.map(|row| row.get(0)), scoped, holds_keys)?;
+    settings::scoping_kept(recorded, scoped, holds_keys)?;
     tx.execute(settings::RECORD_SCOPING, &[&i64::from(scoped)])
         .await?;
     tx.commit().await?;

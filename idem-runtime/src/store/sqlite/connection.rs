@@ -6,7 +6,6 @@ use std::path::Path;
 use rusqlite::config::DbConfig;
 use rusqlite::{ffi, Connection};
 
-use crate::store::sqlite::file_size_limit;
 use crate::store::StoreError;
 
 /// The table and index of spec §4.4, plus the columns the design needs; `message_id` is
@@ -84,7 +83,6 @@ pub(super) fn create_tables(path: &Path) -> Result<(), StoreError> {
 pub(crate) const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
-    file_size_limit::ignore_the_signal();
     let conn = Connection::open(path)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     // The writer's statements (transaction control, entries, streams, sweep) all stay prepared.

@@ -6,7 +6,7 @@
 //! once there is room), as PostgreSQL's server does.
 
 /// Ignores `SIGXFSZ` for the process, unless the application set its own disposition.
-/// Called wherever the store opens its file.
+/// Called as the store opens its file, before it writes a byte of it, and by the admin tool.
 #[cfg(unix)]
 pub(crate) fn ignore_the_signal() {
     // SAFETY: `sigaction` with a null new action only reads the current one into a zeroed
@@ -30,7 +30,8 @@ mod tests {
     #[test]
     fn the_signal_is_ignored_once_a_store_opens_a_file() {
         let dir = tempfile::tempdir().unwrap();
-        let _conn = super::super::connection::connect(&dir.path().join("a.db")).unwrap();
+        let config = crate::IdempotencyConfig::default();
+        let _store = crate::store::SqliteStore::open(dir.path().join("a.db"), &config).unwrap();
         // SAFETY: reads the current disposition only.
         let current = unsafe {
             let mut current: libc::sigaction = std::mem::zeroed();

@@ -159,6 +159,10 @@ impl SqliteStore {
     ) -> Result<Self, StoreError> {
         // The builders check too; a store opened on its own is held to the same values.
         config.checked()?;
+        // Before anything of the file's is written: the first connection's close copies a
+        // log left by a crash back into the file (a restart under the limit was killed there
+        // at every start: helper-113).
+        file_size_limit::ignore_the_signal();
         let path = path.as_ref().to_path_buf();
         create_private_file(&path)?;
         let lock = ServingLock::acquire(&path)?;
