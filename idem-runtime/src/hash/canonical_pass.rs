@@ -608,7 +608,7 @@ fn write_number(token: &str, out: &mut Vec<u8>) {
     } else if plain {
         out.push(b'0');
     } else {
-        let double: f64 = token.parse().expect("an exact token parses");
+        let double = crate::hash::number_exactness::double_of(token);
         out.extend_from_slice(ryu_js::Buffer::new().format_finite(double).as_bytes());
     }
 }
@@ -654,6 +654,26 @@ mod tests {
                 out.push(']');
             }
             other => out.push_str(&other.to_string()),
+        }
+    }
+
+    /// An exact number spelled with more zeros than Rust's parser reads an exponent past is
+    /// written as its value, as serde_jcs writes it: 0, 1 and 2 so spelled shared a hash
+    /// (helper-116).
+    #[test]
+    fn a_long_spelling_of_an_exact_number_is_written_as_its_value() {
+        let zeros = "0".repeat(655_359);
+        let spellings = [
+            (format!("0.{zeros}1e655360"), "1"),
+            (format!("0.{zeros}2e655360"), "2"),
+            (format!("1{zeros}0e-655360"), "1"),
+            (format!("25{zeros}0e-655361"), "2.5"),
+        ];
+        for (token, value) in spellings {
+            let text = format!(r#"{{"n":{token}}}"#);
+            let reference = serde_jcs::to_vec(&serde_json::from_str::<Value>(&text).unwrap());
+            assert_eq!(canonical(&text), reference.unwrap(), "{value}");
+            assert_eq!(canonical(&text), format!(r#"{{"n":{value}}}"#).as_bytes());
         }
     }
 

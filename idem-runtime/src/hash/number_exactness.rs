@@ -32,6 +32,16 @@ pub fn is_exact(token: &str) -> bool {
     value == decimal(ryu_js::Buffer::new().format_finite(double))
 }
 
+/// The double of a token that [`is_exact`] accepted, read from its digits as there: read from
+/// the token, an exact 1 spelled with 655,360 zeros was 0 or infinity, and 0, 1 and 2 so
+/// spelled shared a hash (helper-116).
+pub(crate) fn double_of(exact: &str) -> f64 {
+    decimal(exact)
+        .text()
+        .parse()
+        .expect("an exact token's digits parse")
+}
+
 impl Decimal {
     /// The value, spelled with no zero that does not count: `-12e-3` for `-0.0120`.
     fn text(&self) -> String {
@@ -137,6 +147,10 @@ mod tests {
             !is_exact(&format!("1{zeros}e400")),
             "past the largest double"
         );
+        let one = [format!("1{zeros}e-{n}"), format!("0.{zeros}1e{}", n + 1)];
+        for token in &one {
+            assert_eq!(double_of(token), 1.0, "{}...", &token[..20]);
+        }
     }
 
     #[test]
