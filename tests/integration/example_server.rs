@@ -1674,6 +1674,15 @@ async fn a_part_the_agent_cannot_read_is_refused_before_anything_happens() {
             "file",
         ),
         (json!({"kind": "data", "data": {"x": 1}}), "data"),
+        // Read by their kind, not by a stray member: these ran as text (helper-117).
+        (
+            json!({"kind": "file", "file": {"uri": "https://example.com/a.pdf"}, "text": "x"}),
+            "file",
+        ),
+        (
+            json!({"kind": "data", "data": {"x": 1}, "text": "x"}),
+            "data",
+        ),
     ] {
         let message = json!({"kind": "message", "messageId": new_id(), "role": "user",
             "parts": [{"kind": "text", "text": "look"}, part]});
@@ -1689,6 +1698,40 @@ async fn a_part_the_agent_cannot_read_is_refused_before_anything_happens() {
         let again = post_activated(&server.url, body).await;
         assert!(again.replayed());
         assert_eq!(again.body, reply.body);
+    }
+    assert_eq!(outbox_events(&server, "mission.assigned"), 0);
+}
+
+/// A message that is not of A2A's shape is invalid params (-32602), and runs nothing: a
+/// part whose kind's member is missing, a message of another kind, metadata that is not an
+/// object (each was accepted: helper-117).
+#[tokio::test]
+async fn a_message_of_the_wrong_shape_is_invalid_params_and_runs_nothing() {
+    let server = ServerProcess::start(&[]);
+    let text = json!({"kind": "text", "text": "x"});
+    let wrong = [
+        json!({"kind": "message", "parts": [{"kind": "file", "text": "x"}]}),
+        json!({"kind": "message", "parts": [{"kind": "data"}]}),
+        json!({"kind": "message", "parts": [{"kind": "image", "text": "x"}]}),
+        json!({"parts": [{"text": "x", "data": {}}]}),
+        json!({"kind": "task", "parts": [text]}),
+        json!({"kind": "message", "metadata": 7, "parts": [text]}),
+        json!({"kind": "message", "parts": [{"kind": "text", "text": "x", "metadata": "s"}]}),
+    ];
+    for mut message in wrong {
+        message["messageId"] = json!(new_id());
+        message["role"] = json!("user");
+        let reply = post_activated(
+            &server.url,
+            rpc("message/send", json!({"message": message})),
+        )
+        .await;
+        assert_eq!(
+            reply.json()["error"]["code"],
+            -32602,
+            "{message}: {}",
+            reply.describe()
+        );
     }
     assert_eq!(outbox_events(&server, "mission.assigned"), 0);
 }
