@@ -45,7 +45,7 @@ use crate::store::postgres::listener::Listener;
 use crate::store::postgres::lost_commit::FencedCommit;
 use crate::store::postgres::lru::EVICTION_CHUNK;
 use crate::store::postgres::pool::{bound_the_link, pool_of, session_bounds, session_settings};
-use crate::store::postgres::renewer::Renewer;
+use crate::store::postgres::renewer::{Pools, Renewer};
 use crate::store::postgres::replica_settings::{named, Serving};
 use crate::store::postgres::rows::{
     delete_events, execute, expires_at, query_one, query_opt, select_after_claim,
@@ -188,7 +188,14 @@ impl PostgresStore {
         let store = Self {
             listener: Listener::start(listen),
             // A connection of its own: renewals never queue behind the calls' commits.
-            renewer: Renewer::start(pool_of(&options, 1, lease, serving)?, owner.clone(), lease),
+            renewer: Renewer::start(
+                Pools {
+                    own: pool_of(&options, 1, lease, serving)?,
+                    calls: pool.clone(),
+                },
+                owner.clone(),
+                lease,
+            ),
             owner,
             ttl_seconds: config.ttl_seconds,
             max_entries: config.max_cache_entries,

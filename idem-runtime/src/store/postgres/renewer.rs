@@ -8,10 +8,17 @@
 //! at once on the pool's 16 connections, a renewal queued behind them came after a 300 ms
 //! lease had run out, and the other replica took healthy calls over. A claim row that another
 //! transaction holds locked is passed over for that tick, never waited for: that is the call's
-//! own commit (which ends the claim) or a takeover of it.
+//! own commit (which ends the claim) or a takeover of it. Where that connection cannot be
+//! opened (a database at `max_connections`, full of other clients' sessions), the renewal
+//! goes through the calls' pool, whose connections are open: healthy calls' leases ran out
+//! while the calls committed fine, and another replica ran them again (helper-114).
+//!
+//! Claims are told apart by an id of this process's, not by their fence: a fence sequence set
+//! back (a database dropped and created again under a live replica) gave two live claims one
+//! fence, and the first to end stopped the other's renewals (helper-114).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -21,11 +28,12 @@ use crate::message_id::MessageId;
 use crate::store::postgres::claims::lease_ms;
 use crate::store::{Lease, StoreError};
 
-/// The claims being renewed, by fence (unique to each claim).
-type Held = Arc<Mutex<HashMap<i64, Claimed>>>;
+/// The claims being renewed, by an id of their own.
+type Held = Arc<Mutex<HashMap<u64, Claimed>>>;
 
 struct Claimed {
     key: String,
+    fence: i64,
     /// Set when the call ends the claim itself: then a claim found gone was not taken over.
     ending: Arc<AtomicBool>,
 }
@@ -34,14 +42,25 @@ struct Claimed {
 /// dead process, keeps no claim alive.
 pub(crate) struct Renewer {
     held: Held,
+    ids: AtomicU64,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// Where renewals run: their own connection, else the calls' pool.
+pub(crate) struct Pools {
+    pub(crate) own: Pool,
+    pub(crate) calls: Pool,
+}
+
 impl Renewer {
-    pub(crate) fn start(pool: Pool, owner: String, lease: Duration) -> Self {
+    pub(crate) fn start(pools: Pools, owner: String, lease: Duration) -> Self {
         let held = Held::default();
-        let task = tokio::spawn(renew(pool, owner, lease, Arc::downgrade(&held)));
-        Self { held, task }
+        let task = tokio::spawn(renew(pools, owner, lease, Arc::downgrade(&held)));
+        Self {
+            held,
+            ids: AtomicU64::new(0),
+            task,
+        }
     }
 
     /// The lease of the claim `fence` on `key`, renewed until it is dropped.
@@ -49,13 +68,15 @@ impl Renewer {
         let ending = Arc::new(AtomicBool::new(false));
         let claimed = Claimed {
             key: key.to_string(),
+            fence,
             ending: ending.clone(),
         };
-        lock(&self.held).insert(fence, claimed);
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        lock(&self.held).insert(id, claimed);
         let held = Arc::downgrade(&self.held);
         Lease::renewed(fence, ending, move || {
             if let Some(held) = held.upgrade() {
-                lock(&held).remove(&fence);
+                lock(&held).remove(&id);
             }
         })
     }
@@ -67,15 +88,15 @@ impl Drop for Renewer {
     }
 }
 
-fn lock(held: &Held) -> std::sync::MutexGuard<'_, HashMap<i64, Claimed>> {
+fn lock(held: &Held) -> std::sync::MutexGuard<'_, HashMap<u64, Claimed>> {
     held.lock().expect("renewer lock")
 }
 
 async fn renew(
-    pool: Pool,
+    pools: Pools,
     owner: String,
     lease: Duration,
-    held: Weak<Mutex<HashMap<i64, Claimed>>>,
+    held: Weak<Mutex<HashMap<u64, Claimed>>>,
 ) {
     // After a failure, soon again: waiting a whole third of a lease twice over (a database
     // restart of a few seconds) let healthy calls' leases run out, and other replicas ran
@@ -85,24 +106,28 @@ async fn renew(
     loop {
         tokio::time::sleep(if failing { soon } else { every }).await;
         let Some(held) = held.upgrade() else { return };
+        let mut ids = Vec::new();
         let (keys, fences): (Vec<String>, Vec<i64>) = lock(&held)
             .iter()
-            .map(|(fence, claimed)| (claimed.key.clone(), *fence))
+            .map(|(id, claimed)| {
+                ids.push(*id);
+                (claimed.key.clone(), claimed.fence)
+            })
             .unzip();
-        if fences.is_empty() {
+        if ids.is_empty() {
             failing = false;
             continue;
         }
-        match renew_in_time(&pool, &owner, lease, &keys, &fences).await {
+        match renew_in_time(&pools, &owner, lease, &keys, &fences).await {
             Ok(gone) => {
                 if std::mem::take(&mut failing) {
-                    tracing::info!(claims = fences.len(), "claim renewals resumed");
+                    tracing::info!(claims = ids.len(), "claim renewals resumed");
                 }
-                forget_lost(&held, gone);
+                forget_lost(&held, gone.into_iter().map(|at| ids[at]));
             }
             Err(error) => {
                 if !std::mem::replace(&mut failing, true) {
-                    tracing::warn!(claims = fences.len(), %error, "claim renewal failed; trying again every {soon:?}");
+                    tracing::warn!(claims = ids.len(), %error, "claim renewal failed; trying again every {soon:?}");
                 }
             }
         }
@@ -110,38 +135,44 @@ async fn renew(
 }
 
 /// Stops renewing claims that are no longer this process's; a takeover is worth a warning.
-fn forget_lost(held: &Held, gone: Vec<i64>) {
+fn forget_lost(held: &Held, gone: impl Iterator<Item = u64>) {
     let mut held = lock(held);
-    for fence in gone {
-        let Some(claimed) = held.remove(&fence) else {
+    for id in gone {
+        let Some(claimed) = held.remove(&id) else {
             continue; // its call ended meanwhile
         };
         if !claimed.ending.load(Ordering::Relaxed) {
-            tracing::warn!(message_id = %claimed.key, fence, "claim lost: another process took it over");
+            let (key, fence) = (&claimed.key, claimed.fence);
+            tracing::warn!(message_id = %key, fence, "claim lost: another process took it over");
         }
     }
 }
 
-/// [`renew_all`], its connection taken from the pool included, within a third of a lease.
+/// [`renew_all`], its connection taken from a pool included, within a third of a lease.
 /// One that takes longer hangs on a connection that no longer answers (a failover, a dropped
 /// NAT entry): that connection is closed, not put back, and the next try, soon, opens
 /// another; waiting on it for TCP to give up would let every claim of this replica lapse,
 /// and other replicas run its calls again.
 async fn renew_in_time(
-    pool: &Pool,
+    pools: &Pools,
     owner: &str,
     lease: Duration,
     keys: &[String],
     fences: &[i64],
-) -> Result<Vec<i64>, StoreError> {
-    let deadline = tokio::time::Instant::now() + lease / 3;
+) -> Result<Vec<usize>, StoreError> {
+    let now = tokio::time::Instant::now();
+    let deadline = now + lease / 3;
     let late = || StoreError::Backend {
         backend: "postgres",
         cause: "the renewal took more than a third of a lease".into(),
     };
-    let client = match tokio::time::timeout_at(deadline, pool.get()).await {
-        Ok(client) => client?,
-        Err(_) => return Err(late()),
+    // Half the time for its own connection, the rest for the calls' pool.
+    let client = match tokio::time::timeout_at(now + lease / 6, pools.own.get()).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(_)) | Err(_) => match tokio::time::timeout_at(deadline, pools.calls.get()).await {
+            Ok(client) => client?,
+            Err(_) => return Err(late()),
+        },
     };
     match tokio::time::timeout_at(deadline, renew_all(&client, owner, lease, keys, fences)).await {
         Ok(renewed) => renewed,
@@ -153,15 +184,15 @@ async fn renew_in_time(
 }
 
 /// Extends the leases of the claims `keys`/`fences` that still carry this owner's fence;
-/// returns the fences whose claim is gone (ended, or taken over). A claim locked by another
-/// transaction is neither renewed nor gone: the next tick tries it again.
+/// returns the places, in them, of the claims that are gone (ended, or taken over). A claim
+/// locked by another transaction is neither renewed nor gone: the next tick tries it again.
 async fn renew_all(
     client: &deadpool_postgres::Client,
     owner: &str,
     lease: Duration,
     keys: &[String],
     fences: &[i64],
-) -> Result<Vec<i64>, StoreError> {
+) -> Result<Vec<usize>, StoreError> {
     let lease_ms = lease_ms(lease);
     let renewed = client
         .query(
@@ -184,17 +215,16 @@ async fn renew_all(
     }
     let present = client
         .query(
-            "SELECT c.fence FROM idempotency_claims c
+            "SELECT c.message_id, c.fence FROM idempotency_claims c
              JOIN unnest($1::text[], $2::bigint[]) AS h(message_id, fence)
                ON c.message_id = h.message_id AND c.fence = h.fence
              WHERE c.owner = $3",
             &[&keys, &fences, &owner],
         )
         .await?;
-    let present: std::collections::HashSet<i64> = present.iter().map(|row| row.get(0)).collect();
-    Ok(fences
-        .iter()
-        .copied()
-        .filter(|f| !present.contains(f))
+    let present: std::collections::HashSet<(String, i64)> =
+        present.iter().map(|row| (row.get(0), row.get(1))).collect();
+    Ok((0..keys.len())
+        .filter(|&at| !present.contains(&(keys[at].clone(), fences[at])))
         .collect())
 }

@@ -427,15 +427,59 @@ async fn a_long_execution_keeps_its_claim_by_renewing_the_lease() {
     let [a, b] = two_replicas(&fx, Duration::from_millis(900)).await;
     let hash = request_hash(b"{}").unwrap();
     let ticket = won(&a, &key(1), "message/send", &hash).await;
-    // Three leases long: only renewals keep it.
+    held_past_three_leases(&b, &key(1), &hash).await;
+    ticket.complete(response("a")).await.unwrap();
+    assert_eq!(cached_body(&b, &key(1)).await.unwrap(), b"a");
+}
+
+/// Waits three leases of 900 ms, which only renewals outlast, and asserts that the call of
+/// `key` is still in flight as `other` sees it.
+async fn held_past_three_leases(other: &IdempotencyCache, key: &MessageId, hash: &RequestHash) {
     tokio::time::sleep(Duration::from_millis(2700)).await;
-    assert!(
-        matches!(
-            b.claim(&key(1), "message/send", &hash).await.unwrap(),
-            Claim::InFlight(_)
-        ),
-        "still held"
-    );
+    let claim = other.claim(key, "message/send", hash).await.unwrap();
+    assert!(matches!(claim, Claim::InFlight(_)), "taken over");
+}
+
+/// Two live claims of one fence (a fence sequence set back, as a database created again
+/// under a live replica sets it) are each renewed until their own call ends: the first to end
+/// stopped the other's renewals, and another replica took a healthy call over (helper-114).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_one_fence_are_each_renewed_until_their_own_call_ends() {
+    let Some(fx) = fixture().await else { return };
+    let [a, b] = two_replicas(&fx, Duration::from_millis(900)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let first = won(&a, &key(1), "message/send", &hash).await;
+    fx.execute("SELECT setval('idempotency_fence', (SELECT fence FROM idempotency_claims), false)")
+        .await;
+    let second = won(&a, &key(2), "message/send", &hash).await;
+    let fences = "SELECT COUNT(DISTINCT fence) FROM idempotency_claims";
+    assert_eq!(fx.count(fences).await, 1, "one fence for both");
+    first.complete(response("first")).await.unwrap();
+    held_past_three_leases(&b, &key(2), &hash).await;
+    second.complete(response("second")).await.unwrap();
+    assert_eq!(cached_body(&b, &key(2)).await.unwrap(), b"second");
+}
+
+/// A database whose every connection slot other clients hold (`max_connections` reached):
+/// the renewals, whose own connection cannot be opened, go through the calls' pool, whose
+/// connections are open, and a healthy call keeps its claim. Its lease ran out, and another
+/// replica ran it again (helper-114).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_out_of_connections_does_not_hold_the_renewals_back() {
+    let Some(fx) = fixture().await else { return };
+    let lease = Duration::from_millis(900);
+    let (proxy, store) = behind_a_proxy(&fx, lease).await;
+    let a = IdempotencyCache::from_arc(std::sync::Arc::new(store));
+    let b = fx.cache(&leased(lease)).await;
+    let hash = request_hash(b"{}").unwrap();
+    let ticket = won(&a, &key(1), "message/send", &hash).await;
+    proxy.refuse_new_connections();
+    // The renewer's own session, if a tick opened it already: the next is refused.
+    let own = "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
+               WHERE datname = current_database() AND pid <> pg_backend_pid()
+                 AND query LIKE 'UPDATE idempotency_claims SET lease_until%'";
+    fx.count(own).await;
+    held_past_three_leases(&b, &key(1), &hash).await;
     ticket.complete(response("a")).await.unwrap();
     assert_eq!(cached_body(&b, &key(1)).await.unwrap(), b"a");
 }

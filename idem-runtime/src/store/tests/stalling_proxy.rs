@@ -20,6 +20,8 @@ pub struct StallingProxy {
 #[derive(Default)]
 struct Links {
     stall_new: bool,
+    /// New connections are closed as they come (a server at `max_connections`).
+    refuse_new: bool,
     all: Vec<Arc<Link>>,
     /// Cut the next link that sends `COMMIT`, once it has passed it on.
     cut_at_commit: Arc<AtomicBool>,
@@ -48,6 +50,9 @@ impl StallingProxy {
         let (upstream, accepted) = (upstream.to_owned(), links.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if accepted.lock().unwrap().refuse_new {
+                    continue; // dropped: closed
+                }
                 let Ok(server) = TcpStream::connect(&upstream).await else {
                     continue;
                 };
@@ -101,6 +106,12 @@ impl StallingProxy {
             .unwrap()
             .cut_at_commit
             .store(true, Ordering::SeqCst);
+    }
+
+    /// Closes every connection opened from now on, while those open now still pass: a
+    /// server whose every slot other clients hold.
+    pub fn refuse_new_connections(&self) {
+        self.links.lock().unwrap().refuse_new = true;
     }
 
     /// Passes the bytes of connections opened from now on, while those open now stay as
