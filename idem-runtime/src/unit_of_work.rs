@@ -246,13 +246,24 @@ impl UnitOfWork {
             );
             return Err(IdempotencyError::new(ErrorCode::NotGuarded).into());
         }
-        ext.get::<Self>().cloned().ok_or_else(|| {
-            tracing::error!(
-                "no unit of work: the method is not governed, the idempotency layers are \
-                 missing, or the server has no database (Idempotency::off)"
-            );
-            IdempotencyError::new(ErrorCode::LayerMissing).into()
-        })
+        if let Some(unit) = ext.get::<Self>() {
+            return Ok(unit.clone());
+        }
+        // The layers passed the call down, with no unit: they have no store. Told that the
+        // layers were missing, a server under `Idempotency::off()` looked for what it had
+        // (helper-112).
+        if ext.get::<GuardReach>().is_some() {
+            let reason = "this server has no database (Idempotency::off), so no unit of work: \
+                          serve on a store without deduplication \
+                          (Idempotency::builder(config).without_deduplication()) for one";
+            tracing::error!("{reason}");
+            let error = IdempotencyError::new(ErrorCode::LayerMissing);
+            return Err(error.with_detail("reason", reason).into());
+        }
+        tracing::error!(
+            "no unit of work: the method is not governed, or the idempotency layers are missing"
+        );
+        Err(IdempotencyError::new(ErrorCode::LayerMissing).into())
     }
 
     /// Stages `write`: it runs when the call commits, in the transaction of its cache entry.

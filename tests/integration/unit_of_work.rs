@@ -155,6 +155,35 @@ async fn calls_that_are_not_deduplicated_commit_their_writes_on_their_own() {
     assert_eq!(db.effects(), ["before:free", "free"]);
 }
 
+/// Under `Idempotency::off()` there is no database, so no unit of work: asking for one is
+/// refused with a reason that says so, not only that the layers are missing, which they are
+/// not (helper-112).
+#[tokio::test]
+async fn under_off_a_unit_of_work_is_refused_saying_there_is_no_database() {
+    let (agent, executions) = Agent::counting();
+    let server = TestServer::serve_on(idem::Idempotency::off(), agent.into_rpc(), executions);
+    let server = server.await;
+    let refused = post(&server.url, with_effect(1, &new_id(), "go", "off"), &[]).await;
+    assert_eq!(
+        refused.data_code(),
+        "IDEMPOTENCY_LAYER_MISSING",
+        "{}",
+        refused.describe()
+    );
+    let reason = refused.json()["error"]["data"]["reason"].to_string();
+    assert!(
+        reason.contains("no database (Idempotency::off)"),
+        "{reason}"
+    );
+    let plain = post(
+        &server.url,
+        send(2, &new_id(), "no unit of work asked for"),
+        &[],
+    )
+    .await;
+    assert!(plain.json()["result"].is_object(), "{}", plain.describe());
+}
+
 /// A call that is not deduplicated commits its writes only with an answer the client gets:
 /// one too large for jsonrpsee to send, or a panic, was answered with an error after its
 /// writes committed, and a client's retry wrote them again (found by helper-80).

@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::store::sqlite::application_writes::Overran;
 use crate::store::{Store, StoreError};
 use crate::unit_of_work::SqlWrite;
 
@@ -56,7 +57,11 @@ pub enum TransactError<E> {
     /// group commit rolled the whole transaction back (a `ROLLBACK` of its own, an
     /// `INSERT OR ROLLBACK` that conflicted), after this closure ran: it runs once, so it is
     /// not run again. Either way nothing of the closure was committed, and the caller may run
-    /// it again.
+    /// it again. Two failures of the closure's own come here too, as [`StoreError::Write`],
+    /// whose text says which, and which the same closure run again meets again: it panicked
+    /// (helper-112), or on SQLite it ran past its bound, half of
+    /// [`IdempotencyConfig::disk_timeout`](crate::IdempotencyConfig::disk_timeout), on the one
+    /// writer that every call's commit waits for, and was interrupted.
     #[error("{0}")]
     Store(StoreError),
 }
@@ -123,6 +128,10 @@ impl Database {
         let result = slot.take();
         match (committed, result) {
             (Ok(()), Some(Ok(value))) => Ok(value),
+            // Interrupted past its bound: that, not SQLite's "interrupted", says what to do.
+            (Err(StoreError::Write(error)), _) if error.is::<Overran>() => {
+                Err(TransactError::Store(StoreError::Write(error)))
+            }
             (Err(StoreError::Write(_)), Some(Err(refused))) => Err(TransactError::Refused(refused)),
             (Err(failure), _) => Err(TransactError::Store(failure)),
             (Ok(()), _) => Err(TransactError::Store(StoreError::Commit(

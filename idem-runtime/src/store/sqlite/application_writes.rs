@@ -8,11 +8,20 @@
 //! left half of its rows in the batch, committed, and each retry wrote them again. A
 //! `PRAGMA query_only = ON` in one write, failing or not, failed every later call of the
 //! process; `busy_timeout = 0` or `locking_mode = EXCLUSIVE` as well (found by helper-86).
+//!
+//! And how long it may hold the writer: every call's commit waits for it, so a write whose SQL
+//! ran for seconds failed every other call of the process, past the disk timeout, with an
+//! error that blamed the disk (found by helper-112). A write that runs SQLite's machine past
+//! its bound, half the disk timeout, is interrupted and fails alone ([`Overran`]). What it
+//! does outside SQLite (a sleep, a network call) no one can interrupt.
 
 use std::cell::Cell;
+use std::time::{Duration, Instant};
 
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::Connection;
+
+use crate::unit_of_work::WriteError;
 
 /// The savepoint each job runs under.
 pub(super) const SAVEPOINT: &str = "SAVEPOINT idem_writer_job";
@@ -42,32 +51,85 @@ const PRAGMAS_WITH_A_VALUE: &[&str] = &[
 ];
 
 thread_local! {
-    /// An application's write is running on this thread (the writer's).
-    static RUNNING: Cell<bool> = const { Cell::new(false) };
+    /// When the application's write running on this thread (the writer's) started.
+    static STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// The bound the running write was interrupted for, if it was.
+    static INTERRUPTED: Cell<Option<Duration>> = const { Cell::new(None) };
 }
 
-/// Installs the check on the writer's connection, once: setting an authorizer expires the
+/// How many steps of SQLite's machine run between two looks at the clock.
+const STEPS_BETWEEN_LOOKS: i32 = 1000;
+
+/// Installs the checks on the writer's connection, once: setting an authorizer expires the
 /// connection's prepared statements, so it is never set and cleared around each write.
-pub(super) fn guard(conn: &Connection) {
+/// `bound`: how long an application's write may run.
+pub(super) fn guard(conn: &Connection, bound: Duration) {
     conn.authorizer(Some(|context: AuthContext<'_>| {
-        match RUNNING.with(Cell::get) && refused(&context.action) {
+        match STARTED.with(Cell::get).is_some() && refused(&context.action) {
             true => Authorization::Deny,
             false => Authorization::Allow,
         }
     }));
+    conn.progress_handler(STEPS_BETWEEN_LOOKS, Some(move || overran(bound)));
 }
 
-/// Runs `write`, an application's, under the check.
-pub(crate) fn running<T>(write: impl FnOnce() -> T) -> T {
+/// Whether the running write, if any, has run past `bound`: then SQLite interrupts it.
+fn overran(bound: Duration) -> bool {
+    let over = STARTED
+        .with(Cell::get)
+        .is_some_and(|started| started.elapsed() > bound);
+    if over {
+        INTERRUPTED.with(|interrupted| interrupted.set(Some(bound)));
+    }
+    over
+}
+
+/// Runs `write`, an application's, under the checks. Interrupted, it fails, whatever it made
+/// of SQLite's error: its savepoint is rolled back.
+pub(crate) fn running(write: impl FnOnce() -> Result<(), WriteError>) -> Result<(), WriteError> {
     struct Ended;
     impl Drop for Ended {
         fn drop(&mut self) {
-            RUNNING.with(|running| running.set(false));
+            STARTED.with(|started| started.set(None));
         }
     }
-    RUNNING.with(|running| running.set(true));
+    INTERRUPTED.with(|interrupted| interrupted.set(None));
+    STARTED.with(|started| started.set(Some(Instant::now())));
     let _ended = Ended;
-    write()
+    let written = write();
+    match INTERRUPTED.with(Cell::get) {
+        Some(bound) => Err(Box::new(Overran {
+            bound,
+            error: written.err(),
+        })),
+        None => written,
+    }
+}
+
+/// An application's write interrupted for running past its bound on the store's writer.
+#[derive(Debug)]
+pub(crate) struct Overran {
+    bound: Duration,
+    /// What the write returned, SQLite's interruption most often.
+    error: Option<WriteError>,
+}
+
+impl std::fmt::Display for Overran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the write ran past {} ms on the store's one writer, which every call's commit \
+             waits for (half of AIWG_IDEMPOTENCY_DISK_TIMEOUT_MS), and was interrupted: make \
+             it faster, or do the slow part outside the unit of work",
+            self.bound.as_millis()
+        )
+    }
+}
+
+impl std::error::Error for Overran {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.as_deref().map(|error| error as _)
+    }
 }
 
 fn refused(action: &AuthAction<'_>) -> bool {

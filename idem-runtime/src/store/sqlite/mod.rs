@@ -175,7 +175,7 @@ impl SqliteStore {
         // The checkpointer's thread copies the log back; the writer only when asked to start it
         // over (see there).
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
-        application_writes::guard(&conn);
+        application_writes::guard(&conn, config.disk_timeout / 2);
         let restart = Restart::default();
         let tier = Arc::new(MemoryTier::new(config.memory_tier_bytes));
         let purges = PurgeWatch::new(&conn, tier.clone())?;

@@ -1899,6 +1899,39 @@ async fn a_write_that_leaves_a_statement_running_holds_no_later_batch() {
     assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_cache").await, 4);
 }
 
+/// An application's write that runs SQLite past its bound (half the disk timeout) is
+/// interrupted and fails alone, saying so; the call queued behind it commits. Every write of
+/// the process waited for it, and past the disk timeout failed as a disk that did not answer
+/// (helper-112).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_past_its_bound_is_interrupted_and_holds_no_one_else_back() {
+    use crate::store::{Database, TransactError};
+
+    let fx = Fixture::sqlite();
+    let bounded = config(86_400, 100).with(|c| c.disk_timeout = Duration::from_secs(2));
+    let cache = fx.cache(&bounded).await;
+    let db = Database::new(cache.store().clone());
+    // Seconds of SQLite's own work, far past the bound.
+    let count = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
+                 WHERE x < 100000000) SELECT count(*) FROM c";
+    let slow = tokio::spawn({
+        let db = db.clone();
+        async move {
+            let counted =
+                db.transact(move |conn| conn.query_row(count, [], |row| row.get::<_, i64>(0)));
+            counted.await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    execute(&cache, &key(1), "{}", "behind it").await;
+    let Err(TransactError::Store(error)) = slow.await.unwrap() else {
+        panic!("the slow write ran to its end")
+    };
+    assert!(error.to_string().contains("ran past 1000 ms"), "{error}");
+    let written = db.transact(|conn| conn.execute_batch("CREATE TABLE after (x)"));
+    written.await.unwrap();
+}
+
 /// The application's slow reads (a report on `Database::read`), as many as there are reader
 /// threads, took them all: a replay the memory tier did not hold queued behind them and
 /// failed as a disk that did not answer (helper-93). One thread stays the store's.
