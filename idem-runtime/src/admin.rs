@@ -638,6 +638,13 @@ async fn connect_postgres(url: &str) -> Result<(Db, Option<u64>), StoreError> {
             tracing::warn!(%error, "idem-admin: the PostgreSQL connection ended");
         }
     });
+    // A lock another session holds on a table (a long transaction, or an `ALTER TABLE`
+    // queued behind one) held the tool for as long, for ever at worst (helper-114): its
+    // waits for locks have the same bound, unless the URL's options set one.
+    if !config.get_options().unwrap_or("").contains("lock_timeout") {
+        let bounded = format!("SET lock_timeout = {}", bound.as_millis());
+        client.batch_execute(&bounded).await?;
+    }
     if client.query_one(EARLIER_VERSION, &[]).await?.get(0) {
         return Err(StoreError::Backend {
             backend: "postgres",

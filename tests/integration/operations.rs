@@ -858,6 +858,48 @@ fn the_admin_tool_writes_to_a_closed_pipe_or_a_full_disk_without_panicking() {
     );
 }
 
+/// A table another session holds locked fails the tool within its bound (the URL's
+/// `connect_timeout`, 10 s by default), exit 2 with PostgreSQL's words: it waited for as long
+/// as the lock was held (helper-114).
+#[tokio::test]
+async fn on_postgres_a_locked_table_fails_the_admin_tool_in_bounded_time() {
+    let what = "the admin tool on PostgreSQL";
+    let Some(db) = crate::replicas::Database::shared("idem_admin_locked", what).await else {
+        return;
+    };
+    let server = ServerProcess::start_on(Some(db.url()), &[], &[]);
+    let key = new_id();
+    post_activated(&server.url, send_body(&key, "x")).await;
+    let locker = idem_conformance::postgres::connect(db.url()).await;
+    let lock = "BEGIN; LOCK TABLE idempotency_cache IN ACCESS EXCLUSIVE MODE";
+    locker.batch_execute(lock).await.unwrap();
+    let url = format!("{}?connect_timeout=2", db.url());
+    for command in [
+        vec!["stats"],
+        vec!["show", &key],
+        vec!["purge", &key, "--yes"],
+    ] {
+        let args: Vec<String> = ["--db", &url]
+            .into_iter()
+            .chain(command)
+            .map(str::to_owned)
+            .collect();
+        let tool = tokio::task::spawn_blocking(move || {
+            admin(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+        });
+        let output = tokio::time::timeout(Duration::from_secs(30), tool).await;
+        let output = output
+            .expect("still waiting on the lock after 30 s")
+            .unwrap();
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{said}");
+        assert!(said.contains("lock timeout"), "{said}");
+    }
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    let show = admin(&["--db", db.url(), "show", &key], &[]);
+    assert!(show.status.success(), "{show:?}");
+}
+
 #[tokio::test]
 async fn on_postgres_a_purge_is_seen_by_the_serving_replica_at_once() {
     let what = "the admin tool on PostgreSQL";

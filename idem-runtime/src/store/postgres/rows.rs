@@ -79,31 +79,45 @@ pub(super) async fn select_after_claim(
          FROM (SELECT 1) AS one LEFT JOIN idempotency_cache e ON e.message_id = $1"
     );
     let row = query_one(client, &sql, &[&id.as_str()]).await?;
-    Ok((entry_of(&row, id, at)?, row.get(7)))
+    Ok((entry_of(&row, id, at)?, column(&row, 7, id)?))
 }
 
 /// The entry in the first seven columns of `row`, if it is live at `at` (all null: none).
 fn entry_of(row: &Row, id: &MessageId, at: ReadAt) -> Result<Option<Entry>, StoreError> {
-    let Some(request_hash) = row.get::<_, Option<String>>(0) else {
+    let Some(request_hash) = column::<Option<String>>(row, 0, id)? else {
         return Ok(None);
     };
-    let inserted_at: i64 = row.get(4);
-    if at.expired(row.get(6), inserted_at.max(0) as u64) {
+    let inserted_at: i64 = column(row, 4, id)?;
+    if at.expired(column(row, 6, id)?, inserted_at.max(0) as u64) {
         return Ok(None);
     }
-    let status: i32 = row.get(1);
+    let status: i32 = column(row, 1, id)?;
     let row = EntryRow {
         request_hash,
         status: u16::try_from(status).map_err(|_| StoreError::Corrupt {
             message_id: id.to_string(),
             detail: "response_status".into(),
         })?,
-        headers: row.get(2),
-        body: row.get(3),
+        headers: column(row, 2, id)?,
+        body: column(row, 3, id)?,
         inserted_at,
-        method: row.get(5),
+        method: column(row, 5, id)?,
     };
     row.decode(id).map(Some)
+}
+
+/// Column `at` of the row of `id`, of the type this version reads: a column whose type was
+/// changed under it (widened by hand) is a corrupt row, answered as one; it panicked, and the
+/// client's connection closed with no answer (helper-114).
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    at: usize,
+    id: &MessageId,
+) -> Result<T, StoreError> {
+    row.try_get(at).map_err(|error| StoreError::Corrupt {
+        message_id: id.to_string(),
+        detail: format!("column {}: {error}", row.columns()[at].name()),
+    })
 }
 
 /// A live open stream of `id`, without its events: what it is bound to (method, hash).
@@ -131,13 +145,13 @@ fn live_open_stream(
     at: ReadAt,
 ) -> Result<Option<OpenStream>, StoreError> {
     let stream = OpenStreamRow {
-        method: row.get(0),
-        request_hash: row.get(1),
-        jsonrpc_id: row.get(2),
-        recorded_at: row.get(3),
+        method: column(row, 0, id)?,
+        request_hash: column(row, 1, id)?,
+        jsonrpc_id: column(row, 2, id)?,
+        recorded_at: column(row, 3, id)?,
     }
     .decode(id)?;
-    Ok((!at.expired(row.get(4), stream.recorded_at)).then_some(stream))
+    Ok((!at.expired(column(row, 4, id)?, stream.recorded_at)).then_some(stream))
 }
 
 pub(super) async fn delete_events(
@@ -176,10 +190,8 @@ pub(super) async fn select_open_stream(
     let Some(stream) = stream? else {
         return Ok(None);
     };
-    let events = rows
-        .iter()
-        .filter_map(|row| row.get::<_, Option<Vec<u8>>>(5))
-        .map(Bytes::from)
-        .collect();
+    let events = rows.iter().map(|row| column::<Option<Vec<u8>>>(row, 5, id));
+    let events: Vec<Option<Vec<u8>>> = events.collect::<Result<_, _>>()?;
+    let events = events.into_iter().flatten().map(Bytes::from).collect();
     Ok(Some((stream, events)))
 }

@@ -850,6 +850,26 @@ async fn an_entry_lives_for_the_ttl_it_was_stored_with_on_every_replica() {
     assert_eq!(fx.count("SELECT COUNT(*) FROM idempotency_cache").await, 2);
 }
 
+/// A column whose type was changed under the store (widened by hand) makes its rows corrupt,
+/// answered as such: reading one panicked, and the client's connection closed unanswered
+/// (helper-114).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_of_another_type_is_a_corrupt_row_not_a_panic() {
+    let Some(fx) = fixture().await else { return };
+    let a = fx.cache(&config(86_400, 1000)).await;
+    execute(&a, &key(1), "{}", "stored").await;
+    let widen = "ALTER TABLE idempotency_cache ALTER COLUMN response_status TYPE bigint";
+    fx.execute(widen).await;
+    // A replica started since: none of its statements were prepared before.
+    let b = fx.cache(&config(86_400, 1000)).await;
+    let hash = request_hash(b"{}").unwrap();
+    match b.claim(&key(1), "message/send", &hash).await {
+        Err(StoreError::Corrupt { detail, .. }) => assert!(detail.contains("response_status")),
+        Err(other) => panic!("another error: {other}"),
+        Ok(_) => panic!("read as if its type were the one this version reads"),
+    }
+}
+
 /// PostgreSQL's own words reach the error: "db error" alone does not say the database is
 /// missing.
 #[tokio::test]
