@@ -108,10 +108,13 @@ async fn serve(cli: Cli) -> Result<(), String> {
         .map_err(|e| format!("cannot open tables in {}: {e}", cli.db))?;
     let missions = Missions::new(store.clone());
     let push = PushConfigs::new(store.clone());
-    let resumed = missions
-        .resume()
-        .await
-        .map_err(|e| format!("cannot read the tasks in {}: {e:?}", cli.db))?;
+    let resumed = missions.resume().await.map_err(|e| {
+        let why = e.message();
+        format!(
+            "cannot read the tasks in {}: {why} (the log says why)",
+            cli.db
+        )
+    })?;
     if store.shared() {
         missions.sweep_overdue();
     }

@@ -431,21 +431,23 @@ enum Failure {
     Refused(ErrorObjectOwned),
 }
 
+// With their causes: tokio-postgres says only "db error" at the top, PostgreSQL's own words
+// below it (helper-114).
 impl From<rusqlite::Error> for Failure {
     fn from(e: rusqlite::Error) -> Self {
-        Self::Storage(e.to_string())
+        Self::Storage(idem::store::causes(&e))
     }
 }
 
 impl From<tokio_postgres::Error> for Failure {
     fn from(e: tokio_postgres::Error) -> Self {
-        Self::Storage(e.to_string())
+        Self::Storage(idem::store::causes(&e))
     }
 }
 
 impl From<PoolError> for Failure {
     fn from(e: PoolError) -> Self {
-        Self::Storage(e.to_string())
+        Self::Storage(idem::store::causes(&e))
     }
 }
 

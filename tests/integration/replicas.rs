@@ -158,13 +158,30 @@ async fn a_replica_of_another_ttl_refuses_to_start_beside_a_serving_one() {
     let body = send_with(1, "message/send", &new_id(), "hello", json!({}));
     let first = post_activated(&serving.url, body.clone()).await;
     assert_eq!(first.status, 200, "{}", first.describe());
-    let said = refused_beside_a_live_replica(&db, &[], &[("AIWG_IDEMPOTENCY_TTL", "3")]);
+    let said = refused_to_start(&db, &[], &[("AIWG_IDEMPOTENCY_TTL", "3")]);
     let both = "keeps entries for 86400 s, where this one is configured for 3 s";
     assert!(said.contains(both), "{said}");
     let replay = post_activated(&serving.url, body).await;
     assert!(replay.replayed(), "{}", replay.describe());
     assert_eq!(replay.body, first.body);
     assert_eq!(db.counts(), (1, 1));
+}
+
+/// A replica that cannot read its tasks at startup (a session holds the table locked) says
+/// why in PostgreSQL's own words; it said "db error", then "Internal error" (helper-114).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_cannot_read_its_tasks_says_why_in_postgres_s_words() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    drop(replica(&db, &[])); // the tables
+    let locker = postgres::connect(db.url()).await;
+    let lock = "BEGIN; LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE";
+    locker.batch_execute(lock).await.unwrap();
+    let short = [("AIWG_IDEMPOTENCY_CLAIM_LEASE_MS", "1000")];
+    let said = refused_to_start(&db, &[], &short);
+    assert!(said.contains("cannot read the tasks"), "{said}");
+    assert!(said.contains("canceling statement due to"), "{said}");
 }
 
 /// A replica that would key calls otherwise (by principal, or not) than a serving one's
@@ -177,7 +194,7 @@ async fn a_replica_keyed_otherwise_refuses_to_start_beside_a_serving_one() {
     };
     let serving = replica(&db, &[]);
     let scoped = ["--principal-header", "X-Principal"];
-    let said = refused_beside_a_live_replica(&db, &scoped, &[]);
+    let said = refused_to_start(&db, &scoped, &[]);
     let both = "keys calls in one global key space, where this one would key them scoped by \
                 principal";
     assert!(said.contains(both), "{said}");
@@ -187,9 +204,9 @@ async fn a_replica_keyed_otherwise_refuses_to_start_beside_a_serving_one() {
     assert_eq!(db.counts(), (1, 1));
 }
 
-/// Starts the example server on `db` with `args` and `envs`, beside a live replica, and
-/// returns what it said as it refused to start (exit code 2).
-fn refused_beside_a_live_replica(db: &Database, args: &[&str], envs: &[(&str, &str)]) -> String {
+/// Starts the example server on `db` with `args` and `envs` (beside a live replica, say),
+/// and returns what it said as it refused to start (exit code 2).
+fn refused_to_start(db: &Database, args: &[&str], envs: &[(&str, &str)]) -> String {
     let mut other = std::process::Command::new(example_binary("a2a_server"))
         .args(["--listen", "127.0.0.1:0", "--db", db.url()])
         .args(args)
@@ -205,7 +222,7 @@ fn refused_beside_a_live_replica(db: &Database, args: &[&str], envs: &[(&str, &s
             None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
             None => {
                 let _ = other.kill().and_then(|()| other.wait());
-                panic!("a replica of another setting served beside a live one");
+                panic!("it served: {args:?} {envs:?}");
             }
         }
     };

@@ -206,7 +206,13 @@ impl StoreError {
 
 /// An error and the errors under it, as one line: PostgreSQL's own words ("database \"a2a\"
 /// does not exist") are a source or two below the "db error" its client says at the top.
-pub(crate) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+///
+/// ```
+/// use idem_runtime::store::{causes, StoreError};
+/// let failed = StoreError::Io(std::io::Error::other("disk full"));
+/// assert_eq!(causes(&failed), "io: disk full");
+/// ```
+pub fn causes(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -36,7 +36,7 @@ pub use database::{Database, TransactError};
 pub(crate) use entry::stored_hash;
 pub(crate) use entry::{expired_before, is_expired, EntryRow, OpenStreamRow, ReadAt};
 pub use entry::{Entry, OpenStream, StoredResponse};
-pub use error::StoreError;
+pub use error::{causes, StoreError};
 pub use lease::Lease;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStore};
