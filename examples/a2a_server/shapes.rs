@@ -286,10 +286,12 @@ fn part_of_kind(part: &Map<String, Value>, kind: &Value, at: &str) -> Result<Con
 /// 0.3 `file` without its kind is read too.
 fn part_by_member(part: &Map<String, Value>, at: &str) -> Result<Content, String> {
     let members = ["text", "file", "raw", "url", "data"];
-    let found: Vec<&str> = members
-        .into_iter()
-        .filter(|key| present(part, key).is_some())
-        .collect();
+    // A 1.0 `data` is any JSON value, `null` too (helper-118): there, not absent.
+    let has = |key: &str| match key {
+        "data" => part.contains_key("data"),
+        _ => present(part, key).is_some(),
+    };
+    let found: Vec<&str> = members.into_iter().filter(|key| has(key)).collect();
     match found[..] {
         ["text"] => text(&part["text"], at),
         ["file"] => match &part["file"] {

@@ -31,6 +31,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use crate::clock::{Clock, SystemClock};
 use crate::config::IdempotencyConfig;
 use crate::message_id::MessageId;
+#[cfg(feature = "postgres")]
+use crate::store::postgres::rows::column;
 use crate::store::settings;
 use crate::store::sqlite::{connection, file_lock, file_size_limit, purge_watch};
 use crate::store::{ReadAt, StoreError, StoreStats};
@@ -299,11 +301,12 @@ impl Admin {
             return Ok(None);
         };
         let claim = client.lock().await.query_opt(LIVE_CLAIM, &[&key]).await?;
-        Ok(claim.map(|row| EntryInfo {
-            method: row.get(0),
-            request_hash: row.get(1),
+        let Some(row) = claim else { return Ok(None) };
+        Ok(Some(EntryInfo {
+            method: column(&row, 0, &key)?,
+            request_hash: column(&row, 1, &key)?,
             state: EntryState::Running,
-            inserted_at: row.get::<_, i64>(2).max(0) as u64,
+            inserted_at: column::<i64>(&row, 2, &key)?.max(0) as u64,
             expires_at: None,
             bytes: 0,
             body: Vec::new(),
@@ -685,26 +688,29 @@ async fn read_postgres(
     client: &impl tokio_postgres::GenericClient,
     key: &str,
 ) -> Result<Shown, StoreError> {
-    let entry = client.query_opt(POSTGRES_ENTRY, &[&key]).await?;
-    let entry = entry.map(|row| EntryRow {
-        method: row.get(0),
-        request_hash: row.get(1),
-        status: i64::from(row.get::<_, i32>(2)),
-        inserted_at: row.get(3),
-        bytes: row.get(4),
-        body: row.get(5),
-        expires_at: row.get(6),
-    });
+    let entry = match client.query_opt(POSTGRES_ENTRY, &[&key]).await? {
+        None => None,
+        Some(row) => Some(EntryRow {
+            method: column(&row, 0, &key)?,
+            request_hash: column(&row, 1, &key)?,
+            status: i64::from(column::<i32>(&row, 2, &key)?),
+            inserted_at: column(&row, 3, &key)?,
+            bytes: column(&row, 4, &key)?,
+            body: column(&row, 5, &key)?,
+            expires_at: column(&row, 6, &key)?,
+        }),
+    };
     let stream = match client.query_opt(OPEN_STREAM, &[&key]).await? {
         None => None,
         Some(row) => {
             let stream = StreamRow {
-                method: row.get(0),
-                request_hash: row.get(1),
-                started_at: row.get(2),
+                method: column(&row, 0, &key)?,
+                request_hash: column(&row, 1, &key)?,
+                started_at: column(&row, 2, &key)?,
             };
             let events = client.query(STREAM_EVENTS, &[&key]).await?;
-            Some((stream, events.iter().map(|row| row.get(0)).collect()))
+            let events = events.iter().map(|row| column(row, 0, &key));
+            Some((stream, events.collect::<Result<_, _>>()?))
         }
     };
     Ok((entry, stream))

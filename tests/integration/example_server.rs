@@ -1683,6 +1683,8 @@ async fn a_part_the_agent_cannot_read_is_refused_before_anything_happens() {
             json!({"kind": "data", "data": {"x": 1}, "text": "x"}),
             "data",
         ),
+        // 1.0's `data` is any value, `null` too (helper-118).
+        (json!({"data": null}), "data"),
     ] {
         let message = json!({"kind": "message", "messageId": new_id(), "role": "user",
             "parts": [{"kind": "text", "text": "look"}, part]});

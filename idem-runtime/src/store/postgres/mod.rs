@@ -110,7 +110,7 @@ mod lost_commit;
 mod lru;
 mod pool;
 mod renewer;
-mod rows;
+pub(crate) mod rows;
 mod schema;
 mod staged_writes;
 mod sweep;

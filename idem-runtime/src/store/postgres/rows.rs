@@ -108,11 +108,12 @@ fn entry_of(row: &Row, id: &MessageId, at: ReadAt) -> Result<Option<Entry>, Stor
 
 /// Column `at` of the row of `id`, of the type this version reads: a column whose type was
 /// changed under it (widened by hand) is a corrupt row, answered as one; it panicked, and the
-/// client's connection closed with no answer (helper-114).
-fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+/// client's connection closed with no answer (helper-114), and so did the admin tool
+/// (helper-118).
+pub(crate) fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
     row: &'a Row,
     at: usize,
-    id: &MessageId,
+    id: &impl std::fmt::Display,
 ) -> Result<T, StoreError> {
     row.try_get(at).map_err(|error| StoreError::Corrupt {
         message_id: id.to_string(),

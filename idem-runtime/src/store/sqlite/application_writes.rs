@@ -12,8 +12,10 @@
 //! And how long it may hold the writer: every call's commit waits for it, so a write whose SQL
 //! ran for seconds failed every other call of the process, past the disk timeout, with an
 //! error that blamed the disk (found by helper-112). A write that runs SQLite's machine past
-//! its bound, half the disk timeout, is interrupted and fails alone ([`Overran`]). What it
-//! does outside SQLite (a sleep, a network call) no one can interrupt.
+//! its bound, half the disk timeout, is interrupted and fails ([`Overran`]), and is not run
+//! again (the writer's careful pass ran it a second bound: helper-118). A statement that
+//! writes, interrupted, rolls the batch's transaction back, as any write that ends it does.
+//! What a write does outside SQLite (a sleep, a network call) no one can interrupt.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -104,6 +106,11 @@ pub(crate) fn running(write: impl FnOnce() -> Result<(), WriteError>) -> Result<
         })),
         None => written,
     }
+}
+
+/// Whether `error` is a write's that was interrupted for its bound ([`Overran`]).
+pub(super) fn was_interrupted(error: &crate::store::StoreError) -> bool {
+    matches!(error, crate::store::StoreError::Write(write) if write.is::<Overran>())
 }
 
 /// An application's write interrupted for running past its bound on the store's writer.

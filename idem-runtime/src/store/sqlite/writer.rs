@@ -236,6 +236,12 @@ impl Writer {
                 continue;
             }
             run(&self.conn, "ROLLBACK")?;
+            // Interrupted past its bound: run again carefully, it held the writer as long
+            // again, and the batch behind it passed the disk timeout (helper-118). It fails
+            // here, and the others are redone without it.
+            if application_writes::was_interrupted(&error) {
+                return Ok(Attempt::RolledBackBy(n, error, outcomes));
+            }
             return Ok(Attempt::Again);
         }
         let evicted = match self.rows_past_the_bound(&mut batch)? {

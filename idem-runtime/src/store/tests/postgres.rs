@@ -858,6 +858,7 @@ async fn a_column_of_another_type_is_a_corrupt_row_not_a_panic() {
     let Some(fx) = fixture().await else { return };
     let a = fx.cache(&config(86_400, 1000)).await;
     execute(&a, &key(1), "{}", "stored").await;
+    indexes_built(&fx).await; // the build's lock and the ALTER's would deadlock
     let widen = "ALTER TABLE idempotency_cache ALTER COLUMN response_status TYPE bigint";
     fx.execute(widen).await;
     // A replica started since: none of its statements were prepared before.
@@ -867,6 +868,14 @@ async fn a_column_of_another_type_is_a_corrupt_row_not_a_panic() {
         Err(StoreError::Corrupt { detail, .. }) => assert!(detail.contains("response_status")),
         Err(other) => panic!("another error: {other}"),
         Ok(_) => panic!("read as if its type were the one this version reads"),
+    }
+    // The operator's tool reads the row too (helper-118).
+    let url = fx.url.clone().unwrap();
+    let admin = crate::admin::Admin::open(&url, &config(86_400, 1000)).await;
+    match admin.unwrap().show(&key(1)).await {
+        Err(StoreError::Corrupt { detail, .. }) => assert!(detail.contains("response_status")),
+        Err(other) => panic!("another error: {other}"),
+        Ok(_) => panic!("shown as if its type were the one this version reads"),
     }
 }
 

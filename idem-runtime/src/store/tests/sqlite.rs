@@ -1932,6 +1932,52 @@ async fn a_write_past_its_bound_is_interrupted_and_holds_no_one_else_back() {
     written.await.unwrap();
 }
 
+/// The same for a call's staged write, which may run again: in a batch with another call, the
+/// interrupted write fails, and the other commits without it. Run again carefully, as a write
+/// that failed in the batch's first pass is, it held the writer a second bound, and the batch
+/// passed the disk timeout (helper-118).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_write_past_its_bound_runs_once_and_its_batch_commits() {
+    use crate::store::{Database, SqlWrite};
+
+    let fx = Fixture::sqlite();
+    let bounded = config(86_400, 100).with(|c| c.disk_timeout = Duration::from_secs(2));
+    let cache = fx.cache(&bounded).await;
+    let db = Database::new(cache.store().clone());
+    // Holds the writer (a sleep, which nothing interrupts), so that the next two share a batch.
+    let holding = tokio::spawn(async move {
+        let sleeping = db.transact(|_| {
+            std::thread::sleep(Duration::from_millis(300));
+            Ok::<_, rusqlite::Error>(())
+        });
+        sleeping.await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let store = cache.store().clone();
+    let counted = runs.clone();
+    let slow = tokio::spawn(async move {
+        let count = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
+                     WHERE x < 100000000) SELECT count(*) FROM c";
+        let write = SqlWrite::rerunnable(move |conn| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            conn.query_row(count, [], |row| row.get::<_, i64>(0))?;
+            Ok(())
+        });
+        store.apply(vec![write]).await
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    execute(&cache, &key(1), "{}", "beside it").await;
+    let failed = slow.await.unwrap().expect_err("interrupted");
+    assert!(failed.to_string().contains("was interrupted"), "{failed}");
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "run once"
+    );
+    holding.await.unwrap().unwrap();
+}
+
 /// The application's slow reads (a report on `Database::read`), as many as there are reader
 /// threads, took them all: a replay the memory tier did not hold queued behind them and
 /// failed as a disk that did not answer (helper-93). One thread stays the store's.
