@@ -166,6 +166,10 @@ impl Writer {
             if !job.rerunnable() {
                 return Err(in_the_lost_one.unwrap_or_else(lost_at_commit));
             }
+            // Interrupted for its bound: not run again (helper-120).
+            if let Some(error) = in_the_lost_one.filter(application_writes::was_interrupted) {
+                return Err(error);
+            }
             match self.transaction(std::slice::from_mut(job), touches, true) {
                 Ok(Attempt::Committed(mut outcomes)) => {
                     outcomes.pop().unwrap_or_else(|| Err(lost()))
@@ -384,27 +388,35 @@ fn lost_at_commit() -> StoreError {
 }
 
 /// The jobs that end with a batch whose transaction the job at `guilty` rolled back: that job,
-/// with `error`, and the writes that ran once before it (they may not run again, and their
-/// work went with the transaction), each with its own failure if it failed (`so_far`, the
-/// outcomes of the jobs before `guilty`). The rest stay in `jobs`, for the next attempt.
+/// with `error`, the writes that ran once before it (they may not run again, and their work
+/// went with the transaction), each with its own failure if it failed (`so_far`, the outcomes
+/// of the jobs before `guilty`), and the writes before it that were interrupted for their
+/// bound (run again, each would hold the writer as long again: helper-120). The rest stay in
+/// `jobs`, for the next attempt.
 fn take_out(
     jobs: &mut Vec<Box<dyn Job>>,
     guilty: usize,
     error: StoreError,
     so_far: Vec<Result<(), StoreError>>,
 ) -> Vec<(Box<dyn Job>, StoreError)> {
-    let spent = jobs[..guilty]
-        .iter()
-        .filter(|job| !job.rerunnable())
-        .count();
-    let first_spent = guilty - spent;
-    let outcomes = so_far.into_iter().skip(first_spent).map(|o| o.err());
-    let mut out: Vec<_> = jobs
-        .drain(first_spent..guilty)
-        .zip(outcomes.chain(std::iter::repeat_with(|| None)))
-        .map(|(job, failed)| (job, failed.unwrap_or_else(lost)))
-        .collect();
-    out.push((jobs.remove(first_spent), error));
+    let mut so_far = so_far.into_iter().map(Result::err);
+    let mut error = Some(error);
+    let mut out = Vec::new();
+    for (at, job) in std::mem::take(jobs).into_iter().enumerate() {
+        let failed = if at < guilty {
+            so_far.next().flatten()
+        } else {
+            None
+        };
+        match failed {
+            _ if at == guilty => out.push((job, error.take().expect("one guilty job"))),
+            failed if at < guilty && !job.rerunnable() => {
+                out.push((job, failed.unwrap_or_else(lost)))
+            }
+            Some(failed) if application_writes::was_interrupted(&failed) => out.push((job, failed)),
+            _ => jobs.push(job),
+        }
+    }
     out
 }
 

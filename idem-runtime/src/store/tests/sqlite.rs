@@ -804,11 +804,17 @@ fn once(name: &str) -> crate::store::SqlWrite {
 async fn one_batch(
     writes: impl FnOnce(&Fixture) -> Vec<crate::store::SqlWrite>,
 ) -> (Fixture, Vec<Result<(), crate::store::StoreError>>) {
+    one_batch_with(config(86_400, 100), writes).await
+}
+
+/// [`one_batch`] on a store of `config`.
+async fn one_batch_with(
+    config: IdempotencyConfig,
+    writes: impl FnOnce(&Fixture) -> Vec<crate::store::SqlWrite>,
+) -> (Fixture, Vec<Result<(), crate::store::StoreError>>) {
     let fx = Fixture::sqlite();
     // No memory tier: an entry the batch lost must not be found in memory by the checks.
-    let cache = fx
-        .cache(&config(86_400, 100).with(|c| c.memory_tier_bytes = 0))
-        .await;
+    let cache = fx.cache(&config.with(|c| c.memory_tier_bytes = 0)).await;
     let store = cache.store().clone();
     fx.create_effects(&store).await;
     store.apply(vec![fx.effect("taken")]).await.unwrap();
@@ -1976,6 +1982,57 @@ async fn a_staged_write_past_its_bound_runs_once_and_its_batch_commits() {
         "run once"
     );
     holding.await.unwrap().unwrap();
+}
+
+/// Nor in the careful pass, when that pass is redone: a write before it failed in the first
+/// pass, it was interrupted in the careful one, and a write after it then rolled the whole
+/// transaction back (or left a deferred foreign key that failed the commit, so that each job
+/// was run alone): it ran a second bound, and every call of the batch failed as a disk that
+/// did not answer (helper-120).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_interrupted_in_the_careful_pass_is_not_run_again_when_it_is_redone() {
+    for orphan in [false, true] {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let writes = |fx: &Fixture| {
+            vec![
+                // Fails (UNIQUE) in the first pass: the batch is redone carefully.
+                SqlWrite::rerunnable(|db| {
+                    db.execute_batch("INSERT INTO effects VALUES ('d'), ('d')")?;
+                    Ok(())
+                }),
+                // Interrupted past its bound, in the careful pass.
+                SqlWrite::rerunnable(move |db| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let count = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 \
+                                 FROM c WHERE x < 10000000000) SELECT count(*) FROM c";
+                    db.query_row(count, [], |row| row.get::<_, i64>(0))?;
+                    Ok(())
+                }),
+                // Rolls the whole transaction back, or leaves a deferred foreign key unresolved.
+                SqlWrite::rerunnable(move |db| {
+                    db.execute_batch(match orphan {
+                        false => {
+                            "INSERT INTO effects VALUES ('r'); \
+                                  INSERT OR ROLLBACK INTO effects VALUES ('r')"
+                        }
+                        true => {
+                            "CREATE TABLE IF NOT EXISTS parent (id INTEGER PRIMARY KEY);
+                                 CREATE TABLE IF NOT EXISTS child (parent INTEGER
+                                     REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);
+                                 INSERT INTO child VALUES (999);"
+                        }
+                    })?;
+                    Ok(())
+                }),
+                fx.effect("innocent"),
+            ]
+        };
+        let bounded = config(86_400, 100).with(|c| c.disk_timeout = Duration::from_secs(2));
+        let (_fx, outcomes) = one_batch_with(bounded, writes).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "orphan={orphan}: run once");
+        assert!(outcomes[3].is_ok(), "orphan={orphan}: {outcomes:?}");
+    }
 }
 
 /// The application's slow reads (a report on `Database::read`), as many as there are reader
