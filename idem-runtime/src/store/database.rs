@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::store::sqlite::application_writes::Overran;
+use crate::store::sqlite::application_writes::was_interrupted;
 use crate::store::{Store, StoreError};
 use crate::unit_of_work::SqlWrite;
 
@@ -129,9 +129,7 @@ impl Database {
         match (committed, result) {
             (Ok(()), Some(Ok(value))) => Ok(value),
             // Interrupted past its bound: that, not SQLite's "interrupted", says what to do.
-            (Err(StoreError::Write(error)), _) if error.is::<Overran>() => {
-                Err(TransactError::Store(StoreError::Write(error)))
-            }
+            (Err(failure), _) if was_interrupted(&failure) => Err(TransactError::Store(failure)),
             (Err(StoreError::Write(_)), Some(Err(refused))) => Err(TransactError::Refused(refused)),
             (Err(failure), _) => Err(TransactError::Store(failure)),
             (Ok(()), _) => Err(TransactError::Store(StoreError::Commit(

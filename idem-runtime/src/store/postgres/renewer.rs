@@ -106,14 +106,12 @@ async fn renew(
     loop {
         tokio::time::sleep(if failing { soon } else { every }).await;
         let Some(held) = held.upgrade() else { return };
-        let mut ids = Vec::new();
-        let (keys, fences): (Vec<String>, Vec<i64>) = lock(&held)
-            .iter()
-            .map(|(id, claimed)| {
-                ids.push(*id);
-                (claimed.key.clone(), claimed.fence)
-            })
-            .unzip();
+        let (mut ids, mut keys, mut fences) = (Vec::new(), Vec::new(), Vec::new());
+        for (id, claimed) in lock(&held).iter() {
+            ids.push(*id);
+            keys.push(claimed.key.clone());
+            fences.push(claimed.fence);
+        }
         if ids.is_empty() {
             failing = false;
             continue;
@@ -222,9 +220,9 @@ async fn renew_all(
             &[&keys, &fences, &owner],
         )
         .await?;
-    let present: std::collections::HashSet<(String, i64)> =
+    let present: std::collections::HashSet<(&str, i64)> =
         present.iter().map(|row| (row.get(0), row.get(1))).collect();
     Ok((0..keys.len())
-        .filter(|&at| !present.contains(&(keys[at].clone(), fences[at])))
+        .filter(|&at| !present.contains(&(keys[at].as_str(), fences[at])))
         .collect())
 }

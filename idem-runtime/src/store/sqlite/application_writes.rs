@@ -109,13 +109,13 @@ pub(crate) fn running(write: impl FnOnce() -> Result<(), WriteError>) -> Result<
 }
 
 /// Whether `error` is a write's that was interrupted for its bound ([`Overran`]).
-pub(super) fn was_interrupted(error: &crate::store::StoreError) -> bool {
+pub(crate) fn was_interrupted(error: &crate::store::StoreError) -> bool {
     matches!(error, crate::store::StoreError::Write(write) if write.is::<Overran>())
 }
 
 /// An application's write interrupted for running past its bound on the store's writer.
 #[derive(Debug)]
-pub(crate) struct Overran {
+struct Overran {
     bound: Duration,
     /// What the write returned, SQLite's interruption most often.
     error: Option<WriteError>,
