@@ -269,14 +269,7 @@ fn part_of_kind(part: &Map<String, Value>, kind: &Value, at: &str) -> Result<Con
     };
     match kind.as_str() {
         Some("text") => text(required("text")?, at),
-        Some("file") => match required("file")? {
-            Value::Object(file) => parse_file(
-                file,
-                ("bytes", "uri", "name", "mimeType"),
-                &format!("{at}.file"),
-            ),
-            _ => Err(format!("{at}.file must be an object")),
-        },
+        Some("file") => file_v03(required("file")?, at),
         Some("data") => Ok(Content::Data(required("data")?.clone())),
         _ => Err(format!(r#"{at}.kind must be "text", "file" or "data""#)),
     }
@@ -294,14 +287,7 @@ fn part_by_member(part: &Map<String, Value>, at: &str) -> Result<Content, String
     let found: Vec<&str> = members.into_iter().filter(|key| has(key)).collect();
     match found[..] {
         ["text"] => text(&part["text"], at),
-        ["file"] => match &part["file"] {
-            Value::Object(file) => parse_file(
-                file,
-                ("bytes", "uri", "name", "mimeType"),
-                &format!("{at}.file"),
-            ),
-            _ => Err(format!("{at}.file must be an object")),
-        },
+        ["file"] => file_v03(&part["file"], at),
         ["raw"] | ["url"] | ["raw", "url"] => {
             parse_file(part, ("raw", "url", "filename", "mediaType"), at)
         }
@@ -313,6 +299,18 @@ fn part_by_member(part: &Map<String, Value>, at: &str) -> Result<Content, String
             "{at} has {}: a part is one of them",
             found.join(" and ")
         )),
+    }
+}
+
+/// 0.3's `file` member of the part at `at`: `{bytes | uri, name?, mimeType?}`.
+fn file_v03(file: &Value, at: &str) -> Result<Content, String> {
+    match file {
+        Value::Object(file) => parse_file(
+            file,
+            ("bytes", "uri", "name", "mimeType"),
+            &format!("{at}.file"),
+        ),
+        _ => Err(format!("{at}.file must be an object")),
     }
 }
 

@@ -441,22 +441,14 @@ fn the_admin_tool_refuses_a_named_pipe_at_once() {
     let fifo = dir.path().join("fifo.db");
     let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
     assert!(made.success());
-    let mut tool = Command::new(env!("CARGO_BIN_EXE_idem-admin"))
+    let tool = Command::new(env!("CARGO_BIN_EXE_idem-admin"))
         .args(["--db", &fifo.display().to_string(), "stats"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tool.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = tool.kill().and_then(|()| tool.wait());
-            panic!("still waiting on the pipe after 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let output = tool.wait_with_output().unwrap();
+    let output = crate::support::exited_within_30_s(tool, "still waiting on the pipe");
     let said = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{said}");
     assert!(said.contains("is not a regular file"), "{said}");

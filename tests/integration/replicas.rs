@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::support::{
-    metric, new_id, post_activated, send_with, stream_request, try_post, until_completed, Reply,
-    SseReply, ACTIVATED,
+    exited_within_30_s, metric, new_id, post_activated, send_with, stream_request, try_post,
+    until_completed, Reply, SseReply, ACTIVATED,
 };
 use futures::FutureExt;
 use idem_conformance::postgres::{self, TestDatabase};
@@ -207,7 +207,7 @@ async fn a_replica_keyed_otherwise_refuses_to_start_beside_a_serving_one() {
 /// Starts the example server on `db` with `args` and `envs` (beside a live replica, say),
 /// and returns what it said as it refused to start (exit code 2).
 fn refused_to_start(db: &Database, args: &[&str], envs: &[(&str, &str)]) -> String {
-    let mut other = std::process::Command::new(example_binary("a2a_server"))
+    let other = std::process::Command::new(example_binary("a2a_server"))
         .args(["--listen", "127.0.0.1:0", "--db", db.url()])
         .args(args)
         .envs(envs.iter().copied())
@@ -215,20 +215,9 @@ fn refused_to_start(db: &Database, args: &[&str], envs: &[(&str, &str)]) -> Stri
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let exited = loop {
-        match other.try_wait().unwrap() {
-            Some(status) => break status,
-            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            None => {
-                let _ = other.kill().and_then(|()| other.wait());
-                panic!("it served: {args:?} {envs:?}");
-            }
-        }
-    };
-    let mut said = String::new();
-    std::io::Read::read_to_string(&mut other.stderr.take().unwrap(), &mut said).unwrap();
-    assert_eq!(exited.code(), Some(2), "{said}");
+    let exited = exited_within_30_s(other, &format!("it served: {args:?} {envs:?}"));
+    let said = String::from_utf8_lossy(&exited.stderr).into_owned();
+    assert_eq!(exited.status.code(), Some(2), "{said}");
     said
 }
 

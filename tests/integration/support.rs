@@ -457,6 +457,20 @@ pub async fn try_post(
     Client::new(url).post_with(body, headers).await
 }
 
+/// What `child` printed once it exited, within 30 s; past that it is killed, and the test
+/// fails saying `what` (a process that should have refused waited or served instead).
+pub fn exited_within_30_s(mut child: std::process::Child, what: &str) -> std::process::Output {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill().and_then(|()| child.wait());
+            panic!("{what} after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 pub const ACTIVATED: &[(&str, &str)] = &[("A2A-Extensions", URI)];
 
 pub async fn post_activated(url: &str, body: impl Into<reqwest::Body>) -> Reply {
