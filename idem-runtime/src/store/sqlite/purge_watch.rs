@@ -3,7 +3,7 @@
 //!
 //! The admin's delete bumps a generation number in `idempotency_purges`, in the same
 //! transaction ([`bump`]). The checkpointer's thread reads it every time it wakes (every 250
-//! ms, `checkpointer::INTERVAL`) and on a change empties the memory tier: entries are read
+//! ms at the latest, `checkpointer::IDLE_INTERVAL`) and on a change empties the memory tier: entries are read
 //! from the file again, which no longer holds the purged one. The key index needs nothing: it
 //! already checks every row it names (an operator's purge is why).
 //!
