@@ -92,10 +92,10 @@ impl Checkpointer {
                     match stopped.recv_timeout(wait) {
                         Err(RecvTimeoutError::Timeout) => {
                             purges.look(&conn);
-                            if !file.may_checkpoint() {
-                                continue;
-                            }
-                            let log_pages = failing.note(try_checkpoint(&conn, "PASSIVE"));
+                            let log_pages = file
+                                .may_checkpoint()
+                                .then(|| failing.note(try_checkpoint(&conn, "PASSIVE")))
+                                .flatten();
                             if log_pages.unwrap_or(0) > RESTART_FRAMES {
                                 restart.0.store(true, Ordering::Relaxed);
                             }
