@@ -25,6 +25,7 @@ mod redacted_url;
 pub(crate) mod settings;
 pub(crate) mod sqlite;
 pub(crate) mod stats;
+pub(crate) mod touches;
 // The suite runs every test on both backends.
 #[cfg(all(test, feature = "postgres"))]
 mod tests;

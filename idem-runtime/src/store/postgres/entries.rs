@@ -16,8 +16,10 @@ impl PostgresStore {
     /// `entry`, live (as its select found it), noting the use for the LRU bound.
     pub(super) fn used(&self, entry: Option<Entry>) -> Option<Entry> {
         let entry = entry?;
-        let mut touches = self.touches.lock().expect("touches lock");
-        touches.insert(entry.message_id.to_string(), self.clock.now_millis());
+        // No write is asked for: the uses wait for a commit that enforces the bound, or the
+        // sweep.
+        self.touches
+            .note(entry.message_id.as_str(), self.clock.now_millis());
         Some(entry)
     }
 

@@ -8,6 +8,7 @@ use deadpool_postgres::GenericClient;
 use crate::message_id::MessageId;
 use crate::store::postgres::rows::{execute, query_one};
 use crate::store::postgres::PostgresStore;
+use crate::store::touches::PER_WRITE;
 use crate::store::StoreError;
 
 /// The advisory lock key under which one replica at a time enforces the LRU bound (the
@@ -29,15 +30,17 @@ impl PostgresStore {
         Ok(n.max(0) as u64)
     }
 
-    /// Writes the uses noted since the last flush, in `tx`.
-    pub(super) async fn flush_touches(
+    /// Writes at most `most` of the uses noted and not yet written; how many it took.
+    async fn flush_touches(
         &self,
         client: &impl GenericClient,
-    ) -> Result<(), StoreError> {
-        let touches = std::mem::take(&mut *self.touches.lock().expect("touches lock"));
+        most: usize,
+    ) -> Result<usize, StoreError> {
+        let touches = self.touches.take(most);
         if touches.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
+        let taken = touches.len();
         let (ids, used): (Vec<String>, Vec<i64>) =
             touches.into_iter().map(|(k, v)| (k, v as i64)).unzip();
         // SKIP LOCKED: a use is a hint, and a row another session is writing is being used or
@@ -52,6 +55,23 @@ impl PostgresStore {
             &[&ids, &used],
         )
         .await?;
+        Ok(taken)
+    }
+
+    /// Writes the uses waiting when it starts (those noted meanwhile may wait for the next
+    /// sweep), [`EVICTION_CHUNK`] a statement: the sweep's, which no call waits for.
+    pub(super) async fn flush_all_touches(
+        &self,
+        client: &impl GenericClient,
+    ) -> Result<(), StoreError> {
+        let mut left = self.touches.waiting();
+        while left > 0 {
+            let taken = self.flush_touches(client, EVICTION_CHUNK as usize).await?;
+            if taken == 0 {
+                break;
+            }
+            left = left.saturating_sub(taken);
+        }
         Ok(())
     }
 
@@ -76,7 +96,7 @@ impl PostgresStore {
         if !locked {
             return Ok(0);
         }
-        self.flush_touches(client).await?;
+        self.flush_touches(client, PER_WRITE).await?;
         let max = self.max_entries.min(i64::MAX as u64) as i64;
         let evicted = execute(
             client,

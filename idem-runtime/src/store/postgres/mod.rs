@@ -27,10 +27,9 @@
 mod listener;
 mod replica_settings;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -56,6 +55,7 @@ use crate::store::postgres::staged_writes::{
     apply_writes, discard, hand_back, restore_sql, the_staged_writes,
 };
 use crate::store::postgres::sweep::{delete_abandoned_streams, delete_stale_claims, SWEEP_CHUNK};
+use crate::store::touches::Touches;
 use crate::store::{
     at_most, Acquired, Elsewhere, Entry, Found, Lease, OpenStream, ReadAt, ReadJob, Store,
     StoreError, StoreStats,
@@ -146,7 +146,7 @@ pub struct PostgresStore {
     lease: Duration,
     clock: Arc<dyn Clock>,
     /// LRU uses noted by reads, written by the sweep (or by a commit that enforces the bound).
-    touches: Mutex<HashMap<String, u64>>,
+    touches: Touches,
     /// Rows as this process last counted them, plus its own inserts since: the LRU bound is
     /// checked against the database only once this nears it.
     rows: AtomicU64,
@@ -201,7 +201,7 @@ impl PostgresStore {
             max_entries: config.max_cache_entries,
             lease: config.claim_lease,
             clock,
-            touches: Mutex::default(),
+            touches: Touches::default(),
             rows: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
             pool,
@@ -740,7 +740,7 @@ impl Store for PostgresStore {
     async fn sweep(&self) -> Result<u64, StoreError> {
         let client = self.client().await?;
         let at = self.read_at();
-        self.flush_touches(&client).await?;
+        self.flush_all_touches(&client).await?;
         let total = delete_expired(&client, at, SWEEP_CHUNK).await?;
         delete_abandoned_streams(&client, at).await?;
         delete_stale_claims(&client).await?;

@@ -63,6 +63,7 @@ use crate::store::sqlite::open_streams::{
 use crate::store::sqlite::purge_watch::PurgeWatch;
 use crate::store::sqlite::readers::Readers;
 use crate::store::sqlite::writer::{ended_the_transaction, Writer};
+use crate::store::touches::Touches;
 use crate::store::{
     after, at_most, expired_before, is_expired, Entry, Found, IfLate, Lease, OpenStream, ReadJob,
     Settling, Store, StoreError, StoreStats,
@@ -102,7 +103,7 @@ pub struct SqliteStore {
     /// that failed and released its key).
     live_streams: LiveStreams,
     clock: Arc<dyn Clock>,
-    touches: Arc<Mutex<HashMap<String, u64>>>,
+    touches: Arc<Touches>,
     tier: Arc<MemoryTier>,
     index: Arc<KeyIndex>,
     /// The operators' purges seen (`MemoryTier::purges_seen`) when the sweep last reloaded
@@ -180,7 +181,7 @@ impl SqliteStore {
         let tier = Arc::new(MemoryTier::new(config.memory_tier_bytes));
         let purges = PurgeWatch::new(&conn, tier.clone())?;
         let checkpointer = Checkpointer::start(&path, connect, restart.clone(), purges)?;
-        let touches = Arc::new(Mutex::new(HashMap::new()));
+        let touches = Arc::new(Touches::default());
         // Read before the rows: an operator's purge that lands between the reads is then one
         // the writer sees as new, and counts again for (helper-52).
         let purge_generation = purge_watch::generation(&conn)?;
@@ -311,13 +312,22 @@ impl SqliteStore {
         )
     }
 
-    /// A use of `entry`, for the LRU bound: written with the writer's next batch.
+    /// A use of `entry`, for the LRU bound: written with the writer's next batches. While
+    /// only replays come, the writer runs none: it is asked for one once a batch's worth of
+    /// uses waits.
     fn touch(&self, entry: &Entry) {
-        let mut touches = self.touches.lock().expect("touches lock");
-        touches.insert(
-            entry.message_id.as_str().to_owned(),
-            self.clock.now_millis(),
-        );
+        let now = self.clock.now_millis();
+        if self.touches.note(entry.message_id.as_str(), now) {
+            self.ask_for_a_batch();
+        }
+    }
+
+    /// Queues a write of nothing, so the writer runs a batch (and writes waiting uses).
+    fn ask_for_a_batch(&self) {
+        let (nothing, _) = Call::new(true, 0, |_: &Connection, _: &mut Batch| Ok(()));
+        if let Some(writer) = self.writer.lock().expect("writer lock").as_ref() {
+            let _ = writer.send(Box::new(nothing));
+        }
     }
 
     /// An entry from the memory tier, if live (an expired one leaves the tier); a use.

@@ -13,10 +13,9 @@
 //! transaction (disk full, I/O error) fails every write in the batch: nothing of any of them
 //! is stored.
 
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 
 use rusqlite::{params, Connection};
 
@@ -32,6 +31,7 @@ use crate::store::sqlite::job::Job;
 use crate::store::sqlite::key_index::KeyIndex;
 use crate::store::sqlite::memory_tier::MemoryTier;
 use crate::store::sqlite::purge_watch;
+use crate::store::touches::{Touches, PER_WRITE};
 use crate::store::StoreError;
 
 /// Most writes committed in one transaction.
@@ -50,7 +50,7 @@ pub(crate) struct Writer {
     pub(crate) restart: Restart,
     pub(crate) clock: Arc<dyn Clock>,
     /// LRU uses noted by reads, written with the next batch: a replay costs no fsync.
-    pub(crate) touches: Arc<Mutex<HashMap<String, u64>>>,
+    pub(crate) touches: Arc<Touches>,
     pub(crate) max_entries: u64,
     /// Rows in the table, kept up to date so the bound costs no `COUNT(*)` per commit.
     pub(crate) rows: u64,
@@ -123,7 +123,7 @@ impl Writer {
         let _closes = ClosesOnPanic(self.stopped.clone());
         // Stable: the writes that may run again first, in the order they came.
         jobs.sort_by_key(|job| !job.rerunnable());
-        let touches = std::mem::take(&mut *self.touches.lock().expect("touches lock"));
+        let touches = self.touches.take(PER_WRITE);
         let mut careful = false;
         let outcomes = loop {
             match self.transaction(&mut jobs, &touches, careful) {
@@ -157,7 +157,7 @@ impl Writer {
     fn one_by_one(
         &mut self,
         jobs: &mut [Box<dyn Job>],
-        touches: &HashMap<String, u64>,
+        touches: &[(String, u64)],
         first: Vec<Result<(), StoreError>>,
     ) -> Vec<Result<(), StoreError>> {
         let mut first = first.into_iter();
@@ -199,7 +199,7 @@ impl Writer {
     fn transaction(
         &mut self,
         jobs: &mut [Box<dyn Job>],
-        touches: &HashMap<String, u64>,
+        touches: &[(String, u64)],
         careful: bool,
     ) -> Result<Attempt, StoreError> {
         restored(&self.conn);
@@ -486,7 +486,7 @@ pub(super) fn run(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 fn apply_touches(
     conn: &Connection,
     index: &KeyIndex,
-    touches: &HashMap<String, u64>,
+    touches: &[(String, u64)],
 ) -> rusqlite::Result<()> {
     for (key, at) in touches {
         entries::touch(conn, index, key, *at)?;

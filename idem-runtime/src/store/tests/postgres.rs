@@ -2024,3 +2024,39 @@ async fn the_admin_tool_shows_the_call_that_holds_a_key_again_not_its_expired_en
         Some(EntryState::Live(200))
     );
 }
+
+/// The uses of many replays: a call's commit that enforces the bound writes at most a
+/// batch's worth of them, and the sweep, which no call waits for, the rest. A commit wrote
+/// them all, in the call's own transaction (helper-122).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_writes_a_batchs_worth_of_waiting_uses_and_the_sweep_the_rest() {
+    use crate::clock::Clock;
+    use crate::store::touches::PER_WRITE;
+
+    let Some(fx) = fixture().await else { return };
+    let replayed = (PER_WRITE * 3) as u32;
+    let cache = fx.cache(&config(86_400, u64::from(replayed))).await;
+    let keys: Vec<_> = (0..replayed).map(key).collect();
+    for chunk in keys.chunks(32) {
+        futures::future::join_all(chunk.iter().map(|k| execute(&cache, k, "{}", "old"))).await;
+    }
+    fx.clock.advance(Duration::from_secs(5));
+    let used_at = fx.clock.now_millis();
+    for k in &keys {
+        cache.store().get(k).await.unwrap().unwrap();
+    }
+    execute(&cache, &key(replayed), "{}", "past the bound").await;
+    let written = format!(
+        "SELECT COUNT(*) FROM idempotency_cache WHERE last_used_at >= {used_at}
+         AND message_id != '{}'",
+        key(replayed)
+    );
+    let by_the_commit = fx.count(&written).await;
+    assert!(
+        0 < by_the_commit && by_the_commit <= PER_WRITE as i64,
+        "{by_the_commit} uses of {replayed} written by one call's commit"
+    );
+    cache.store().sweep().await.unwrap();
+    // All but the entry the bound evicted: one whose use the commit had not written.
+    assert_eq!(fx.count(&written).await, i64::from(replayed) - 1);
+}

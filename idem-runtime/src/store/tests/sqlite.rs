@@ -2210,3 +2210,103 @@ fn a_symlink_to_no_file_is_refused_saying_so() {
     );
     assert!(refused.contains("link.db"), "{refused}");
 }
+
+/// The uses a stretch of replays notes are written a batch's worth at a time: the commits
+/// that come next carry at most `PER_WRITE` of them each, not all. Taken whole, the uses of
+/// 50,000 replayed keys held the next fresh call 0.7 s, and every call queued behind it
+/// (helper-122).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commits_after_many_replays_write_a_batchs_worth_of_their_uses_each() {
+    use crate::clock::Clock;
+    use crate::store::touches::PER_WRITE;
+    use crate::store::Database;
+
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(86_400, 100_000)).await;
+    let replayed = (PER_WRITE * 8) as u32;
+    let keys: Vec<_> = (0..replayed).map(key).collect();
+    for chunk in keys.chunks(256) {
+        futures::future::join_all(chunk.iter().map(|k| execute(&cache, k, "{}", "old"))).await;
+    }
+    // The writer held by a slow application write (entered before any use is noted, so no
+    // batch takes one before the writer is let go).
+    let db = Database::new(cache.store().clone());
+    let (entered, has_entered) = std::sync::mpsc::channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let holding = tokio::spawn(async move {
+        db.transact(move |_| {
+            entered.send(()).unwrap();
+            released.recv().map_err(|_| "released")
+        })
+        .await
+    });
+    tokio::task::spawn_blocking(move || has_entered.recv().unwrap())
+        .await
+        .unwrap();
+    fx.clock.advance(Duration::from_secs(5));
+    let used_at = fx.clock.now_millis() as i64;
+    replay_all(&cache, &keys).await;
+    release.send(()).unwrap();
+    holding.await.unwrap().unwrap();
+    // A fresh call commits behind the writer's batches of the waiting uses.
+    execute(&cache, &key(replayed), "{}", "fresh").await;
+
+    let file = rusqlite::Connection::open(&fx.path).unwrap();
+    let written: i64 = file
+        .query_row(
+            "SELECT COUNT(*) FROM idempotency_cache WHERE last_used_at >= ?1 AND message_id != ?2",
+            rusqlite::params![used_at, key(replayed).as_str()],
+            |row| row.get(0),
+        )
+        .unwrap();
+    // The batch the uses asked for, and the fresh call's (one batch, if the writer took both
+    // at once).
+    assert!(written > 0, "the uses are written");
+    assert!(
+        written as usize <= 2 * PER_WRITE,
+        "{written} uses of {replayed} written by two batches"
+    );
+}
+
+/// Replays alone write their uses too: once a batch's worth waits, the writer is asked for a
+/// batch of nothing else (it ran none while only replays came, and the uses piled up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_alone_have_their_uses_written() {
+    use crate::clock::Clock;
+    use crate::store::touches::PER_WRITE;
+
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(86_400, 100_000)).await;
+    let keys: Vec<_> = (0..PER_WRITE as u32).map(key).collect();
+    futures::future::join_all(keys.iter().map(|k| execute(&cache, k, "{}", "old"))).await;
+    fx.clock.advance(Duration::from_secs(5));
+    let used_at = fx.clock.now_millis() as i64;
+    replay_all(&cache, &keys).await;
+    let file = rusqlite::Connection::open(&fx.path).unwrap();
+    let written = || -> i64 {
+        file.query_row(
+            "SELECT COUNT(*) FROM idempotency_cache WHERE last_used_at >= ?1",
+            [used_at],
+            |row| row.get(0),
+        )
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while written() < PER_WRITE as i64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} uses written",
+            written()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A `message/send` claim of each of `keys`, each one a replay (of params `{}`).
+async fn replay_all(cache: &IdempotencyCache, keys: &[crate::message_id::MessageId]) {
+    let hash = request_hash(b"{}").unwrap();
+    for k in keys {
+        let claim = cache.claim(k, "message/send", &hash).await.unwrap();
+        assert!(matches!(claim, Claim::Cached(_)), "{k} replays");
+    }
+}
