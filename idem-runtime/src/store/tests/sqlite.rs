@@ -2310,3 +2310,24 @@ async fn replay_all(cache: &IdempotencyCache, keys: &[crate::message_id::Message
         assert!(matches!(claim, Claim::Cached(_)), "{k} replays");
     }
 }
+
+/// The writer's connection commits durably: to the log (WAL), synced at every commit
+/// (`synchronous=FULL`), as spec §4.3.4's host reboot needs. No crash a test here can cause
+/// tells a synced commit from one left in the OS's cache, so the settings are read: with
+/// `synchronous` off every other test passed (helper-123).
+#[tokio::test]
+async fn the_writer_syncs_the_log_at_every_commit() {
+    use crate::store::Database;
+
+    let fx = Fixture::sqlite();
+    let cache = fx.cache(&config(86_400, 100)).await;
+    let db = Database::new(cache.store().clone());
+    let settings = db.transact(|conn| {
+        let journal: String = conn.query_row("PRAGMA journal_mode", [], |row| row.get(0))?;
+        let synchronous: i64 = conn.query_row("PRAGMA synchronous", [], |row| row.get(0))?;
+        Ok::<_, rusqlite::Error>((journal, synchronous))
+    });
+    let (journal, synchronous) = settings.await.unwrap();
+    assert_eq!(journal, "wal");
+    assert_eq!(synchronous, 2, "FULL");
+}
