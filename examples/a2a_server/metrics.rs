@@ -24,6 +24,11 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     idem::telemetry::describe();
+    metrics::describe_counter!(
+        crate::tasks::STAGED,
+        "Tasks staged by a call's body, committed or not"
+    );
+    metrics::counter!(crate::tasks::STAGED).absolute(0);
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(UPKEEP);

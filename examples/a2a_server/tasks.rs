@@ -29,6 +29,11 @@ use crate::errors;
 use crate::model::Task;
 use crate::push::StoredConfig;
 
+/// The counter of tasks this process staged, committed or not (`GET /metrics`). More than the
+/// tasks table gained means a body ran whose writes its unit of work dropped: a second
+/// execution the rows alone would not show, which the tests compare them for (helper-123).
+pub const STAGED: &str = "a2a_tasks_staged_total";
+
 /// An outbox row to write with a task change.
 pub struct Event {
     pub event_type: &'static str,
@@ -183,7 +188,9 @@ impl TaskStore {
         match &self.db {
             Backend::Sqlite(_) => sqlite::stage_insert(unit, row, events),
             Backend::Postgres(_) => postgres::stage_insert(unit, row, events),
-        }
+        }?;
+        metrics::counter!(STAGED).increment(1);
+        Ok(())
     }
 
     /// Stages `task`, changed from what `loaded` read, in the call's unit of work. It applies

@@ -10,9 +10,10 @@ use std::process::Command;
 use futures::FutureExt;
 use idem_conformance::client::{CardEntry, EXTENSION_URI};
 use idem_conformance::server_process::{example_binary, ServerProcess, SHORT_TTL};
+use idem_conformance::side_effects::SideEffects;
 use idem_conformance::{check, skip_reason, Outcome, Restart, Scenario, Target};
 
-use crate::support::free_port;
+use crate::support::{free_port, metric, TASKS_STAGED};
 use serde_json::json;
 
 /// Runs `scenario` against a fresh server started with `env`; it must pass (not be skipped).
@@ -20,6 +21,18 @@ async fn passes(scenario: Scenario, env: &[(&str, &str)]) {
     let server = ServerProcess::start(env);
     let outcome = check(scenario, &target(&server), None).await;
     expect_pass(scenario, outcome, &server);
+    every_staged_task_committed(&server).await;
+}
+
+/// Each task a body staged is in the database: a body that ran again, its writes dropped by
+/// its unit of work, counts here but leaves no row for the scenario's counts to see.
+pub(crate) async fn every_staged_task_committed(server: &ServerProcess) {
+    let staged = metric(&server.url, TASKS_STAGED).await as i64;
+    let side_effects = SideEffects {
+        db: Some(server.side_effects_db()),
+    };
+    let counts = side_effects.snapshot().unwrap().expect("a database");
+    assert_eq!(staged, counts.tasks, "tasks staged, and tasks committed");
 }
 
 /// Fails the test with the scenario's reason and the tail of the server's log.

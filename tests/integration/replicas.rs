@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::support::{
     exited_within_30_s, metric, new_id, post_activated, send_with, stream_request, try_post,
-    until_completed, Reply, SseReply, ACTIVATED,
+    until_completed, Reply, SseReply, ACTIVATED, TASKS_STAGED,
 };
 use futures::FutureExt;
 use idem_conformance::postgres::{self, TestDatabase};
@@ -145,6 +145,8 @@ async fn duplicates_sent_to_two_replicas_at_once_execute_once() {
         );
     }
     assert_eq!(db.counts(), (8, 8), "one task and one event per messageId");
+    let staged = metric(&a.url, TASKS_STAGED).await + metric(&b.url, TASKS_STAGED).await;
+    assert_eq!(staged, 8.0, "one body ran per messageId, on either replica");
 }
 
 /// A replica of another TTL than a serving one's refuses to start, naming both (its sweep
@@ -440,6 +442,7 @@ async fn the_conformance_scenarios_pass_on_postgres() {
             server.stderr()
         );
     }
+    crate::conformance::every_staged_task_committed(&server).await;
     drop(server);
     // Its sessions end once PostgreSQL notices the kill; until then a replica of another TTL
     // is refused (as it should be), so the next one waits for them.

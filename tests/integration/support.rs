@@ -639,6 +639,11 @@ pub async fn websocket_call(url: &str, request: &str) -> Value {
     serde_json::from_slice(&body).unwrap()
 }
 
+/// The example's counter of tasks staged by calls' bodies, committed or not
+/// (`tasks::STAGED`): more than the tasks table holds means a body ran again with its writes
+/// dropped, which the rows alone would not show (helper-123).
+pub const TASKS_STAGED: &str = "a2a_tasks_staged_total";
+
 /// The value of the metric sample `series` (its name and labels as rendered), or of a bare
 /// name the sum of its series, at `url`'s `GET /metrics`; 0 when absent (a series whose labels
 /// are not known in advance is rendered from its first event on).
