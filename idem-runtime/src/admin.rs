@@ -462,11 +462,7 @@ fn open_sqlite(path: &Path) -> Result<Connection, StoreError> {
         path: path.to_path_buf(),
         reason: reason.to_owned(),
     };
-    if path.to_string_lossy().starts_with("file:") {
-        return Err(refused(
-            "a URI: give the database file's path, beside which its server keeps its lock",
-        ));
-    }
+    connection::a_file_path(path)?;
     file_lock::refuse_hard_links(path)?;
     if file_lock::served_unseen(path)? {
         return Err(refused(

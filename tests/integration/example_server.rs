@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::support::{
-    new_id, post, post_activated, send, send_with, until_completed, Reply, SseReply, URI,
+    exited_within_30_s, new_id, post, post_activated, send, send_with, until_completed, Reply,
+    SseReply, URI,
 };
 use idem_conformance::server_process::{example_binary, ServerProcess};
 
@@ -204,6 +205,49 @@ async fn a_second_server_on_the_same_database_is_refused_naming_the_file_and_the
     )
     .await;
     assert_eq!(reply.json()["result"]["status"]["state"], "working");
+}
+
+/// The served file named as a URI (`file:NAME`) from its folder: SQLite opened the file while
+/// the lock was taken at the literal name, so both servers served it and each ran the other's
+/// retries again (helper-121). Refused, as `:memory:` is, and nothing made at either name.
+#[tokio::test]
+async fn the_served_file_named_as_a_uri_or_memory_is_refused() {
+    let server = ServerProcess::start(&[]);
+    let dir = server.db().parent().unwrap().to_owned();
+    let name = server
+        .db()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let before = files_in(&dir);
+    for (db, says) in [
+        (format!("file:{name}"), "a URI"),
+        (":memory:".into(), "not a file"),
+    ] {
+        let other = Command::new(example_binary("a2a_server"))
+            .args(["--listen", "127.0.0.1:0", "--db", &db])
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let exited = exited_within_30_s(other, &format!("it served {db} beside {name}"));
+        let stderr = String::from_utf8_lossy(&exited.stderr);
+        assert_eq!(exited.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+    assert_eq!(files_in(&dir), before);
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 #[tokio::test]

@@ -161,8 +161,8 @@ pub enum StoreError {
         waited: std::time::Duration,
     },
     #[error("{}: {reason}", path.display())]
-    /// The operator's tool was pointed at what it cannot work on as a served database: a
-    /// URI, a file with other names, a file without the cache's table.
+    /// The store or the operator's tool was pointed at what it cannot work on as a served
+    /// database: a URI, `:memory:`, a file with other names, a file without the cache's table.
     NotServable {
         /// What the tool was given.
         path: PathBuf,

@@ -102,6 +102,32 @@ pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Refuses what SQLite would open as another database than the file at `path`: a `file:` URI
+/// (SQLite opens the file it names, while the lock and the private file are made at the
+/// literal name: two processes served one file, each running the other's retries again:
+/// helper-121), and `:memory:` or no name at all (a database of each connection's own,
+/// kept nowhere).
+pub(crate) fn a_file_path(path: &Path) -> Result<(), StoreError> {
+    let refused = |reason: &str| StoreError::NotServable {
+        path: path.to_path_buf(),
+        reason: reason.to_owned(),
+    };
+    let name = path.to_string_lossy();
+    if name.starts_with("file:") {
+        return Err(refused(
+            "a URI: give the database file's path, beside which its server keeps its lock \
+             (`./file:...` for a file of that name)",
+        ));
+    }
+    if name.is_empty() || name == ":memory:" {
+        return Err(refused(
+            "not a file: the cache must outlive the process; give a file's path \
+             (`./:memory:` for a file of that name)",
+        ));
+    }
+    Ok(())
+}
+
 /// Spec §7.6: the cache holds response bytes, so a new file is readable by its owner only.
 /// SQLite gives the -wal and -shm files the permissions of the database file.
 pub(super) fn create_private_file(path: &Path) -> std::io::Result<()> {

@@ -50,7 +50,7 @@ use crate::store::sqlite::batch::{Batch, Change};
 use crate::store::sqlite::checkpointer::{Checkpointer, Restart};
 use crate::store::sqlite::commit_gate::CommitGate;
 pub(crate) use crate::store::sqlite::connection::connect;
-use crate::store::sqlite::connection::{create_private_file, create_tables};
+use crate::store::sqlite::connection::{a_file_path, create_private_file, create_tables};
 use crate::store::sqlite::file_identity::FileIdentity;
 use crate::store::sqlite::file_lock::ServingLock;
 use crate::store::sqlite::job::{Call, Job};
@@ -165,6 +165,7 @@ impl SqliteStore {
         // at every start: helper-113).
         file_size_limit::ignore_the_signal();
         let path = path.as_ref().to_path_buf();
+        a_file_path(&path)?;
         create_private_file(&path)?;
         let lock = ServingLock::acquire(&path)?;
         create_tables(&path)?;

@@ -2331,3 +2331,37 @@ async fn the_writer_syncs_the_log_at_every_commit() {
     assert_eq!(journal, "wal");
     assert_eq!(synchronous, 2, "FULL");
 }
+
+/// A `file:` URI or `:memory:` is refused before anything is created: SQLite opened the file
+/// a URI names while the lock was taken at the literal name, so a server on `foo.db` and one
+/// on `file:foo.db` served one file, each running the other's retries again (helper-121).
+#[test]
+fn a_uri_or_memory_is_refused_before_anything_is_created() {
+    let fx = Fixture::sqlite();
+    let dir = fx.path.parent().unwrap().to_owned();
+    let served = SqliteStore::open(&fx.path, &config(86_400, 100)).unwrap();
+    let uri = format!("file:{}", fx.path.display());
+    for (given, says) in [
+        (uri.as_str(), "a URI"),
+        (":memory:", "not a file"),
+        ("", "not a file"),
+    ] {
+        let Err(refused) = SqliteStore::open(given, &config(86_400, 100)) else {
+            panic!("{given:?} was opened beside the served file");
+        };
+        assert!(
+            matches!(refused, StoreError::NotServable { .. }),
+            "{refused:?}"
+        );
+        assert!(refused.to_string().contains(says), "{refused}");
+    }
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let file = fx.path.file_name().unwrap().to_str().unwrap();
+    let expected = ["", "-shm", "-wal", ".lock"].map(|suffix| format!("{file}{suffix}"));
+    assert_eq!(names, expected, "nothing made at the literal names");
+    served.close();
+}
