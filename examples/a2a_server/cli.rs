@@ -1,5 +1,6 @@
 //! Command-line flags.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -131,7 +132,20 @@ const DEFAULT_OUTBOX_RETENTION: Duration = Duration::from_secs(86_400);
 /// A day: a webhook down for longer is not coming back for these events.
 const DEFAULT_OUTBOX_GIVE_UP: Duration = Duration::from_secs(86_400);
 
-/// Reads the flags (`--flag value` or `--flag=value`); the error says what is wrong.
+/// The arguments as text: one that is not UTF-8 (a legal Unix file name) is refused by name,
+/// where `std::env::args` panicked (helper-121).
+pub fn utf8(args: impl IntoIterator<Item = OsString>) -> Result<Vec<String>, String> {
+    args.into_iter()
+        .map(|arg| {
+            arg.into_string()
+                .map_err(|arg| format!("arguments must be UTF-8 text: {arg:?} is not"))
+        })
+        .collect()
+}
+
+/// Reads the flags (`--flag value` or `--flag=value`); the error says what is wrong. A flag
+/// given twice is refused (the last one silently won), and so is a flag where a value is due
+/// (`--db --help` served a file named `--help`: helper-121).
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
     let mut cli = Cli {
         listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
@@ -145,6 +159,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
         outbox_retention: DEFAULT_OUTBOX_RETENTION,
         outbox_give_up: DEFAULT_OUTBOX_GIVE_UP,
     };
+    let mut given = Vec::new();
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -156,9 +171,14 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
         }
         // The flag is checked before its value is taken, so a typo is named as such.
         let flag = Flag::parse(&flag)?;
-        let value = inline
-            .or_else(|| args.next())
-            .ok_or_else(|| format!("{} needs a value", flag.name()))?;
+        if given.contains(&flag) {
+            return Err(format!("{} is given twice", flag.name()));
+        }
+        given.push(flag);
+        let value = match inline {
+            Some(value) => value,
+            None => next_value(flag, args.next())?,
+        };
         match flag {
             Flag::Listen => cli.listen = listen(&value)?,
             Flag::PublicUrl => cli.public_url = Some(public_url(&value)?),
@@ -175,8 +195,23 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
     Ok(Command::Serve(cli))
 }
 
+/// The word after `flag`, as its value: not another flag (`--flag=--value` gives one that
+/// starts so).
+fn next_value(flag: Flag, next: Option<String>) -> Result<String, String> {
+    match next {
+        Some(value) if !value.starts_with("--") => Ok(value),
+        Some(other) => Err(format!(
+            "{} needs a value, not the flag {other} (write {}=VALUE for a value that starts \
+             with --)",
+            flag.name(),
+            flag.name()
+        )),
+        None => Err(format!("{} needs a value", flag.name())),
+    }
+}
+
 /// The flags that take a value.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Flag {
     Listen,
     PublicUrl,

@@ -60,8 +60,11 @@ const STARTUP_ERROR: u8 = 2;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    init_logging();
-    let cli = match cli::parse(std::env::args().skip(1)) {
+    if let Err(error) = init_logging() {
+        eprintln!("a2a_server: {error}");
+        return ExitCode::from(STARTUP_ERROR);
+    }
+    let cli = match cli::utf8(std::env::args_os().skip(1)).and_then(cli::parse) {
         Ok(Command::Serve(cli)) => cli,
         Ok(Command::Help) => {
             print!("{}", cli::USAGE);
@@ -81,14 +84,20 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr so that stdout carries only the `listening on` line.
-fn init_logging() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logs go to stderr so that stdout carries only the `listening on` line. `info` unless
+/// `RUST_LOG` says otherwise; a `RUST_LOG` that does not parse is refused, not read as `info`
+/// without a word (helper-121).
+fn init_logging() -> Result<(), String> {
+    let filter = match std::env::var_os(EnvFilter::DEFAULT_ENV) {
+        None => EnvFilter::new("info"),
+        Some(_) => EnvFilter::try_from_default_env().map_err(|e| format!("RUST_LOG: {e}"))?,
+    };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    Ok(())
 }
 
 /// Starts the server, runs it until a signal, and stops it. Errors are startup errors.

@@ -20,13 +20,20 @@ use idem_conformance::server_process::{example_binary, ServerProcess};
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The server must refuse to start: exit status 2, nothing on stdout. Returns its stderr.
+/// `--listen` and `--db` are added where `args` has none (a flag given twice is refused).
 fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let output = Command::new(example_binary("a2a_server"))
-        .args(["--listen", "127.0.0.1:0", "--db"])
-        .arg(dir.path().join("a2a.db"))
+    let mut server = Command::new(example_binary("a2a_server"));
+    if !args.contains(&"--listen") {
+        server.args(["--listen", "127.0.0.1:0"]);
+    }
+    if !args.iter().any(|arg| arg.starts_with("--db")) {
+        server.arg("--db").arg(dir.path().join("a2a.db"));
+    }
+    let output = server
         .args(args)
         .envs(env.iter().copied())
+        .current_dir(dir.path())
         .output()
         .expect("run the example server");
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -205,6 +212,40 @@ async fn a_second_server_on_the_same_database_is_refused_naming_the_file_and_the
     )
     .await;
     assert_eq!(reply.json()["result"]["status"]["state"], "working");
+}
+
+/// Arguments the server cannot take as they are: each refused by name with exit 2 (a name
+/// not in UTF-8 panicked; a repeated flag silently won; `--db --help` served a file named
+/// `--help`; a `RUST_LOG` that does not parse was read as `info`: helper-121).
+#[test]
+fn arguments_it_cannot_take_as_they_are_are_refused_by_name() {
+    use std::os::unix::ffi::OsStrExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"a\xffb.db");
+    let output = Command::new(example_binary("a2a_server"))
+        .args(["--listen", "127.0.0.1:0", "--db"])
+        .arg(not_utf8)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("arguments must be UTF-8 text"), "{stderr}");
+    let twice = refused(&["--db", "first.db", "--db=second.db"], &[]);
+    assert!(twice.contains("--db is given twice"), "{twice}");
+    let flag = refused(&["--db", "--help"], &[]);
+    assert!(
+        flag.contains("--db needs a value, not the flag --help"),
+        "{flag}"
+    );
+    let log = refused(&[], &[("RUST_LOG", "a2a_server=loud")]);
+    assert!(log.starts_with("a2a_server: RUST_LOG:"), "{log}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "no file made"
+    );
 }
 
 /// The served file named as a URI (`file:NAME`) from its folder: SQLite opened the file while
