@@ -205,6 +205,19 @@ async fn a_replay_under_another_id_with_another_result_fails_ac1() {
     assert_fails(Scenario::Ac1, breakage, because).await;
 }
 
+/// AC-1's fifth replay is the one under id 2 (after the identical retry, the one among other
+/// extensions, the reordered and the respelled one): its content type is checked as theirs
+/// (the harness passed it typed `text/plain`: helper-124).
+#[tokio::test]
+async fn a_replay_under_another_id_of_another_content_type_fails_ac1() {
+    let breakage = nth_replay(5, |head| {
+        head.set("content-type", "text/plain");
+        Body::Live
+    });
+    let because = "retry under the JSON-RPC id 2: Content-Type Some(\"text/plain\") differs";
+    assert_fails(Scenario::Ac1, breakage, because).await;
+}
+
 /// §4.5: the 422 names the stored request's hash first; a server that swaps them misleads the
 /// client about which payload it holds.
 #[tokio::test]
@@ -259,6 +272,29 @@ async fn a_concurrent_duplicate_under_another_status_fails_concurrent_duplicates
         Body::Live
     });
     let because = "a replay's status differs";
+    assert_fails(Scenario::ConcurrentDuplicates, breakage, because).await;
+}
+
+/// The duplicates that waited are answered on a path of their own (the example attaches
+/// them): their headers are checked too. The harness passed one that echoed nothing there,
+/// and one typed `text/plain` (helper-124).
+#[tokio::test]
+async fn a_concurrent_duplicate_without_the_extension_echoed_fails_concurrent_duplicates() {
+    let breakage = first_replay(|head| {
+        head.remove("a2a-extensions");
+        Body::Live
+    });
+    let because = "a concurrent duplicate: the response A2A-Extensions header must list";
+    assert_fails(Scenario::ConcurrentDuplicates, breakage, because).await;
+}
+
+#[tokio::test]
+async fn a_concurrent_duplicate_of_another_content_type_fails_concurrent_duplicates() {
+    let breakage = first_replay(|head| {
+        head.set("content-type", "text/plain");
+        Body::Live
+    });
+    let because = "a concurrent duplicate: Content-Type Some(\"text/plain\") differs";
     assert_fails(Scenario::ConcurrentDuplicates, breakage, because).await;
 }
 
