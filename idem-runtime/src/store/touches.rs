@@ -10,7 +10,7 @@
 //! order does not know of it: under that much traffic at the bound, an entry may be evicted a
 //! little before its turn.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -18,46 +18,56 @@ use std::sync::Mutex;
 /// 25 µs on a table of 100,000 rows, so a batch carries at most about 6 ms of them.
 pub(crate) const PER_WRITE: usize = 256;
 
-/// The uses noted and not yet written: the latest use of each key, in epoch milliseconds.
+/// The uses noted and not yet written: the latest use of each key, in epoch milliseconds,
+/// taken in the order the keys were first noted. Taken in the map's own order, a key whose
+/// bucket came late waited for ever under a steady flow of other uses, its entry the bound's
+/// next victim however often it was replayed (helper-125).
 #[derive(Default)]
 pub(crate) struct Touches {
-    uses: Mutex<HashMap<String, u64>>,
+    uses: Mutex<Waiting>,
     /// Set when [`note`](Self::note) has asked for a write, until the next [`take`](Self::take).
     write_asked: AtomicBool,
+}
+
+#[derive(Default)]
+struct Waiting {
+    latest: HashMap<String, u64>,
+    /// The keys of `latest`, oldest first.
+    order: VecDeque<String>,
 }
 
 impl Touches {
     /// Notes a use of `key` at `at_ms`. True when a write's worth of uses waits and none was
     /// asked for since the last take: a store that writes only when calls do (SQLite's
-    /// writer) then asks for one, so that a stretch of replays alone never piles them up.
+    /// writer) then asks for one, so that a stretch of replays alone never piles them up
+    /// (the writer goes on while a write's worth waits).
     pub(crate) fn note(&self, key: &str, at_ms: u64) -> bool {
         let mut uses = self.uses.lock().expect("touches lock");
-        match uses.get_mut(key) {
+        match uses.latest.get_mut(key) {
             Some(at) => *at = (*at).max(at_ms),
             None => {
-                uses.insert(key.to_owned(), at_ms);
+                uses.latest.insert(key.to_owned(), at_ms);
+                uses.order.push_back(key.to_owned());
             }
         }
-        uses.len() >= PER_WRITE && !self.write_asked.swap(true, Ordering::Relaxed)
+        uses.latest.len() >= PER_WRITE && !self.write_asked.swap(true, Ordering::Relaxed)
     }
 
     /// How many uses wait.
-    #[cfg(any(test, feature = "postgres"))]
     pub(crate) fn waiting(&self) -> usize {
-        self.uses.lock().expect("touches lock").len()
+        self.uses.lock().expect("touches lock").latest.len()
     }
 
-    /// At most `most` of the uses waiting, taken out.
+    /// At most `most` of the uses waiting, the longest waiting first, taken out.
     pub(crate) fn take(&self, most: usize) -> Vec<(String, u64)> {
         let mut uses = self.uses.lock().expect("touches lock");
         self.write_asked.store(false, Ordering::Relaxed);
-        if uses.len() <= most {
-            return uses.drain().collect();
-        }
-        let keys: Vec<String> = uses.keys().take(most).cloned().collect();
-        keys.into_iter()
+        let Waiting { latest, order } = &mut *uses;
+        let taken = order.len().min(most);
+        order
+            .drain(..taken)
             .map(|key| {
-                let at = uses.remove(&key).expect("a key just listed");
+                let at = latest.remove(&key).expect("every key in the order waits");
                 (key, at)
             })
             .collect()
@@ -79,6 +89,38 @@ mod tests {
         assert_eq!(touches.waiting(), 10);
         assert_eq!(touches.take(PER_WRITE).len(), 10);
         assert!(touches.take(PER_WRITE).is_empty());
+    }
+
+    /// Keys noted before every take, among more new keys than a take holds, are taken once
+    /// the uses ahead of them are: each keeps its place from its first use. Taken in the
+    /// map's order, 8 of 64 such keys were never taken in 2,000 writes (helper-125).
+    #[test]
+    fn the_longest_waiting_uses_are_taken_first() {
+        let touches = Touches::default();
+        let hot: Vec<String> = (0..64).map(|n| format!("hot-{n}")).collect();
+        let mut others = 0..;
+        let mut waited = vec![0; hot.len()];
+        for round in 0..2_000 {
+            for key in &hot {
+                touches.note(key, round);
+            }
+            let ahead = touches.waiting();
+            for n in others.by_ref().take(200) {
+                touches.note(&format!("other-{n}"), round);
+            }
+            let taken = touches.take(PER_WRITE);
+            for (key, waited) in hot.iter().zip(&mut waited) {
+                match taken.iter().any(|(k, _)| k == key) {
+                    true => *waited = 0,
+                    false => *waited += 1,
+                }
+                let most = ahead.div_ceil(PER_WRITE);
+                assert!(
+                    *waited <= most,
+                    "{key} waited {waited} takes, {ahead} uses ahead"
+                );
+            }
+        }
     }
 
     #[test]

@@ -100,8 +100,8 @@ impl Drop for ClosesOnPanic {
 
 impl Writer {
     pub(crate) fn run(mut self, jobs: mpsc::Receiver<Box<dyn Job>>) {
-        while let Ok(first) = jobs.recv() {
-            let batch = gather(first, &jobs);
+        while let Some(first) = self.next(&jobs) {
+            let batch = first.map_or_else(Vec::new, |first| gather(first, &jobs));
             // A panic of the store's own past this point may leave the file and what the
             // process knows of it (the key index, the memory tier) out of step: a batch
             // committed and not published would be a miss in memory. So the store closes, as
@@ -114,6 +114,21 @@ impl Writer {
             }
             self.restart.run_if_asked(&self.conn, &self.file);
         }
+    }
+
+    /// The next write, waited for; or none, for a batch of LRU uses alone while a batch's
+    /// worth of them waits and no write is queued: the uses a burst of replays left behind
+    /// while the writer was busy asked for one batch only, and the rest waited for later
+    /// writes (helper-125). `None` once the store is closed.
+    fn next(&self, jobs: &mpsc::Receiver<Box<dyn Job>>) -> Option<Option<Box<dyn Job>>> {
+        if self.touches.waiting() >= PER_WRITE {
+            match jobs.try_recv() {
+                Ok(job) => return Some(Some(job)),
+                Err(mpsc::TryRecvError::Empty) => return Some(None),
+                Err(mpsc::TryRecvError::Disconnected) => return None,
+            }
+        }
+        jobs.recv().ok().map(Some)
     }
 
     /// Applies a batch in one transaction, then answers every write in it.
