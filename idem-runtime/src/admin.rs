@@ -458,10 +458,7 @@ type Shown = (Option<EntryRow>, Option<(StreamRow, Vec<Vec<u8>>)>);
 /// The served file, by the one name its server's lock sits beside: a purge waits for that
 /// server's confirmation, which it finds by the lock.
 fn open_sqlite(path: &Path) -> Result<Connection, StoreError> {
-    let refused = |reason: &str| StoreError::NotServable {
-        path: path.to_path_buf(),
-        reason: reason.to_owned(),
-    };
+    let refused = |reason: &str| StoreError::not_servable(path, reason);
     connection::a_file_path(path)?;
     file_lock::refuse_hard_links(path)?;
     if file_lock::served_unseen(path)? {

@@ -180,6 +180,14 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// [`StoreError::NotServable`]: `path`, and why it cannot be served.
+    pub(crate) fn not_servable(path: &std::path::Path, reason: impl Into<String>) -> Self {
+        Self::NotServable {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+
     /// The `kind` label of the store-error metric.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -67,13 +67,13 @@ pub(super) fn create_tables(path: &Path) -> Result<(), StoreError> {
             rusqlite::Error::SqlInputError { msg, .. } => msg.clone(),
             other => other.to_string(),
         };
-        return Err(StoreError::NotServable {
-            path: path.to_path_buf(),
-            reason: format!(
+        return Err(StoreError::not_servable(
+            path,
+            format!(
                 "its tables named idempotency_* are not this store's ({reason}): serve another \
                  file, or move those tables out of this one"
             ),
-        });
+        ));
     }
     Ok(tx.commit()?)
 }
@@ -108,10 +108,7 @@ pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
 /// helper-121), and `:memory:` or no name at all (a database of each connection's own,
 /// kept nowhere).
 pub(crate) fn a_file_path(path: &Path) -> Result<(), StoreError> {
-    let refused = |reason: &str| StoreError::NotServable {
-        path: path.to_path_buf(),
-        reason: reason.to_owned(),
-    };
+    let refused = |reason: &str| StoreError::not_servable(path, reason);
     let name = path.to_string_lossy();
     if name.starts_with("file:") {
         return Err(refused(

@@ -267,13 +267,7 @@ impl SqliteStore {
         work: impl FnMut(&Connection, &mut Batch) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (call, done) = Call::new(rerunnable, bytes, work);
-        self.writer
-            .lock()
-            .expect("writer lock")
-            .as_ref()
-            .ok_or(StoreError::Closed)?
-            .send(Box::new(call))
-            .map_err(|_| StoreError::Closed)?;
+        self.queue(Box::new(call))?;
         let mut answer = Answer {
             done: Some(done),
             unanswered,
@@ -323,12 +317,18 @@ impl SqliteStore {
         }
     }
 
-    /// Queues a write of nothing, so the writer runs a batch (and writes waiting uses).
+    /// Queues a write of nothing, so the writer runs a batch (and writes waiting uses); a
+    /// closed store has none to run.
     fn ask_for_a_batch(&self) {
         let (nothing, _) = Call::new(true, 0, |_: &Connection, _: &mut Batch| Ok(()));
-        if let Some(writer) = self.writer.lock().expect("writer lock").as_ref() {
-            let _ = writer.send(Box::new(nothing));
-        }
+        let _ = self.queue(Box::new(nothing));
+    }
+
+    /// Queues `job` for the writer.
+    fn queue(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
+        let writer = self.writer.lock().expect("writer lock");
+        let writer = writer.as_ref().ok_or(StoreError::Closed)?;
+        writer.send(job).map_err(|_| StoreError::Closed)
     }
 
     /// An entry from the memory tier, if live (an expired one leaves the tier); a use.

@@ -1419,18 +1419,7 @@ async fn a_stream_event_the_disk_does_not_answer_is_waited_out_not_attached_to()
     opened.unwrap();
     ticket.set_progress(Arc::new(()));
     // The writer held by a write queued first, as a hung disk holds it.
-    let (disk, answers) = std::sync::mpsc::channel::<()>();
-    let (entered, inside) = std::sync::mpsc::channel::<()>();
-    let held = crate::store::SqlWrite::rerunnable(move |_| {
-        let _ = entered.send(());
-        let _ = answers.recv();
-        Ok(())
-    });
-    let store = cache.store().clone();
-    let holding = tokio::spawn(async move { store.apply(vec![held]).await });
-    while inside.try_recv().is_err() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (disk, holding) = hold_the_writer(&cache).await;
     let started = std::time::Instant::now();
     assert_unanswered(ticket.append_events(1, vec![event(1)]).await, started);
     drop(ticket);
@@ -1554,6 +1543,29 @@ async fn impatient(fx: &Fixture) -> crate::claim::IdempotencyCache {
         .await;
     fx.create_effects(cache.store()).await;
     cache
+}
+
+/// Holds the writer, as a hung disk or a slow application write would, with a write queued
+/// first that waits until the returned sender is dropped; returns once the writer is in it.
+async fn hold_the_writer(
+    cache: &crate::claim::IdempotencyCache,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    tokio::task::JoinHandle<Result<(), StoreError>>,
+) {
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (entered, inside) = std::sync::mpsc::channel::<()>();
+    let held = crate::store::SqlWrite::rerunnable(move |_| {
+        let _ = entered.send(());
+        let _ = released.recv();
+        Ok(())
+    });
+    let store = cache.store().clone();
+    let holding = tokio::spawn(async move { store.apply(vec![held]).await });
+    while inside.try_recv().is_err() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (release, holding)
 }
 
 /// A staged write that holds the writer (as a hung `fsync` would) until the returned sender
@@ -2229,24 +2241,10 @@ async fn the_uses_of_many_replays_are_written_a_batchs_worth_at_a_time() {
     for chunk in keys.chunks(256) {
         futures::future::join_all(chunk.iter().map(|k| execute(&cache, k, "{}", "old"))).await;
     }
-    // The writer held by a slow application write (entered before any use is noted, so no
-    // batch takes one before the writer is let go).
+    // The writer held (entered before any use is noted, so no batch takes one before the
+    // writer is let go).
+    let (release, holding) = hold_the_writer(&cache).await;
     let db = Database::new(cache.store().clone());
-    let (entered, has_entered) = std::sync::mpsc::channel::<()>();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let holding = tokio::spawn({
-        let db = db.clone();
-        async move {
-            db.transact(move |_| {
-                entered.send(()).unwrap();
-                released.recv().map_err(|_| "released")
-            })
-            .await
-        }
-    });
-    tokio::task::spawn_blocking(move || has_entered.recv().unwrap())
-        .await
-        .unwrap();
     fx.clock.advance(Duration::from_secs(5));
     let used_at = fx.clock.now_millis() as i64;
     replay_all(&cache, &keys).await;
@@ -2257,7 +2255,7 @@ async fn the_uses_of_many_replays_are_written_a_batchs_worth_at_a_time() {
         db.transact(move |conn| conn.query_row(written, [used_at], |row| row.get::<_, i64>(0))),
     );
     assert!(futures::poll!(&mut behind).is_pending());
-    release.send(()).unwrap();
+    drop(release);
     holding.await.unwrap().unwrap();
     assert_eq!(behind.await.unwrap(), PER_WRITE as i64, "one batch's worth");
 
